@@ -1,0 +1,100 @@
+//! `ApiError`: every Kestrel rejection, and the one place its JSON body is built.
+
+use serde_json::json;
+
+use crate::engine::EngineError;
+use crate::http::{BodyError, Reply};
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    /// The `Allow` header of a 405.
+    pub allow: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            allow: None,
+        }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(400, code, message)
+    }
+
+    pub fn invalid_body(message: impl Into<String>) -> ApiError {
+        ApiError::bad_request("invalid_body", message)
+    }
+
+    pub fn not_found() -> ApiError {
+        ApiError::new(404, "not_found", "no such route")
+    }
+
+    pub fn method_not_allowed(allowed: &[&str]) -> ApiError {
+        let allow = allowed.join(", ");
+        ApiError {
+            allow: Some(allow.clone()),
+            ..ApiError::new(405, "method_not_allowed", format!("allowed: {allow}"))
+        }
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(401, "unauthorized", "a valid bearer token is required")
+    }
+
+    /// A 500 whose message says nothing; the detail goes to the log.
+    pub fn internal(detail: &dyn std::fmt::Display) -> ApiError {
+        log::error!("internal error: {detail}");
+        ApiError::new(500, "internal_error", "internal server error")
+    }
+
+    pub fn into_reply(self) -> Reply {
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let mut headers = vec![("Cache-Control", "no-store".to_string())];
+        if let Some(allow) = self.allow {
+            headers.push(("Allow", allow));
+        }
+        Reply::Json {
+            status: self.status,
+            body: body.to_string().into_bytes(),
+            headers,
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            EngineError::SessionNotFound => ApiError::new(404, "session_not_found", message),
+            EngineError::InvalidModel(_) => ApiError::bad_request("invalid_model", message),
+            EngineError::InvalidWorkspace(_) => ApiError::invalid_body(message),
+            EngineError::SessionBusy => ApiError::new(409, "session_busy", message),
+            EngineError::NotResumable(_) => ApiError::new(409, "not_resumable", message),
+            EngineError::ShuttingDown => ApiError::new(503, "unavailable", message),
+            EngineError::Provider(_) | EngineError::Store(_) => ApiError::internal(&error),
+        }
+    }
+}
+
+impl From<BodyError> for ApiError {
+    fn from(error: BodyError) -> ApiError {
+        match error {
+            BodyError::TooLarge { limit } => ApiError::new(
+                413,
+                "payload_too_large",
+                format!("the request body is larger than {limit} bytes"),
+            ),
+            BodyError::Io(error) => ApiError::bad_request(
+                "invalid_body",
+                format!("the body could not be read: {error}"),
+            ),
+        }
+    }
+}

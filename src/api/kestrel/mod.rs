@@ -1,0 +1,234 @@
+//! Kestrel protocol 1.0 over REST + SSE: routing, authentication and the handlers.
+//!
+//! Runs on request threads. Routes are matched here, the tenant is decided here, and each
+//! handler turns a request into an `Engine` call and the result into JSON. Errors from the
+//! engine are mapped in one place (`error.rs`).
+
+mod body;
+mod error;
+mod events;
+mod meta;
+mod runs;
+mod sessions;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::DEFAULT_TENANT;
+use crate::engine::Engine;
+use crate::http::auth::TokenSet;
+use crate::http::{Handler, Reply, Request};
+pub use error::ApiError;
+
+/// The Kestrel front door.
+pub struct KestrelApi {
+    engine: Engine,
+    tokens: TokenSet,
+    /// `GET /api/config`: the effective config, secrets removed, computed once.
+    config_view: serde_json::Value,
+    started: Instant,
+}
+
+/// The authenticated caller.
+pub struct Caller {
+    pub tenant: String,
+}
+
+/// Every route of the protocol, with its path parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route<'a> {
+    Health,
+    Bootstrap,
+    Config,
+    Plugins,
+    PluginEvents,
+    Sessions,
+    Session(&'a str),
+    Messages(&'a str),
+    Cancel(&'a str),
+    Resume(&'a str),
+    Rewind(&'a str),
+    SessionEvents(&'a str),
+    Approval(&'a str, &'a str),
+    Files(&'a str),
+    File(&'a str),
+    Checkpoints(&'a str),
+    CheckpointRestore(&'a str, &'a str),
+    Events,
+}
+
+impl<'a> Route<'a> {
+    fn parse(path: &'a str) -> Option<Route<'a>> {
+        let rest = path.strip_prefix("/api/")?;
+        let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+        if segments.iter().any(|segment| segment.is_empty()) {
+            return None;
+        }
+        Some(match segments.as_slice() {
+            ["health"] => Route::Health,
+            ["bootstrap"] => Route::Bootstrap,
+            ["config"] => Route::Config,
+            ["plugins"] => Route::Plugins,
+            ["plugins", "events"] => Route::PluginEvents,
+            ["events"] => Route::Events,
+            ["sessions"] => Route::Sessions,
+            ["sessions", id] => Route::Session(id),
+            ["sessions", id, "messages"] => Route::Messages(id),
+            ["sessions", id, "cancel"] => Route::Cancel(id),
+            ["sessions", id, "resume"] => Route::Resume(id),
+            ["sessions", id, "rewind"] => Route::Rewind(id),
+            ["sessions", id, "events"] => Route::SessionEvents(id),
+            ["sessions", id, "approvals", approval] => Route::Approval(id, approval),
+            ["sessions", id, "files"] => Route::Files(id),
+            ["sessions", id, "file"] => Route::File(id),
+            ["sessions", id, "checkpoints"] => Route::Checkpoints(id),
+            ["sessions", id, "checkpoints", checkpoint, "restore"] => {
+                Route::CheckpointRestore(id, checkpoint)
+            }
+            _ => return None,
+        })
+    }
+
+    fn methods(self) -> &'static [&'static str] {
+        match self {
+            Route::Sessions | Route::Checkpoints(_) => &["GET", "POST"],
+            Route::Session(_) => &["GET", "PATCH", "DELETE"],
+            Route::Messages(_)
+            | Route::Cancel(_)
+            | Route::Resume(_)
+            | Route::Rewind(_)
+            | Route::Approval(..)
+            | Route::CheckpointRestore(..) => &["POST"],
+            _ => &["GET"],
+        }
+    }
+}
+
+impl KestrelApi {
+    pub fn new(
+        engine: Engine,
+        tokens: TokenSet,
+        config_view: serde_json::Value,
+    ) -> Arc<KestrelApi> {
+        Arc::new(KestrelApi {
+            engine,
+            tokens,
+            config_view,
+            started: Instant::now(),
+        })
+    }
+
+    fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {
+        if self.tokens.is_open() {
+            return Ok(Caller {
+                tenant: DEFAULT_TENANT.to_string(),
+            });
+        }
+        let presented = request
+            .header("Authorization")
+            .and_then(|value| {
+                value
+                    .strip_prefix("Bearer ")
+                    .or_else(|| value.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .or_else(|| request.query("token"));
+        match presented.and_then(|token| self.tokens.tenant_for(token)) {
+            Some(tenant) => Ok(Caller {
+                tenant: tenant.to_string(),
+            }),
+            None => Err(ApiError::unauthorized()),
+        }
+    }
+
+    fn dispatch(&self, request: &mut Request) -> Result<Reply, ApiError> {
+        let path = request.path().to_string();
+        let route = Route::parse(&path).ok_or_else(ApiError::not_found)?;
+        let method = request.method().to_string();
+        if !route.methods().contains(&method.as_str()) {
+            return Err(ApiError::method_not_allowed(route.methods()));
+        }
+        if route == Route::Health {
+            return meta::health(self);
+        }
+        let caller = self.authenticate(request)?;
+        match (route, method.as_str()) {
+            (Route::Bootstrap, _) => meta::bootstrap(self),
+            (Route::Config, _) => Ok(json(200, &self.config_view)),
+            (Route::Plugins, _) => meta::plugins(),
+            (Route::Sessions, "GET") => sessions::list(self, &caller),
+            (Route::Sessions, _) => sessions::create(self, &caller, request),
+            (Route::Session(id), "GET") => sessions::get(self, &caller, id),
+            (Route::Session(id), "PATCH") => sessions::patch(self, &caller, id, request),
+            (Route::Session(id), _) => sessions::delete(self, &caller, id),
+            (Route::Messages(id), _) => runs::send(self, &caller, id, request),
+            (Route::Cancel(id), _) => runs::cancel(self, &caller, id),
+            (Route::Resume(id), _) => runs::resume(self, &caller, id),
+            (Route::Events, _) => events::all(self, &caller, request),
+            (Route::SessionEvents(id), _) => events::session(self, &caller, id, request),
+            (Route::Rewind(id), _)
+            | (Route::Approval(id, _), _)
+            | (Route::Files(id), _)
+            | (Route::File(id), _)
+            | (Route::Checkpoints(id), _)
+            | (Route::CheckpointRestore(id, _), _) => {
+                // The session is checked first, so another tenant's id is still a 404.
+                self.engine.session(&caller.tenant, id)?;
+                Err(ApiError::new(
+                    501,
+                    "not_implemented",
+                    format!("{path} is not implemented by this server yet"),
+                ))
+            }
+            (Route::PluginEvents, _) => Err(ApiError::new(
+                501,
+                "not_implemented",
+                "plugins are not implemented by this server yet",
+            )),
+            (Route::Health, _) => unreachable!("answered before authentication"),
+        }
+    }
+}
+
+impl Handler for KestrelApi {
+    fn handle(&self, request: &mut Request) -> Reply {
+        self.dispatch(request).unwrap_or_else(ApiError::into_reply)
+    }
+
+    fn internal_error(&self) -> Reply {
+        ApiError::new(500, "internal_error", "internal server error").into_reply()
+    }
+}
+
+/// A JSON reply from any serializable value.
+fn json(status: u16, value: &impl serde::Serialize) -> Reply {
+    match serde_json::to_vec(value) {
+        Ok(body) => Reply::Json {
+            status,
+            body,
+            headers: Vec::new(),
+        },
+        Err(error) => ApiError::internal(&error).into_reply(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Route;
+
+    #[test]
+    fn parses_the_route_table() {
+        assert_eq!(
+            Route::parse("/api/sessions/abc/events"),
+            Some(Route::SessionEvents("abc"))
+        );
+        assert_eq!(
+            Route::parse("/api/sessions/a/approvals/b"),
+            Some(Route::Approval("a", "b"))
+        );
+        assert_eq!(Route::parse("/api/sessions/"), Some(Route::Sessions));
+        assert_eq!(Route::parse("/api/sessions//messages"), None);
+        assert_eq!(Route::parse("/api/nope"), None);
+        assert_eq!(Route::parse("/elsewhere"), None);
+    }
+}

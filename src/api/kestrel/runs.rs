@@ -1,0 +1,137 @@
+//! Run routes: send a message, cancel, resume. Message validation follows the protocol's
+//! limits exactly; the engine receives only a well-formed message.
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use super::body::JsonBody;
+use super::{json, ApiError, Caller, KestrelApi};
+use crate::domain::ImageAttachment;
+use crate::engine::NewMessage;
+use crate::http::{Reply, Request};
+
+const MAX_CONTENT_CHARS: usize = 200_000;
+const MAX_IMAGES: usize = 6;
+const MAX_IMAGE_BYTES: usize = 4 * 1024 * 1024;
+const MAX_TOTAL_IMAGE_BYTES: usize = 12 * 1024 * 1024;
+const MAX_IMAGE_NAME_CHARS: usize = 120;
+const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/webp", "image/gif"];
+
+pub fn send(
+    api: &KestrelApi,
+    caller: &Caller,
+    id: &str,
+    request: &mut Request,
+) -> Result<Reply, ApiError> {
+    let body = JsonBody::read(request)?;
+    let message = validate_message(&body)?;
+    let run_id = api.engine.send_message(&caller.tenant, id, message)?;
+    Ok(json(202, &json!({ "runId": run_id })))
+}
+
+pub fn cancel(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
+    let cancelled = api.engine.cancel(&caller.tenant, id)?;
+    Ok(json(200, &json!({ "cancelled": cancelled })))
+}
+
+pub fn resume(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
+    let run_id = api.engine.resume(&caller.tenant, id)?;
+    Ok(json(202, &json!({ "runId": run_id })))
+}
+
+fn validate_message(body: &JsonBody) -> Result<NewMessage, ApiError> {
+    let content = match body.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(content)) => content.clone(),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_message",
+                "`content` must be a string",
+            ))
+        }
+    };
+    if content.chars().count() > MAX_CONTENT_CHARS {
+        return Err(ApiError::new(
+            413,
+            "message_too_large",
+            format!("`content` is longer than {MAX_CONTENT_CHARS} characters"),
+        ));
+    }
+    let images = match body.get("images") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(images)) => validate_images(images)?,
+        Some(_) => return Err(invalid_images("`images` must be an array")),
+    };
+    if content.trim().is_empty() && images.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_message",
+            "a message needs text, images or both",
+        ));
+    }
+    Ok(NewMessage { content, images })
+}
+
+fn validate_images(images: &[Value]) -> Result<Vec<ImageAttachment>, ApiError> {
+    if images.len() > MAX_IMAGES {
+        return Err(too_large(format!(
+            "at most {MAX_IMAGES} images per message"
+        )));
+    }
+    let mut total = 0;
+    let mut attachments = Vec::with_capacity(images.len());
+    for (index, image) in images.iter().enumerate() {
+        let field = |name: &str| image.get(name).and_then(Value::as_str);
+        let mime_type = field("mimeType")
+            .ok_or_else(|| invalid_images(format!("`images[{index}].mimeType` is missing")))?;
+        if !IMAGE_TYPES.contains(&mime_type) {
+            return Err(invalid_images(format!(
+                "`images[{index}].mimeType` {mime_type:?} is not one of {IMAGE_TYPES:?}"
+            )));
+        }
+        let data = field("data")
+            .ok_or_else(|| invalid_images(format!("`images[{index}].data` is missing")))?;
+        // A browser's FileReader output (`data:image/png;base64,...`) is accepted unchanged.
+        let data = match data.strip_prefix("data:") {
+            Some(rest) => rest
+                .split_once(',')
+                .map(|(_, payload)| payload)
+                .unwrap_or(""),
+            None => data,
+        };
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|_| invalid_images(format!("`images[{index}].data` is not valid base64")))?;
+        if decoded.len() > MAX_IMAGE_BYTES {
+            return Err(too_large(format!("`images[{index}]` is larger than 4 MB")));
+        }
+        total += decoded.len();
+        if total > MAX_TOTAL_IMAGE_BYTES {
+            return Err(too_large(
+                "the images are larger than 12 MB in total".to_string(),
+            ));
+        }
+        let name = match image.get("name") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(name)) if name.chars().count() <= MAX_IMAGE_NAME_CHARS => Some(name.clone()),
+            Some(_) => {
+                return Err(invalid_images(format!(
+                    "`images[{index}].name` must be a string of at most {MAX_IMAGE_NAME_CHARS} characters"
+                )))
+            }
+        };
+        attachments.push(ImageAttachment {
+            mime_type: mime_type.to_string(),
+            data: data.to_string(),
+            name,
+        });
+    }
+    Ok(attachments)
+}
+
+fn invalid_images(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_images", message)
+}
+
+fn too_large(message: String) -> ApiError {
+    ApiError::new(413, "message_too_large", message)
+}

@@ -1,0 +1,111 @@
+//! Session routes: list, create, get, patch, delete.
+
+use serde_json::{json, Value};
+
+use super::body::JsonBody;
+use super::{json, ApiError, Caller, KestrelApi};
+use crate::engine::NewSession;
+use crate::http::{Reply, Request};
+use crate::store::SessionPatch;
+
+const MAX_TITLE_CHARS: usize = 200;
+const MAX_PROMPT_CHARS: usize = 100_000;
+
+pub fn list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
+    let sessions = api.engine.list_sessions(&caller.tenant)?;
+    Ok(json(200, &json!({ "sessions": sessions })))
+}
+
+pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Result<Reply, ApiError> {
+    let body = JsonBody::read(request)?;
+    let new = NewSession {
+        title: title(&body)?,
+        model: body.optional_string("model", "invalid_model")?,
+        system_prompt: prompt(&body)?.flatten(),
+        workspace: body.optional_string("workspace", "invalid_body")?,
+    };
+    let session = api.engine.create_session(&caller.tenant, new)?;
+    Ok(json(201, &json!({ "session": session })))
+}
+
+pub fn get(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
+    let session = api.engine.session(&caller.tenant, id)?;
+    Ok(json(200, &json!({ "session": session })))
+}
+
+pub fn patch(
+    api: &KestrelApi,
+    caller: &Caller,
+    id: &str,
+    request: &mut Request,
+) -> Result<Reply, ApiError> {
+    let body = JsonBody::read(request)?;
+    let model = match body.get("model") {
+        None => None,
+        Some(Value::String(model)) => Some(model.clone()),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid_model",
+                "`model` must be a string",
+            ))
+        }
+    };
+    if body.get("title") == Some(&Value::Null) {
+        return Err(ApiError::bad_request(
+            "invalid_title",
+            "`title` cannot be null",
+        ));
+    }
+    let patch = SessionPatch {
+        title: title(&body)?,
+        model,
+        system_prompt: prompt(&body)?,
+        status: None,
+    };
+    let session = api.engine.patch_session(&caller.tenant, id, patch)?;
+    Ok(json(200, &json!({ "session": session })))
+}
+
+pub fn delete(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
+    api.engine.delete_session(&caller.tenant, id)?;
+    Ok(Reply::Empty { status: 204 })
+}
+
+/// `title`: a non-blank string of at most 200 characters, stored trimmed.
+fn title(body: &JsonBody) -> Result<Option<String>, ApiError> {
+    let Some(title) = body.optional_string("title", "invalid_title")? else {
+        return Ok(None);
+    };
+    let title = title.trim();
+    if title.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_title",
+            "`title` cannot be blank",
+        ));
+    }
+    if title.chars().count() > MAX_TITLE_CHARS {
+        return Err(ApiError::bad_request(
+            "invalid_title",
+            format!("`title` is longer than {MAX_TITLE_CHARS} characters"),
+        ));
+    }
+    Ok(Some(title.to_string()))
+}
+
+/// `systemPrompt`: absent (unchanged), `null` or `""` (cleared), or a string up to the limit.
+fn prompt(body: &JsonBody) -> Result<Option<Option<String>>, ApiError> {
+    if !body.has("systemPrompt") {
+        return Ok(None);
+    }
+    let prompt = body.optional_string("systemPrompt", "invalid_prompt")?;
+    if prompt
+        .as_ref()
+        .is_some_and(|p| p.chars().count() > MAX_PROMPT_CHARS)
+    {
+        return Err(ApiError::bad_request(
+            "invalid_prompt",
+            format!("`systemPrompt` is longer than {MAX_PROMPT_CHARS} characters"),
+        ));
+    }
+    Ok(Some(prompt.filter(|p| !p.is_empty())))
+}

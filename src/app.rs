@@ -1,0 +1,190 @@
+//! Starts every thread, owns their handles, and stops them in one fixed order.
+//!
+//! Start: store writer → bus → engine → HTTP. Shutdown: stop accepting → stop runs (they are
+//! stored as `interrupted`) → stop the bus (every stream ends) → wait for request threads →
+//! stop the store writer last, after it has committed everything queued.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::kestrel::KestrelApi;
+use crate::bus::{Bus, BusConfig, BusHandle};
+use crate::config::{Config, ConfigError};
+use crate::engine::tools::ToolRegistry;
+use crate::engine::{Engine, EngineConfig};
+use crate::http::auth::TokenSet;
+use crate::http::{HttpConfig, HttpServer};
+use crate::providers::{EchoProvider, ModelRegistry};
+use crate::store::{Store, StoreError, WriteOp, WriterHandle};
+
+/// How long shutdown waits for runs and requests to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub enum StartError {
+    Config(ConfigError),
+    /// A non-loopback address with no token and no explicit opt-out.
+    Unauthenticated(SocketAddr),
+    UnknownDefaultModel(String),
+    Workspace(PathBuf, std::io::Error),
+    Store(StoreError),
+    Bind(SocketAddr, std::io::Error),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Config(error) => write!(f, "{error}"),
+            StartError::Unauthenticated(addr) => write!(
+                f,
+                "refusing to serve {addr} without a token: anyone who can reach it could run commands \
+                 through the agent. Set KESTREL_TOKEN (or [auth] in the config), listen on a loopback \
+                 address, or pass --allow-unauthenticated if a proxy in front does the authentication"
+            ),
+            StartError::UnknownDefaultModel(model) => write!(f, "agent.default_model `{model}` is not a registered model"),
+            StartError::Workspace(path, error) => write!(f, "workspace {}: {error}", path.display()),
+            StartError::Store(error) => write!(f, "cannot open the store: {error}"),
+            StartError::Bind(addr, error) => write!(f, "cannot listen on {addr}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+impl From<StoreError> for StartError {
+    fn from(error: StoreError) -> Self {
+        StartError::Store(error)
+    }
+}
+
+/// A running server. Dropping it shuts it down.
+pub struct Server {
+    http: Option<HttpServer>,
+    engine: Engine,
+    bus: Option<BusHandle>,
+    store_writer: Option<WriterHandle>,
+}
+
+/// Counters a test or an operator can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub open_streams: usize,
+    pub open_requests: usize,
+    pub bus_subscribers: usize,
+    pub active_runs: usize,
+}
+
+impl Server {
+    /// Starts a server; returns once it is accepting connections.
+    pub fn start(config: Config) -> Result<Server, StartError> {
+        let addr = config.socket_addr().map_err(StartError::Config)?;
+        let tokens = config
+            .tenant_tokens(&|name| std::env::var(name).ok())
+            .map_err(StartError::Config)?;
+        if tokens.is_empty() && !addr.ip().is_loopback() && !config.server.allow_unauthenticated {
+            return Err(StartError::Unauthenticated(addr));
+        }
+        let workspace = match &config.agent.workspace {
+            Some(path) => path.clone(),
+            None => {
+                std::env::current_dir().map_err(|e| StartError::Workspace(PathBuf::from("."), e))?
+            }
+        };
+        let workspace = workspace
+            .canonicalize()
+            .map_err(|e| StartError::Workspace(workspace.clone(), e))?;
+
+        let mut models = ModelRegistry::with_builtin(EchoProvider {
+            delay: Duration::from_millis(config.builtin.delay_ms),
+        });
+        if let Some(model) = &config.agent.default_model {
+            if !models.set_default(model) {
+                return Err(StartError::UnknownDefaultModel(model.clone()));
+            }
+        }
+
+        let (store, store_writer) = Store::open(&config.server.data_dir)?;
+        // Runs that were in flight when the last process died cannot still be running.
+        store.write(vec![WriteOp::InterruptRunning {
+            updated_at: crate::time::now_rfc3339(),
+        }])?;
+        let bus_config = BusConfig {
+            replay_capacity: config.server.replay_buffer,
+            subscriber_capacity: config.server.subscriber_buffer,
+        };
+        let (bus, bus_handle) = Bus::start(store.clone(), bus_config)?;
+        let engine = Engine::new(
+            store,
+            bus,
+            models,
+            ToolRegistry::default(),
+            EngineConfig {
+                default_workspace: workspace,
+                max_steps: config.agent.max_steps.max(1),
+            },
+        );
+
+        let listener = TcpListener::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
+        let api = KestrelApi::new(engine.clone(), TokenSet::new(tokens), config.sanitized());
+        let http_config = HttpConfig {
+            body_limit: config.server.body_limit_bytes,
+            ping_interval: Duration::from_millis(config.server.sse_ping_interval_ms.max(1)),
+        };
+        let http =
+            HttpServer::start(listener, api, http_config).map_err(|e| StartError::Bind(addr, e))?;
+        log::info!("listening on http://{}", http.addr());
+        Ok(Server {
+            http: Some(http),
+            engine,
+            bus: Some(bus_handle),
+            store_writer: Some(store_writer),
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.http
+            .as_ref()
+            .map(HttpServer::addr)
+            .expect("a running server has an address")
+    }
+
+    pub fn stats(&self) -> Stats {
+        let gauges = self.http.as_ref().map(|http| Arc::clone(http.gauges()));
+        Stats {
+            open_streams: gauges.as_ref().map_or(0, |g| g.open_streams()),
+            open_requests: gauges.as_ref().map_or(0, |g| g.open_requests()),
+            bus_subscribers: self.engine.bus().subscriber_count(),
+            active_runs: self.engine.active_runs(),
+        }
+    }
+
+    /// Stops everything in order and waits for every thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(mut http) = self.http.take() else {
+            return;
+        };
+        http.stop_accepting();
+        self.engine.shutdown(SHUTDOWN_GRACE);
+        if let Some(bus) = self.bus.take() {
+            bus.shutdown();
+        }
+        http.wait_for_requests(SHUTDOWN_GRACE);
+        if let Some(writer) = self.store_writer.take() {
+            writer.shutdown();
+        }
+        log::info!("stopped");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,351 @@
+//! The event bus actor: stamps every event with a `seq`, keeps a replay ring, fans out.
+//!
+//! Runs on the `kestrel-bus` thread and owns three things no other thread touches: the next
+//! `seq`, the ring of the last `replay_capacity` envelopes, and the subscriber list.
+//!
+//! Channels:
+//! - The inbox is bounded (`INBOX`); publishers block when it is full, which slows runs, never
+//!   clients.
+//! - Each subscriber has a bounded channel (`subscriber_capacity`). The bus only ever
+//!   `try_send`s to it: a subscriber whose channel is full is dropped on the spot, its stream
+//!   ends, and its client reconnects with `Last-Event-ID`. The bus never blocks on a client.
+//!
+//! Seqs survive restarts without a write per event: the bus reserves seqs in blocks of
+//! `SEQ_BLOCK` by raising a ceiling in the store, asking for the next block when half of the
+//! current one is used, and starts above the stored ceiling on boot.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use serde::Serialize;
+
+use crate::domain::Event;
+use crate::store::{Store, StoreError, WriteOp};
+
+const INBOX: usize = 16_384;
+const SEQ_BLOCK: u64 = 100_000;
+
+/// An event as it was published: its seq, whom it is for, and its JSON, serialized once.
+#[derive(Debug)]
+pub struct Envelope {
+    pub seq: u64,
+    /// `None` for events every tenant may see (notices).
+    pub tenant: Option<Arc<str>>,
+    pub session_id: Option<Arc<str>>,
+    /// The single-line `ServerEventEnvelope` JSON.
+    pub json: String,
+}
+
+/// Which envelopes a subscriber wants.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    pub tenant: String,
+    pub session_id: Option<String>,
+}
+
+impl Filter {
+    fn matches(&self, envelope: &Envelope) -> bool {
+        let tenant_ok = envelope.tenant.as_deref().is_none_or(|t| t == self.tenant);
+        let session_ok = match &self.session_id {
+            Some(wanted) => envelope.session_id.as_deref() == Some(wanted.as_str()),
+            None => true,
+        };
+        tenant_ok && session_ok
+    }
+}
+
+/// What a new subscriber gets: the buffered envelopes after its `Last-Event-ID`, then live.
+/// Replay and live are cut at the same instant on the bus thread, so nothing is missed or
+/// repeated between them.
+/// Dropping it unsubscribes.
+pub struct Subscription {
+    pub replay: Vec<Arc<Envelope>>,
+    pub live: Receiver<Arc<Envelope>>,
+    id: u64,
+    bus_tx: Sender<BusMsg>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // try_send: a full inbox means the bus is busy; the subscriber is then removed on its
+        // next matching event, when the send finds the receiver gone.
+        let _ = self.bus_tx.try_send(BusMsg::Unsubscribe { id: self.id });
+    }
+}
+
+enum BusMsg {
+    Publish {
+        tenant: Option<Arc<str>>,
+        event: Box<Event>,
+    },
+    Subscribe {
+        filter: Filter,
+        after: Option<u64>,
+        reply: Sender<Subscription>,
+    },
+    Unsubscribe {
+        id: u64,
+    },
+    Shutdown,
+}
+
+/// The publishing side, cloned into every component that emits events.
+#[derive(Clone)]
+pub struct Bus {
+    bus_tx: Sender<BusMsg>,
+    subscribers: Arc<AtomicUsize>,
+}
+
+pub struct BusHandle {
+    bus_tx: Sender<BusMsg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BusConfig {
+    pub replay_capacity: usize,
+    pub subscriber_capacity: usize,
+}
+
+impl Bus {
+    /// Starts the bus thread, continuing the seq above what the store says was handed out.
+    pub fn start(store: Store, config: BusConfig) -> Result<(Bus, BusHandle), StoreError> {
+        let first_seq = store.readers().seq_ceiling()? + 1;
+        let ceiling = first_seq + SEQ_BLOCK - 1;
+        store.write(vec![WriteOp::SetSeqCeiling(ceiling)])?;
+        let (bus_tx, inbox) = bounded(INBOX);
+        let subscribers = Arc::new(AtomicUsize::new(0));
+        let actor = BusActor {
+            store,
+            config,
+            next_seq: first_seq,
+            ceiling,
+            pending_ceiling: None,
+            next_subscriber_id: 0,
+            own_tx: bus_tx.clone(),
+            ring: VecDeque::with_capacity(config.replay_capacity.min(1 << 16)),
+            subscribers: Vec::new(),
+            subscriber_gauge: Arc::clone(&subscribers),
+        };
+        let thread = std::thread::Builder::new()
+            .name("kestrel-bus".into())
+            .spawn(move || actor.run(inbox))
+            .map_err(StoreError::Io)?;
+        Ok((
+            Bus {
+                bus_tx: bus_tx.clone(),
+                subscribers,
+            },
+            BusHandle {
+                bus_tx,
+                thread: Some(thread),
+            },
+        ))
+    }
+
+    /// Publishes an event scoped to `tenant` (`None`: every tenant sees it).
+    pub fn publish(&self, tenant: Option<&str>, event: Event) {
+        let message = BusMsg::Publish {
+            tenant: tenant.map(Arc::from),
+            event: Box::new(event),
+        };
+        if self.bus_tx.send(message).is_err() {
+            log::debug!("event dropped: the bus has stopped");
+        }
+    }
+
+    /// Subscribes; `after` replays buffered envelopes with a greater seq first.
+    /// Returns `None` once the bus has stopped.
+    pub fn subscribe(&self, filter: Filter, after: Option<u64>) -> Option<Subscription> {
+        let (reply, subscription) = bounded(1);
+        self.bus_tx
+            .send(BusMsg::Subscribe {
+                filter,
+                after,
+                reply,
+            })
+            .ok()?;
+        subscription.recv().ok()
+    }
+
+    /// Live subscribers right now (for health checks and tests).
+    pub fn subscriber_count(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+}
+
+impl BusHandle {
+    /// Stops the bus; every subscriber's channel closes, which ends every stream.
+    pub fn shutdown(mut self) {
+        let _ = self.bus_tx.send(BusMsg::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the bus thread panicked");
+            }
+        }
+    }
+}
+
+struct Subscriber {
+    id: u64,
+    filter: Filter,
+    sender: Sender<Arc<Envelope>>,
+}
+
+struct BusActor {
+    store: Store,
+    config: BusConfig,
+    next_seq: u64,
+    ceiling: u64,
+    pending_ceiling: Option<(u64, Receiver<Result<(), StoreError>>)>,
+    next_subscriber_id: u64,
+    /// A sender into our own inbox, handed to each `Subscription` so its drop can unsubscribe.
+    own_tx: Sender<BusMsg>,
+    ring: VecDeque<Arc<Envelope>>,
+    subscribers: Vec<Subscriber>,
+    subscriber_gauge: Arc<AtomicUsize>,
+}
+
+#[derive(Serialize)]
+struct WireEnvelope<'a> {
+    seq: u64,
+    at: String,
+    event: &'a Event,
+}
+
+impl BusActor {
+    fn run(mut self, inbox: Receiver<BusMsg>) {
+        while let Ok(message) = inbox.recv() {
+            match message {
+                BusMsg::Publish { tenant, event } => self.publish(tenant, event),
+                BusMsg::Subscribe {
+                    filter,
+                    after,
+                    reply,
+                } => self.subscribe(filter, after, reply),
+                BusMsg::Unsubscribe { id } => {
+                    self.subscribers.retain(|subscriber| subscriber.id != id);
+                    self.subscriber_gauge
+                        .store(self.subscribers.len(), Ordering::Relaxed);
+                }
+                BusMsg::Shutdown => break,
+            }
+        }
+        self.subscribers.clear();
+        self.subscriber_gauge.store(0, Ordering::Relaxed);
+        log::debug!("bus stopped at seq {}", self.next_seq);
+    }
+
+    fn publish(&mut self, tenant: Option<Arc<str>>, event: Box<Event>) {
+        let seq = self.take_seq();
+        let json = match serde_json::to_string(&WireEnvelope {
+            seq,
+            at: crate::time::now_rfc3339(),
+            event: &event,
+        }) {
+            Ok(json) => json,
+            Err(error) => {
+                log::error!("an event could not be serialized: {error}");
+                return;
+            }
+        };
+        let envelope = Arc::new(Envelope {
+            seq,
+            tenant,
+            session_id: event.session_id().map(Arc::from),
+            json,
+        });
+        if self.ring.len() == self.config.replay_capacity {
+            self.ring.pop_front();
+        }
+        if self.config.replay_capacity > 0 {
+            self.ring.push_back(Arc::clone(&envelope));
+        }
+        let before = self.subscribers.len();
+        self.subscribers.retain(|subscriber| {
+            if !subscriber.filter.matches(&envelope) {
+                return true;
+            }
+            match subscriber.sender.try_send(Arc::clone(&envelope)) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    log::debug!("dropping a subscriber that fell behind at seq {seq}");
+                    false
+                }
+                Err(TrySendError::Disconnected(_)) => false,
+            }
+        });
+        if self.subscribers.len() != before {
+            self.subscriber_gauge
+                .store(self.subscribers.len(), Ordering::Relaxed);
+        }
+    }
+
+    fn subscribe(&mut self, filter: Filter, after: Option<u64>, reply: Sender<Subscription>) {
+        let replay = match after {
+            Some(after) => {
+                let start = self.ring.partition_point(|envelope| envelope.seq <= after);
+                self.ring
+                    .range(start..)
+                    .filter(|envelope| filter.matches(envelope))
+                    .cloned()
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let (sender, live) = bounded(self.config.subscriber_capacity.max(1));
+        let id = self.next_subscriber_id;
+        self.next_subscriber_id += 1;
+        let subscription = Subscription {
+            replay,
+            live,
+            id,
+            bus_tx: self.own_tx.clone(),
+        };
+        if reply.send(subscription).is_ok() {
+            self.subscribers.push(Subscriber { id, filter, sender });
+            self.subscriber_gauge
+                .store(self.subscribers.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Hands out the next seq, keeping the stored ceiling ahead of it.
+    fn take_seq(&mut self) -> u64 {
+        if let Some((new_ceiling, outcome)) = &self.pending_ceiling {
+            // Only block on the store when the current block is used up, which a healthy
+            // writer never lets happen: the request went out half a block ago.
+            let result = if self.next_seq > self.ceiling {
+                outcome.recv().ok()
+            } else {
+                outcome.try_recv().ok()
+            };
+            match result {
+                Some(Ok(())) => {
+                    self.ceiling = *new_ceiling;
+                    self.pending_ceiling = None;
+                }
+                Some(Err(error)) => {
+                    log::error!("could not reserve event seqs: {error}");
+                    self.pending_ceiling = None;
+                }
+                None => {}
+            }
+        }
+        if self.pending_ceiling.is_none() && self.next_seq + SEQ_BLOCK / 2 > self.ceiling {
+            let new_ceiling = self.ceiling + SEQ_BLOCK;
+            match self
+                .store
+                .write_pending(vec![WriteOp::SetSeqCeiling(new_ceiling)])
+            {
+                Ok(outcome) => self.pending_ceiling = Some((new_ceiling, outcome)),
+                Err(error) => log::error!("could not reserve event seqs: {error}"),
+            }
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+}

@@ -1,0 +1,297 @@
+//! Configuration: defaults, an optional TOML file, then environment overrides.
+//!
+//! Loaded once on the main thread before anything starts; read-only afterwards. Secrets
+//! (tokens) are never serialized: `sanitized()` is what `GET /api/config` shows.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub auth: AuthConfig,
+    pub agent: AgentConfig,
+    pub builtin: BuiltinConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Listen address; port 0 picks a free port.
+    pub addr: String,
+    pub data_dir: PathBuf,
+    /// Largest request body accepted, in bytes.
+    pub body_limit_bytes: usize,
+    /// Interval of the `: ping` comment on event streams.
+    pub sse_ping_interval_ms: u64,
+    /// Envelopes kept in memory for `Last-Event-ID` replay.
+    pub replay_buffer: usize,
+    /// Envelopes queued for one stream before it is dropped as too slow.
+    pub subscriber_buffer: usize,
+    /// Serve a non-loopback address with no token configured.
+    pub allow_unauthenticated: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// A single token for the `default` tenant.
+    #[serde(skip_serializing)]
+    pub token: Option<String>,
+    pub tokens: Vec<TokenConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub tenant: String,
+    #[serde(default, skip_serializing)]
+    pub token: Option<String>,
+    /// The name of an environment variable holding the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The workspace of sessions created without one; defaults to the start directory.
+    pub workspace: Option<PathBuf>,
+    pub default_model: Option<String>,
+    /// Provider calls allowed in one run.
+    pub max_steps: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BuiltinConfig {
+    /// Pause before each word `builtin/echo` streams.
+    pub delay_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            addr: "127.0.0.1:8080".into(),
+            data_dir: PathBuf::from("./kestrel-data"),
+            body_limit_bytes: 16 * 1024 * 1024,
+            sse_ping_interval_ms: 15_000,
+            replay_buffer: 10_000,
+            subscriber_buffer: 1024,
+            allow_unauthenticated: false,
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            workspace: None,
+            default_model: None,
+            max_steps: 50,
+        }
+    }
+}
+
+impl Default for BuiltinConfig {
+    fn default() -> Self {
+        BuiltinConfig { delay_ms: 15 }
+    }
+}
+
+#[derive(Debug)]
+pub enum ConfigError {
+    Read(PathBuf, std::io::Error),
+    Parse(PathBuf, String),
+    Env(&'static str, String),
+    /// A token entry whose secret could not be found.
+    MissingToken(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Read(path, error) => {
+                write!(f, "cannot read config {}: {error}", path.display())
+            }
+            ConfigError::Parse(path, error) => {
+                write!(f, "invalid config {}: {error}", path.display())
+            }
+            ConfigError::Env(name, error) => write!(f, "invalid {name}: {error}"),
+            ConfigError::MissingToken(tenant) => {
+                write!(
+                    f,
+                    "auth token for tenant `{tenant}` is empty or its token_env variable is unset"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A resolved token and the tenant it admits.
+#[derive(Clone)]
+pub struct TenantToken {
+    pub tenant: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for TenantToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TenantToken {{ tenant: {:?}, token: <redacted> }}",
+            self.tenant
+        )
+    }
+}
+
+/// The tenant of every session when auth is off, and of `auth.token` / `KESTREL_TOKEN`.
+pub const DEFAULT_TENANT: &str = "default";
+
+impl Config {
+    /// Reads the file (if any), then applies `KESTREL_*` overrides from `env`.
+    pub fn load(
+        path: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut config = match path {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse(path.into(), e.to_string()))?
+            }
+            None => Config::default(),
+        };
+        config.apply_env(env)?;
+        Ok(config)
+    }
+
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(addr) = env("KESTREL_ADDR") {
+            self.server.addr = addr;
+        }
+        if let Some(dir) = env("KESTREL_DATA_DIR") {
+            self.server.data_dir = dir.into();
+        }
+        if let Some(workspace) = env("KESTREL_WORKSPACE") {
+            self.agent.workspace = Some(workspace.into());
+        }
+        if let Some(token) = env("KESTREL_TOKEN").filter(|t| !t.is_empty()) {
+            self.auth.token = Some(token);
+        }
+        if let Some(model) = env("KESTREL_DEFAULT_MODEL") {
+            self.agent.default_model = Some(model);
+        }
+        if let Some(delay) = env("KESTREL_BUILTIN_DELAY_MS") {
+            self.builtin.delay_ms = delay.parse().map_err(|e: std::num::ParseIntError| {
+                ConfigError::Env("KESTREL_BUILTIN_DELAY_MS", e.to_string())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Every configured token with its tenant, env indirections resolved.
+    pub fn tenant_tokens(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<TenantToken>, ConfigError> {
+        let mut tokens = Vec::new();
+        if let Some(token) = &self.auth.token {
+            tokens.push(TenantToken {
+                tenant: DEFAULT_TENANT.into(),
+                token: token.clone(),
+            });
+        }
+        for entry in &self.auth.tokens {
+            let token = entry
+                .token
+                .clone()
+                .or_else(|| entry.token_env.as_deref().and_then(env));
+            match token.filter(|t| !t.is_empty()) {
+                Some(token) => tokens.push(TenantToken {
+                    tenant: entry.tenant.clone(),
+                    token,
+                }),
+                None => return Err(ConfigError::MissingToken(entry.tenant.clone())),
+            }
+        }
+        Ok(tokens)
+    }
+
+    /// The effective config with every secret left out, for `GET /api/config`.
+    pub fn sanitized(&self) -> serde_json::Value {
+        // Token fields are `skip_serializing`, so plain serialization already drops them;
+        // say whether one is set so an operator can still tell.
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(auth) = value.get_mut("auth").and_then(|a| a.as_object_mut()) {
+            auth.insert(
+                "tokenConfigured".into(),
+                serde_json::Value::Bool(self.auth.token.is_some()),
+            );
+        }
+        value
+    }
+
+    pub fn socket_addr(&self) -> Result<SocketAddr, ConfigError> {
+        use std::net::ToSocketAddrs;
+        self.server
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| ConfigError::Env("server.addr", e.to_string()))?
+            .next()
+            .ok_or_else(|| ConfigError::Env("server.addr", "resolves to no address".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_the_file_and_secrets_stay_out_of_the_sanitized_view() {
+        let dir = std::env::temp_dir().join(format!("kestrel-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kestrel.toml");
+        std::fs::write(
+            &path,
+            r#"
+            [server]
+            addr = "127.0.0.1:9000"
+            [[auth.tokens]]
+            tenant = "acme"
+            token = "acme-secret"
+            [[auth.tokens]]
+            tenant = "globex"
+            token_env = "GLOBEX_TOKEN"
+            "#,
+        )
+        .unwrap();
+        let env = |name: &str| match name {
+            "KESTREL_ADDR" => Some("127.0.0.1:9001".to_string()),
+            "KESTREL_TOKEN" => Some("main-secret".to_string()),
+            "GLOBEX_TOKEN" => Some("globex-secret".to_string()),
+            _ => None,
+        };
+        let config = Config::load(Some(&path), &env).unwrap();
+        assert_eq!(config.server.addr, "127.0.0.1:9001");
+        let tokens = config.tenant_tokens(&env).unwrap();
+        let tenants: Vec<&str> = tokens.iter().map(|t| t.tenant.as_str()).collect();
+        assert_eq!(tenants, ["default", "acme", "globex"]);
+        assert_eq!(tokens[2].token, "globex-secret");
+        let shown = config.sanitized().to_string();
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("GLOBEX_TOKEN"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_unknown_key_is_an_error() {
+        let error = toml::from_str::<Config>("[server]\nadress = 1").unwrap_err();
+        assert!(error.to_string().contains("adress"));
+    }
+}

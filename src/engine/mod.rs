@@ -1,0 +1,459 @@
+//! The engine: sessions and their runs, shared by every front door.
+//!
+//! Handlers call `Engine` methods on their request threads; each run executes on its own
+//! `kestrel-run` worker thread (see `run.rs`), which owns its session while it runs. The only
+//! shared mutable state is the table of active runs, one entry per running session, which is
+//! how `session_busy` is decided. The engine does no socket I/O and knows no wire format.
+
+mod run;
+pub mod tools;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::bus::Bus;
+use crate::cancel::{CancelReason, Canceller};
+use crate::domain::{
+    new_id, ChatMessage, Event, ImageAttachment, Role, SessionDetail, SessionRecord, SessionStatus,
+    SessionSummary,
+};
+use crate::providers::ModelRegistry;
+use crate::store::{SessionPatch, Store, StoreError, WriteOp};
+use tools::ToolRegistry;
+
+#[derive(Debug)]
+pub enum EngineError {
+    SessionNotFound,
+    InvalidModel(String),
+    InvalidWorkspace(String),
+    SessionBusy,
+    NotResumable(SessionStatus),
+    ShuttingDown,
+    /// The model provider failed; the message is safe to show (no keys, no headers).
+    Provider(String),
+    Store(StoreError),
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::SessionNotFound => write!(f, "session not found"),
+            EngineError::InvalidModel(model) => write!(f, "model `{model}` is not registered"),
+            EngineError::InvalidWorkspace(why) => write!(f, "{why}"),
+            EngineError::SessionBusy => write!(f, "a run is already active in this session"),
+            EngineError::NotResumable(status) => {
+                write!(
+                    f,
+                    "only interrupted or failed sessions can be resumed; this one is {}",
+                    status.as_str()
+                )
+            }
+            EngineError::ShuttingDown => write!(f, "the server is shutting down"),
+            EngineError::Provider(message) => write!(f, "{message}"),
+            EngineError::Store(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<StoreError> for EngineError {
+    fn from(error: StoreError) -> Self {
+        EngineError::Store(error)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub default_workspace: PathBuf,
+    /// Provider calls allowed in one run.
+    pub max_steps: u32,
+}
+
+pub struct NewSession {
+    pub title: Option<String>,
+    pub model: Option<String>,
+    pub system_prompt: Option<String>,
+    pub workspace: Option<String>,
+}
+
+pub struct NewMessage {
+    pub content: String,
+    pub images: Vec<ImageAttachment>,
+}
+
+struct ActiveRun {
+    run_id: String,
+    canceller: Canceller,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub(crate) struct Shared {
+    store: Store,
+    bus: Bus,
+    models: ModelRegistry,
+    tools: ToolRegistry,
+    config: EngineConfig,
+    /// Running sessions by id. A session is busy exactly while it has an entry here.
+    runs: Mutex<HashMap<String, ActiveRun>>,
+    /// Signalled whenever an entry leaves `runs`.
+    run_ended: Condvar,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+const DEFAULT_TITLE: &str = "New session";
+
+impl Engine {
+    pub fn new(
+        store: Store,
+        bus: Bus,
+        models: ModelRegistry,
+        tools: ToolRegistry,
+        config: EngineConfig,
+    ) -> Engine {
+        Engine {
+            shared: Arc::new(Shared {
+                store,
+                bus,
+                models,
+                tools,
+                config,
+                runs: Mutex::new(HashMap::new()),
+                run_ended: Condvar::new(),
+                stopping: std::sync::atomic::AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn models(&self) -> &ModelRegistry {
+        &self.shared.models
+    }
+
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.shared.tools
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.shared.bus
+    }
+
+    pub fn session_count(&self) -> Result<u64, EngineError> {
+        Ok(self.shared.store.readers().session_count()?)
+    }
+
+    pub fn active_runs(&self) -> usize {
+        self.shared.lock_runs().len()
+    }
+
+    pub fn list_sessions(&self, tenant: &str) -> Result<Vec<SessionSummary>, EngineError> {
+        Ok(self.shared.store.readers().sessions_of(tenant)?)
+    }
+
+    pub fn create_session(
+        &self,
+        tenant: &str,
+        new: NewSession,
+    ) -> Result<SessionDetail, EngineError> {
+        let model = new
+            .model
+            .unwrap_or_else(|| self.shared.models.default_model().to_string());
+        if !self.shared.models.contains(&model) {
+            return Err(EngineError::InvalidModel(model));
+        }
+        let workspace = match new.workspace {
+            Some(path) => checked_workspace(Path::new(&path))?,
+            None => self.shared.config.default_workspace.clone(),
+        };
+        let now = crate::time::now_rfc3339();
+        let record = SessionRecord {
+            summary: SessionSummary {
+                id: new_id("ses"),
+                title: new.title.unwrap_or_else(|| DEFAULT_TITLE.to_string()),
+                created_at: now.clone(),
+                updated_at: now,
+                status: SessionStatus::Idle,
+                model,
+                message_count: 0,
+                workspace: workspace.to_string_lossy().into_owned(),
+            },
+            tenant: tenant.to_string(),
+            system_prompt: new.system_prompt,
+        };
+        self.shared
+            .store
+            .write(vec![WriteOp::InsertSession(record.clone())])?;
+        self.shared.publish_summary(&record);
+        Ok(SessionDetail {
+            summary: record.summary,
+            messages: Vec::new(),
+            system_prompt: record.system_prompt,
+        })
+    }
+
+    pub fn session(&self, tenant: &str, id: &str) -> Result<SessionDetail, EngineError> {
+        let record = self.shared.owned_session(tenant, id)?;
+        let messages = self.shared.store.readers().messages(id)?;
+        Ok(SessionDetail {
+            summary: record.summary,
+            messages,
+            system_prompt: record.system_prompt,
+        })
+    }
+
+    pub fn patch_session(
+        &self,
+        tenant: &str,
+        id: &str,
+        patch: SessionPatch,
+    ) -> Result<SessionDetail, EngineError> {
+        self.shared.owned_session(tenant, id)?;
+        if let Some(model) = &patch.model {
+            if !self.shared.models.contains(model) {
+                return Err(EngineError::InvalidModel(model.clone()));
+            }
+        }
+        let patch = SessionPatch {
+            status: None,
+            ..patch
+        };
+        self.shared.store.write(vec![WriteOp::UpdateSession {
+            id: id.to_string(),
+            patch,
+            updated_at: crate::time::now_rfc3339(),
+        }])?;
+        let detail = self.session(tenant, id)?;
+        self.shared.bus.publish(
+            Some(tenant),
+            Event::SessionUpdated {
+                session_id: id.to_string(),
+                session: detail.summary.clone(),
+            },
+        );
+        Ok(detail)
+    }
+
+    /// Deletes a session and its transcript, cancelling its run first if it has one.
+    pub fn delete_session(&self, tenant: &str, id: &str) -> Result<(), EngineError> {
+        self.shared.owned_session(tenant, id)?;
+        {
+            let mut runs = self.shared.lock_runs();
+            if let Some(run) = runs.get(id) {
+                run.canceller.cancel(CancelReason::User);
+            }
+            while runs.contains_key(id) {
+                runs = self
+                    .shared
+                    .run_ended
+                    .wait(runs)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        self.shared
+            .store
+            .write(vec![WriteOp::DeleteSession { id: id.to_string() }])?;
+        self.shared.bus.publish(
+            Some(tenant),
+            Event::SessionDeleted {
+                session_id: id.to_string(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Stores the user's message and starts a run; returns once the message is durable.
+    pub fn send_message(
+        &self,
+        tenant: &str,
+        id: &str,
+        message: NewMessage,
+    ) -> Result<String, EngineError> {
+        let record = self.shared.owned_session(tenant, id)?;
+        let mut user = ChatMessage::new(Role::User, message.content);
+        user.images = message.images;
+        self.start_run(record, Some(user))
+    }
+
+    /// Re-enters the loop of an `interrupted` or `error` session from its stored transcript.
+    pub fn resume(&self, tenant: &str, id: &str) -> Result<String, EngineError> {
+        let record = self.shared.owned_session(tenant, id)?;
+        match record.summary.status {
+            SessionStatus::Interrupted | SessionStatus::Error => self.start_run(record, None),
+            status => Err(EngineError::NotResumable(status)),
+        }
+    }
+
+    /// Cancels the session's run; true if this call cancelled one.
+    pub fn cancel(&self, tenant: &str, id: &str) -> Result<bool, EngineError> {
+        self.shared.owned_session(tenant, id)?;
+        let runs = self.shared.lock_runs();
+        Ok(runs
+            .get(id)
+            .is_some_and(|run| run.canceller.cancel(CancelReason::User)))
+    }
+
+    /// Claims the session, stores the opening writes, and spawns the worker.
+    fn start_run(
+        &self,
+        record: SessionRecord,
+        user: Option<ChatMessage>,
+    ) -> Result<String, EngineError> {
+        let id = record.summary.id.clone();
+        let run_id = new_id("run");
+        let canceller = Canceller::new();
+        {
+            let mut runs = self.shared.lock_runs();
+            if self
+                .shared
+                .stopping
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(EngineError::ShuttingDown);
+            }
+            if runs.contains_key(&id) {
+                return Err(EngineError::SessionBusy);
+            }
+            runs.insert(
+                id.clone(),
+                ActiveRun {
+                    run_id: run_id.clone(),
+                    canceller: canceller.clone(),
+                    thread: None,
+                },
+            );
+        }
+        let now = crate::time::now_rfc3339();
+        let mut ops = vec![WriteOp::UpdateSession {
+            id: id.clone(),
+            patch: SessionPatch {
+                status: Some(SessionStatus::Running),
+                ..SessionPatch::default()
+            },
+            updated_at: now.clone(),
+        }];
+        if let Some(user) = &user {
+            ops.push(WriteOp::AppendMessage {
+                session_id: id.clone(),
+                message: user.clone(),
+                updated_at: now,
+            });
+        }
+        if let Err(error) = self.shared.store.write(ops) {
+            self.shared.release(&id, &run_id);
+            return Err(error.into());
+        }
+        let run = run::Run {
+            shared: Arc::clone(&self.shared),
+            tenant: record.tenant,
+            session_id: id.clone(),
+            run_id: run_id.clone(),
+            cancel: canceller.token(),
+            user,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("kestrel-run".into())
+            .spawn(move || run.execute());
+        match spawned {
+            Ok(thread) => {
+                let mut runs = self.shared.lock_runs();
+                match runs.get_mut(&id) {
+                    Some(active) if active.run_id == run_id => active.thread = Some(thread),
+                    _ => drop(thread), // already finished
+                }
+                Ok(run_id)
+            }
+            Err(error) => {
+                self.shared.release(&id, &run_id);
+                Err(EngineError::Store(StoreError::Io(error)))
+            }
+        }
+    }
+
+    /// Refuses new runs, cancels the active ones (they are stored as `interrupted`), and
+    /// waits for their workers, at most `grace`.
+    pub fn shutdown(&self, grace: Duration) {
+        self.shared
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let threads: Vec<JoinHandle<()>> = {
+            let mut runs = self.shared.lock_runs();
+            for run in runs.values() {
+                run.canceller.cancel(CancelReason::Shutdown);
+            }
+            let deadline = std::time::Instant::now() + grace;
+            while !runs.is_empty() {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    log::warn!("{} run(s) did not stop within {grace:?}", runs.len());
+                    break;
+                }
+                runs = self
+                    .shared
+                    .run_ended
+                    .wait_timeout(runs, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            runs.values_mut()
+                .filter_map(|run| run.thread.take())
+                .collect()
+        };
+        drop(threads); // still running past the grace period: detached, the store refuses them
+    }
+}
+
+impl Shared {
+    fn lock_runs(&self) -> MutexGuard<'_, HashMap<String, ActiveRun>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session if it exists and belongs to `tenant`; another tenant's is "not found".
+    fn owned_session(&self, tenant: &str, id: &str) -> Result<SessionRecord, EngineError> {
+        match self.store.readers().session(id)? {
+            Some(record) if record.tenant == tenant => Ok(record),
+            _ => Err(EngineError::SessionNotFound),
+        }
+    }
+
+    fn publish_summary(&self, record: &SessionRecord) {
+        self.bus.publish(
+            Some(&record.tenant),
+            Event::SessionUpdated {
+                session_id: record.summary.id.clone(),
+                session: record.summary.clone(),
+            },
+        );
+    }
+
+    /// Ends a session's claim; the worker calls this as its very last step.
+    fn release(&self, session_id: &str, run_id: &str) {
+        let mut runs = self.lock_runs();
+        if runs.get(session_id).is_some_and(|run| run.run_id == run_id) {
+            runs.remove(session_id);
+        }
+        self.run_ended.notify_all();
+    }
+}
+
+/// A workspace must be an absolute path to an existing directory; it is stored canonical.
+fn checked_workspace(path: &Path) -> Result<PathBuf, EngineError> {
+    if !path.is_absolute() {
+        return Err(EngineError::InvalidWorkspace(
+            "workspace must be an absolute path".into(),
+        ));
+    }
+    match path.canonicalize() {
+        Ok(canonical) if canonical.is_dir() => Ok(canonical),
+        _ => Err(EngineError::InvalidWorkspace(format!(
+            "workspace {} is not an existing directory",
+            path.display()
+        ))),
+    }
+}

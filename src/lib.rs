@@ -1,0 +1,21 @@
+//! Kestrel: a self-hosted agent session server. One binary, one SQLite file, no async runtime.
+//!
+//! `Server::start(config)` runs a whole server on its own threads and returns a handle; there
+//! is no global state, so one process may run many. See ARCHITECTURE.md for the code map.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+mod app;
+pub mod bus;
+pub mod cancel;
+pub mod config;
+pub mod domain;
+pub mod engine;
+pub mod http;
+pub mod providers;
+pub mod store;
+pub mod time;
+
+pub use app::{Server, StartError, Stats};
+pub use config::Config;

@@ -1,0 +1,235 @@
+//! `builtin/echo`: the offline model every server has, so the whole loop runs with no network.
+//!
+//! It streams `Echo: <the user's text>` a word per delta after a short reasoning delta. Lines
+//! of the form `/tool NAME {json}` become tool calls (several lines, several calls in one
+//! message); once the results are in, it answers with a one-line summary of each.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::{Completion, CompletionRequest, Delta, Provider, ProviderError};
+use crate::cancel::CancelToken;
+use crate::domain::{new_id, ChatMessage, ModelInfo, Role, ToolCall, Usage};
+
+pub const ECHO_MODEL_ID: &str = "builtin/echo";
+
+pub struct EchoProvider {
+    /// Pause before each streamed word.
+    pub delay: Duration,
+}
+
+pub(super) fn echo_model_info() -> ModelInfo {
+    ModelInfo {
+        id: ECHO_MODEL_ID.into(),
+        provider: "builtin".into(),
+        label: Some("Echo (offline)".into()),
+        description: Some("Repeats your message; `/tool NAME {json}` lines call tools.".into()),
+        context_window: Some(1_000_000),
+        supports_tools: true,
+        supports_reasoning: Some(true),
+    }
+}
+
+impl Provider for EchoProvider {
+    fn complete(
+        &self,
+        request: &CompletionRequest<'_>,
+        on_delta: &mut dyn FnMut(Delta<'_>),
+        cancel: &CancelToken,
+    ) -> Result<Completion, ProviderError> {
+        let plan = plan_answer(request.messages);
+        let mut completion = Completion {
+            tool_calls: plan.tool_calls,
+            ..Completion::default()
+        };
+
+        self.pause(cancel)?;
+        on_delta(Delta::Reasoning(&plan.reasoning));
+        completion.reasoning = plan.reasoning;
+
+        for (index, word) in plan.text.split(' ').enumerate() {
+            self.pause(cancel)?;
+            let piece = if index == 0 {
+                word.to_string()
+            } else {
+                format!(" {word}")
+            };
+            on_delta(Delta::Text(&piece));
+            completion.text.push_str(&piece);
+        }
+
+        let input_chars: usize = request
+            .messages
+            .iter()
+            .map(|m| m.content.len())
+            .sum::<usize>()
+            + request.system_prompt.map_or(0, str::len);
+        let input_tokens = (input_chars / 4 + 1) as u64;
+        let output_tokens = completion.text.split_whitespace().count() as u64 + 1;
+        completion.usage = Usage {
+            input_tokens,
+            output_tokens,
+            total_tokens: input_tokens + output_tokens,
+            cached_input_tokens: None,
+            reasoning_tokens: Some(1),
+        };
+        Ok(completion)
+    }
+}
+
+impl EchoProvider {
+    fn pause(&self, cancel: &CancelToken) -> Result<(), ProviderError> {
+        let cancelled = if self.delay.is_zero() {
+            cancel.is_cancelled()
+        } else {
+            cancel.wait(self.delay)
+        };
+        if cancelled {
+            Err(ProviderError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+struct Plan {
+    reasoning: String,
+    text: String,
+    tool_calls: Vec<ToolCall>,
+}
+
+/// Decides the answer from the transcript: a summary after tool results, else an echo of the
+/// last user message with its `/tool` lines turned into calls.
+fn plan_answer(messages: &[ChatMessage]) -> Plan {
+    let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
+    let results: Vec<&ChatMessage> = match last_assistant {
+        Some(at) => messages[at + 1..]
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .collect(),
+        None => Vec::new(),
+    };
+    if messages.last().is_some_and(|m| m.role == Role::Tool) && !results.is_empty() {
+        let lines: Vec<String> = results.iter().map(|m| summarize_result(m)).collect();
+        return Plan {
+            reasoning: format!("{} tool result(s) came back; summarizing.", results.len()),
+            text: format!("Tool results: {}", lines.join("; ")),
+            tool_calls: Vec::new(),
+        };
+    }
+
+    let user = messages.iter().rev().find(|m| m.role == Role::User);
+    let (text, images) = user.map_or(("", 0), |m| (m.content.as_str(), m.images.len()));
+    let mut plain = Vec::new();
+    let mut tool_calls = Vec::new();
+    for line in text.lines() {
+        match parse_tool_line(line) {
+            Some(call) => tool_calls.push(call),
+            None => plain.push(line),
+        }
+    }
+    let said = plain.join("\n").trim().to_string();
+    let echoed = match (said.is_empty(), images) {
+        (false, _) => format!("Echo: {said}"),
+        (true, 0) if !tool_calls.is_empty() => format!("Calling {} tool(s).", tool_calls.len()),
+        (true, 0) => "Echo: (nothing)".to_string(),
+        (true, n) => format!("Echo: ({n} image(s))"),
+    };
+    Plan {
+        reasoning: format!(
+            "The user wrote {} word(s); echoing them.",
+            said.split_whitespace().count()
+        ),
+        text: echoed,
+        tool_calls,
+    }
+}
+
+fn summarize_result(message: &ChatMessage) -> String {
+    let ok = message
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.get("ok"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let first_line: String = message
+        .content
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(120)
+        .collect();
+    let name = message.tool_name.as_deref().unwrap_or("tool");
+    format!("{name} {} — {first_line}", if ok { "ok" } else { "failed" })
+}
+
+/// `/tool NAME {json}` → a call; the JSON is optional and must be an object.
+fn parse_tool_line(line: &str) -> Option<ToolCall> {
+    let rest = line.trim().strip_prefix("/tool ")?.trim();
+    let (name, arguments) = match rest.split_once(char::is_whitespace) {
+        Some((name, json)) => (
+            name,
+            serde_json::from_str::<Map<String, Value>>(json.trim()).ok()?,
+        ),
+        None => (rest, Map::new()),
+    };
+    if name.is_empty() {
+        return None;
+    }
+    Some(ToolCall {
+        id: new_id("call"),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(text: &str) -> ChatMessage {
+        ChatMessage::new(Role::User, text)
+    }
+
+    #[test]
+    fn echoes_and_parses_tool_lines() {
+        let plan = plan_answer(&[user(
+            "hello there\n/tool read_file {\"path\":\"a\"}\n/tool list_directory",
+        )]);
+        assert_eq!(plan.text, "Echo: hello there");
+        assert_eq!(plan.tool_calls.len(), 2);
+        assert_eq!(plan.tool_calls[0].name, "read_file");
+        assert_eq!(plan.tool_calls[0].arguments["path"], "a");
+        assert!(plan.tool_calls[1].arguments.is_empty());
+    }
+
+    #[test]
+    fn a_tool_line_with_bad_json_is_plain_text() {
+        let plan = plan_answer(&[user("/tool x {not json")]);
+        assert!(plan.tool_calls.is_empty());
+        assert_eq!(plan.text, "Echo: /tool x {not json");
+    }
+
+    #[test]
+    fn summarizes_results_after_tools() {
+        let mut call = ChatMessage::new(Role::Assistant, "");
+        call.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            name: "t".into(),
+            arguments: Map::new(),
+        });
+        let mut result = ChatMessage::new(Role::Tool, "boom\nmore");
+        result.tool_name = Some("t".into());
+        result.meta = Some(
+            serde_json::json!({"ok": false})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        let plan = plan_answer(&[user("/tool t"), call, result]);
+        assert_eq!(plan.text, "Tool results: t failed — boom");
+        assert!(plan.tool_calls.is_empty());
+    }
+}

@@ -1,0 +1,157 @@
+//! Durable state: one SQLite file in the data dir.
+//!
+//! Owns the only `rusqlite` import in the crate. One writer thread owns the write connection
+//! and takes `WriteOp` batches over a channel (see `writer.rs`); readers borrow connections
+//! from a small pool on the calling thread (see `reader.rs`). The database runs in WAL mode
+//! with `synchronous=FULL`: a write whose reply has arrived survives a power cut.
+
+mod reader;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use crate::domain::{ChatMessage, SessionRecord, SessionStatus};
+
+pub use reader::ReaderPool;
+pub use writer::WriterHandle;
+
+/// Capacity of the writer's inbox. When it is full, senders block: a burst of writes slows the
+/// runs that make them instead of growing memory without bound.
+const WRITER_INBOX: usize = 8192;
+
+/// The database file's name inside the data dir.
+pub const DB_FILE: &str = "kestrel.db";
+
+#[derive(Debug)]
+pub enum StoreError {
+    /// SQLite refused a statement or a commit.
+    Sqlite(String),
+    /// The data dir could not be created or opened.
+    Io(std::io::Error),
+    /// The writer thread has stopped; the server is shutting down.
+    Closed,
+    /// A stored row could not be decoded.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Sqlite(message) => write!(f, "sqlite: {message}"),
+            StoreError::Io(error) => write!(f, "data dir: {error}"),
+            StoreError::Closed => write!(f, "the store is closed"),
+            StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        StoreError::Sqlite(error.to_string())
+    }
+}
+
+/// What may change about a session. `None` leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct SessionPatch {
+    pub title: Option<String>,
+    pub model: Option<String>,
+    /// `Some(None)` clears the prompt.
+    pub system_prompt: Option<Option<String>>,
+    pub status: Option<SessionStatus>,
+}
+
+/// One change to the database. A batch of ops sent together commits atomically.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    InsertSession(SessionRecord),
+    UpdateSession {
+        id: String,
+        patch: SessionPatch,
+        updated_at: String,
+    },
+    DeleteSession {
+        id: String,
+    },
+    /// Appends to a transcript, bumping the session's message count and `updated_at`.
+    AppendMessage {
+        session_id: String,
+        message: ChatMessage,
+        updated_at: String,
+    },
+    /// Every session stored as `running` becomes `interrupted` (run once at boot).
+    InterruptRunning {
+        updated_at: String,
+    },
+    /// Raises the highest event seq the bus may hand out.
+    SetSeqCeiling(u64),
+}
+
+type Reply = Sender<Result<(), StoreError>>;
+
+enum WriterMsg {
+    Write {
+        ops: Vec<WriteOp>,
+        reply: Option<Reply>,
+    },
+    Shutdown,
+}
+
+/// A cheap, cloneable handle: the writer's inbox plus the reader pool.
+#[derive(Clone)]
+pub struct Store {
+    writer_tx: Sender<WriterMsg>,
+    readers: Arc<ReaderPool>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database in `data_dir`, applies migrations and starts
+    /// the writer thread. The returned handle stops the writer; the app does that last.
+    pub fn open(data_dir: &Path) -> Result<(Store, WriterHandle), StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(StoreError::Io)?;
+        let path: PathBuf = data_dir.join(DB_FILE);
+        let (writer_tx, inbox) = bounded(WRITER_INBOX);
+        let writer = writer::Writer::open(&path)?;
+        let handle = writer.spawn(inbox, writer_tx.clone())?;
+        let readers = Arc::new(ReaderPool::new(path));
+        Ok((Store { writer_tx, readers }, handle))
+    }
+
+    /// Commits `ops` in one transaction and returns once it is durable.
+    pub fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        self.write_pending(ops)?
+            .recv()
+            .unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Queues `ops` and returns a receiver for the commit's outcome without waiting for it.
+    pub fn write_pending(
+        &self,
+        ops: Vec<WriteOp>,
+    ) -> Result<Receiver<Result<(), StoreError>>, StoreError> {
+        let (reply, outcome) = bounded(1);
+        self.writer_tx
+            .send(WriterMsg::Write {
+                ops,
+                reply: Some(reply),
+            })
+            .map_err(|_| StoreError::Closed)?;
+        Ok(outcome)
+    }
+
+    /// Queues `ops` with nobody waiting; a failure is logged by the writer.
+    pub fn write_detached(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        self.writer_tx
+            .send(WriterMsg::Write { ops, reply: None })
+            .map_err(|_| StoreError::Closed)
+    }
+
+    pub fn readers(&self) -> &ReaderPool {
+        &self.readers
+    }
+}

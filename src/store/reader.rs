@@ -1,0 +1,144 @@
+//! Read-only queries, run on the caller's thread with a pooled connection.
+//!
+//! WAL lets these readers see the last committed state while the writer works, so a handler
+//! never waits for the writer to read. Connections are opened lazily and kept for reuse.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+
+use super::StoreError;
+use crate::domain::{ChatMessage, SessionRecord, SessionStatus, SessionSummary};
+
+/// Idle connections kept for reuse; more may be open at once under load.
+const MAX_IDLE: usize = 16;
+
+pub struct ReaderPool {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReaderPool {
+    pub(super) fn new(path: PathBuf) -> ReaderPool {
+        ReaderPool {
+            path,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn with<T>(
+        &self,
+        query: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                let conn = Connection::open_with_flags(
+                    &self.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                conn.busy_timeout(std::time::Duration::from_secs(5))?;
+                conn
+            }
+        };
+        let result = query(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+        result
+    }
+
+    pub fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.with(|conn| {
+            let record = conn
+                .prepare_cached(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"
+                ))?
+                .query_row([id], session_from_row)
+                .optional()?;
+            record.transpose()
+        })
+    }
+
+    /// A tenant's sessions, most recently updated first.
+    pub fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ?1 ORDER BY updated_at DESC, rowid DESC"
+            ))?;
+            let rows = statement.query_map([tenant], session_from_row)?;
+            let mut sessions = Vec::new();
+            for row in rows {
+                sessions.push(row??.summary);
+            }
+            Ok(sessions)
+        })
+    }
+
+    pub fn messages(&self, session_id: &str) -> Result<Vec<ChatMessage>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn
+                .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY rowid")?;
+            let rows = statement.query_map(params![session_id], |row| row.get::<_, String>(0))?;
+            let mut messages = Vec::new();
+            for body in rows {
+                let body = body?;
+                messages.push(
+                    serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                );
+            }
+            Ok(messages)
+        })
+    }
+
+    pub fn session_count(&self) -> Result<u64, StoreError> {
+        self.with(|conn| {
+            Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| {
+                row.get::<_, i64>(0)
+            })? as u64)
+        })
+    }
+
+    /// The highest event seq ever reserved, 0 on a new database.
+    pub fn seq_ceiling(&self) -> Result<u64, StoreError> {
+        self.with(|conn| {
+            let value: Option<i64> = conn
+                .query_row(
+                    "SELECT value FROM meta WHERE key = 'seq_ceiling'",
+                    [],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            Ok(value.unwrap_or(0) as u64)
+        })
+    }
+}
+
+const SESSION_COLUMNS: &str =
+    "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count";
+
+fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SessionRecord, StoreError>> {
+    let status: String = row.get(6)?;
+    let Some(status) = SessionStatus::parse(&status) else {
+        return Ok(Err(StoreError::Corrupt(format!(
+            "session status {status:?}"
+        ))));
+    };
+    Ok(Ok(SessionRecord {
+        summary: SessionSummary {
+            id: row.get(0)?,
+            title: row.get(2)?,
+            model: row.get(3)?,
+            workspace: row.get(5)?,
+            status,
+            created_at: row.get(7)?,
+            updated_at: row.get(8)?,
+            message_count: row.get::<_, i64>(9)? as u64,
+        },
+        tenant: row.get(1)?,
+        system_prompt: row.get(4)?,
+    }))
+}

@@ -1,0 +1,276 @@
+//! The writer actor: the only thread that writes to SQLite.
+//!
+//! Runs on the `kestrel-store` thread. It blocks on its inbox for the first message, then
+//! drains whatever else is already queued (up to `MAX_BATCH`) and commits all of it in one
+//! transaction: group commit, so a hundred concurrent writes cost one fsync, not a hundred.
+//! Replies go out only after the commit. If a batch fails, it is rolled back and each message
+//! is retried in its own transaction, so one bad write never fails its neighbours.
+//! It exits on `Shutdown` after committing everything queued before it; the app stops it last.
+
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use rusqlite::{params, Connection, Transaction};
+
+use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
+
+/// The most messages one transaction takes; bounds the latency a batch adds to its first write.
+const MAX_BATCH: usize = 4096;
+
+const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_init.sql")];
+
+pub(super) struct Writer {
+    conn: Connection,
+}
+
+pub struct WriterHandle {
+    writer_tx: Sender<WriterMsg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WriterHandle {
+    /// Commits everything queued so far, then stops the thread and waits for it.
+    pub fn shutdown(mut self) {
+        let _ = self.writer_tx.send(WriterMsg::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the store writer thread panicked");
+            }
+        }
+    }
+}
+
+impl Writer {
+    pub(super) fn open(path: &Path) -> Result<Writer, StoreError> {
+        let mut conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // FULL in WAL mode fsyncs the log on every commit: acknowledged means durable.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        migrate(&mut conn)?;
+        Ok(Writer { conn })
+    }
+
+    pub(super) fn spawn(
+        self,
+        inbox: Receiver<WriterMsg>,
+        writer_tx: Sender<WriterMsg>,
+    ) -> Result<WriterHandle, StoreError> {
+        let thread = std::thread::Builder::new()
+            .name("kestrel-store".into())
+            .spawn(move || self.run(inbox))
+            .map_err(StoreError::Io)?;
+        Ok(WriterHandle {
+            writer_tx,
+            thread: Some(thread),
+        })
+    }
+
+    fn run(mut self, inbox: Receiver<WriterMsg>) {
+        let mut batch: Vec<(Vec<WriteOp>, Option<super::Reply>)> = Vec::new();
+        loop {
+            let mut stop = false;
+            match inbox.recv() {
+                Ok(WriterMsg::Write { ops, reply }) => batch.push((ops, reply)),
+                Ok(WriterMsg::Shutdown) | Err(_) => stop = true,
+            }
+            while !stop && batch.len() < MAX_BATCH {
+                match inbox.try_recv() {
+                    Ok(WriterMsg::Write { ops, reply }) => batch.push((ops, reply)),
+                    Ok(WriterMsg::Shutdown) => stop = true,
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.commit_batch(&mut batch);
+            }
+            if stop {
+                break;
+            }
+        }
+        log::debug!("store writer stopped");
+    }
+
+    fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<super::Reply>)>) {
+        let outcome = (|| -> Result<(), StoreError> {
+            let tx = self.conn.transaction()?;
+            for (ops, _) in batch.iter() {
+                apply_all(&tx, ops)?;
+            }
+            tx.commit()?;
+            Ok(())
+        })();
+        match outcome {
+            Ok(()) => {
+                for (_, reply) in batch.drain(..) {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(()));
+                    }
+                }
+            }
+            Err(error) if batch.len() > 1 => {
+                log::warn!(
+                    "batch of {} writes failed ({error}); retrying one by one",
+                    batch.len()
+                );
+                for (ops, reply) in batch.drain(..) {
+                    let result = self.commit_one(&ops);
+                    respond(reply, result);
+                }
+            }
+            Err(error) => {
+                for (_, reply) in batch.drain(..) {
+                    respond(reply, Err(StoreError::Sqlite(error.to_string())));
+                }
+            }
+        }
+    }
+
+    fn commit_one(&mut self, ops: &[WriteOp]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction()?;
+        apply_all(&tx, ops)?;
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+fn respond(reply: Option<super::Reply>, result: Result<(), StoreError>) {
+    match reply {
+        Some(reply) => {
+            let _ = reply.send(result);
+        }
+        None => {
+            if let Err(error) = result {
+                log::error!("a detached write failed: {error}");
+            }
+        }
+    }
+}
+
+fn apply_all(tx: &Transaction<'_>, ops: &[WriteOp]) -> Result<(), StoreError> {
+    for op in ops {
+        apply(tx, op)?;
+    }
+    Ok(())
+}
+
+fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
+    match op {
+        WriteOp::InsertSession(record) => {
+            let s = &record.summary;
+            tx.prepare_cached(
+                "INSERT INTO sessions (id, tenant, title, model, system_prompt, workspace, status,
+                                       created_at, updated_at, message_count)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                s.id,
+                record.tenant,
+                s.title,
+                s.model,
+                record.system_prompt,
+                s.workspace,
+                s.status.as_str(),
+                s.created_at,
+                s.updated_at,
+                s.message_count as i64
+            ])?;
+        }
+        WriteOp::UpdateSession {
+            id,
+            patch,
+            updated_at,
+        } => update_session(tx, id, patch, updated_at)?,
+        WriteOp::DeleteSession { id } => {
+            tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                .execute([id])?;
+        }
+        WriteOp::AppendMessage {
+            session_id,
+            message,
+            updated_at,
+        } => {
+            let body =
+                serde_json::to_string(message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let role = serde_json::to_value(message.role)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            tx.prepare_cached(
+                "INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                message.id,
+                session_id,
+                role.as_str().unwrap_or(""),
+                body
+            ])?;
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE sessions SET message_count = message_count + 1, updated_at = ?2 WHERE id = ?1",
+                )?
+                .execute(params![session_id, updated_at])?;
+            if changed == 0 {
+                return Err(StoreError::Sqlite(format!("no session {session_id}")));
+            }
+        }
+        WriteOp::InterruptRunning { updated_at } => {
+            tx.prepare_cached("UPDATE sessions SET status = 'interrupted', updated_at = ?1 WHERE status = 'running'")?
+                .execute([updated_at])?;
+        }
+        WriteOp::SetSeqCeiling(ceiling) => {
+            tx.prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('seq_ceiling', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+            )?
+            .execute([*ceiling as i64])?;
+        }
+    }
+    Ok(())
+}
+
+fn update_session(
+    tx: &Transaction<'_>,
+    id: &str,
+    patch: &SessionPatch,
+    updated_at: &str,
+) -> Result<(), StoreError> {
+    let prompt_given = patch.system_prompt.is_some();
+    let prompt = patch.system_prompt.clone().flatten();
+    tx.prepare_cached(
+        "UPDATE sessions SET
+             title = coalesce(?2, title),
+             model = coalesce(?3, model),
+             system_prompt = CASE WHEN ?4 THEN ?5 ELSE system_prompt END,
+             status = coalesce(?6, status),
+             updated_at = ?7
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        id,
+        patch.title,
+        patch.model,
+        prompt_given,
+        prompt,
+        patch.status.map(|s| s.as_str()),
+        updated_at
+    ])?;
+    Ok(())
+}
+
+/// Applies every migration above the database's `user_version`, each in its own transaction.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    for (index, sql) in MIGRATIONS.iter().enumerate() {
+        let version = index as i64 + 1;
+        if version <= current {
+            continue;
+        }
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", version)?;
+        tx.commit()?;
+        log::info!("applied migration {version}");
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! The SSE streams: framing, pings, replay, scope, and cleanup.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::{event_type, is_run_end, wait_until, SseClient, SseItem, TestServer, WAIT};
+
+#[test]
+fn a_stream_starts_with_retry_and_the_three_headers_then_pings() {
+    let server = TestServer::start();
+    let mut stream = server.events("/api/events");
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.header("content-type"), Some("text/event-stream"));
+    assert_eq!(
+        stream.header("cache-control"),
+        Some("no-cache, no-transform")
+    );
+    assert_eq!(stream.header("x-accel-buffering"), Some("no"));
+    assert!(matches!(stream.next_item(WAIT), Some(SseItem::Retry(3000))));
+    // The test config pings every 200 ms.
+    assert!(matches!(stream.next_item(WAIT), Some(SseItem::Comment(ref c)) if c == "ping"));
+}
+
+#[test]
+fn each_frame_is_one_envelope_with_its_seq_as_id() {
+    let server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let mut stream = server.events("/api/events");
+    server.post(
+        &format!("/api/sessions/{id}/messages"),
+        json!({ "content": "hi" }),
+    );
+    let (frame_id, envelope) = stream.next_event(WAIT).unwrap();
+    assert_eq!(envelope["seq"], frame_id);
+    assert!(envelope["at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(envelope["event"]["sessionId"], id.as_str());
+}
+
+#[test]
+fn last_event_id_replays_what_came_after_scoped_to_the_session() {
+    let server = TestServer::start();
+    let a = server.create_session(json!({ "title": "a" }));
+    let b = server.create_session(json!({ "title": "b" }));
+    let first_run = server.run_to_end(&a, "first");
+    let last_seen = first_run.last().unwrap()["seq"].as_u64().unwrap();
+    server.run_to_end(&b, "other session");
+    let second_run = server.run_to_end(&a, "second");
+
+    // Header form, session scope: only session a's events after `last_seen`.
+    let mut replay = SseClient::open(
+        &server.base,
+        &format!("/api/sessions/{a}/events"),
+        None,
+        Some(last_seen),
+    );
+    let replayed = replay.collect_until(|e| {
+        is_run_end(e) && e["event"]["runId"] == second_run.last().unwrap()["event"]["runId"]
+    });
+    assert!(replayed
+        .iter()
+        .all(|e| e["event"]["sessionId"] == a.as_str()));
+    assert!(replayed
+        .iter()
+        .all(|e| e["seq"].as_u64().unwrap() > last_seen));
+    let want: Vec<u64> = second_run
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    let got: Vec<u64> = replayed
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert!(
+        want.iter().all(|seq| got.contains(seq)),
+        "every event of the second run is replayed"
+    );
+
+    // Query form, all-sessions scope: session b's run is there too.
+    let mut all = SseClient::open(
+        &server.base,
+        &format!("/api/events?lastEventId={last_seen}"),
+        None,
+        None,
+    );
+    let replayed = all.collect_until(|e| is_run_end(e) && e["event"]["sessionId"] == a.as_str());
+    assert!(replayed
+        .iter()
+        .any(|e| e["event"]["sessionId"] == b.as_str()));
+    assert!(replayed
+        .iter()
+        .all(|e| e["seq"].as_u64().unwrap() > last_seen));
+
+    // Then live delivery follows on the same stream.
+    server.post(
+        &format!("/api/sessions/{a}/messages"),
+        json!({ "content": "live" }),
+    );
+    let live = all.collect_until(is_run_end);
+    assert!(live
+        .iter()
+        .any(|e| e["event"]["message"]["content"] == "live"));
+}
+
+#[test]
+fn an_evicted_id_replays_what_remains() {
+    let server = TestServer::start_with(|config| config.server.replay_buffer = 8);
+    let id = server.create_session(json!({}));
+    let run = server.run_to_end(&id, "one two three four five six seven eight nine ten");
+    assert!(run.len() > 8);
+    let first = run[0]["seq"].as_u64().unwrap();
+    let last = run.last().unwrap()["seq"].as_u64().unwrap();
+    let mut replay = SseClient::open(
+        &server.base,
+        &format!("/api/sessions/{id}/events"),
+        None,
+        Some(first),
+    );
+    let mut seqs = Vec::new();
+    while let Some((seq, _)) = replay.next_event(Duration::from_millis(500)) {
+        seqs.push(seq);
+    }
+    assert_eq!(
+        seqs,
+        ((last - 7)..=last).collect::<Vec<_>>(),
+        "the last 8 envelopes, no more"
+    );
+}
+
+#[test]
+fn a_disconnected_client_leaves_no_thread_or_subscriber_behind() {
+    let server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let streams: Vec<SseClient> = (0..5)
+        .map(|i| {
+            if i % 2 == 0 {
+                server.events("/api/events")
+            } else {
+                server.events(&format!("/api/sessions/{id}/events"))
+            }
+        })
+        .collect();
+    wait_until("five streams open", || {
+        server.stats().open_streams == 5 && server.stats().bus_subscribers == 5
+    });
+    for stream in streams {
+        stream.disconnect();
+    }
+    // A quiet stream notices at its next ping (200 ms here) and its thread ends.
+    wait_until("every stream thread to end", || {
+        server.stats().open_streams == 0
+    });
+    wait_until("every subscriber to go", || {
+        server.stats().bus_subscribers == 0
+    });
+    wait_until("every request thread to end", || {
+        server.stats().open_requests == 0
+    });
+}
+
+#[test]
+fn shutdown_ends_open_streams() {
+    let mut server = TestServer::start();
+    let stream = server.events("/api/events");
+    wait_until("the stream to open", || server.stats().open_streams == 1);
+    server.stop();
+    assert!(stream.wait_closed(WAIT), "the stream ended with the server");
+}
+
+#[test]
+fn session_events_cover_the_whole_lifecycle() {
+    let server = TestServer::start();
+    let mut all = server.events("/api/events");
+    let id = server.create_session(json!({}));
+    let created = all.collect_until(|e| event_type(e) == "session.updated");
+    assert_eq!(
+        created.last().unwrap()["event"]["session"]["id"],
+        id.as_str()
+    );
+}

@@ -1,0 +1,9 @@
+//! The integration suite: every test starts a real server on 127.0.0.1:0 and talks HTTP.
+
+mod auth;
+mod events;
+mod http;
+mod restart;
+mod runs;
+mod sessions;
+mod support;

@@ -1,0 +1,428 @@
+//! Shared test support: a real server on 127.0.0.1:0 with a temp data dir, a small JSON client
+//! (ureq), and an SSE client that reads a real event stream on its own thread.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError};
+use kestrel::{Config, Server};
+use serde_json::Value;
+
+/// How long a test waits for something the server should do promptly.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct TestServer {
+    pub server: Option<Server>,
+    pub base: String,
+    pub token: Option<String>,
+    pub data_dir: PathBuf,
+    pub workspace: PathBuf,
+    _dirs: Option<(tempfile::TempDir, tempfile::TempDir)>,
+}
+
+/// The config every test starts from: ephemeral port, fast echo, short pings.
+pub fn test_config(data_dir: &Path, workspace: &Path) -> Config {
+    let mut config = Config::default();
+    config.server.addr = "127.0.0.1:0".into();
+    config.server.data_dir = data_dir.to_path_buf();
+    config.server.sse_ping_interval_ms = 200;
+    config.agent.workspace = Some(workspace.to_path_buf());
+    config.builtin.delay_ms = 2;
+    config
+}
+
+impl TestServer {
+    pub fn start() -> TestServer {
+        TestServer::start_with(|_| {})
+    }
+
+    pub fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
+        let data = tempfile::tempdir().unwrap();
+        let workspace = tempfile::tempdir().unwrap();
+        let mut config = test_config(data.path(), workspace.path());
+        adjust(&mut config);
+        let mut server = TestServer::from_config(config);
+        server._dirs = Some((data, workspace));
+        server
+    }
+
+    /// Starts on a config as given (for restarts on an existing data dir).
+    pub fn from_config(config: Config) -> TestServer {
+        let token = config.auth.token.clone();
+        let data_dir = config.server.data_dir.clone();
+        let workspace = config.agent.workspace.clone().unwrap();
+        let server = Server::start(config).expect("server starts");
+        let base = format!("http://{}", server.addr());
+        TestServer {
+            server: Some(server),
+            base,
+            token,
+            data_dir,
+            workspace,
+            _dirs: None,
+        }
+    }
+
+    /// Stops the server but keeps its directories, so a new one can start on them.
+    pub fn stop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown();
+        }
+    }
+
+    /// Restarts on the same data dir and workspace.
+    pub fn restart(&mut self, adjust: impl FnOnce(&mut Config)) {
+        self.stop();
+        let mut config = test_config(&self.data_dir, &self.workspace);
+        adjust(&mut config);
+        let dirs = self._dirs.take();
+        *self = TestServer::from_config(config);
+        self._dirs = dirs;
+    }
+
+    pub fn stats(&self) -> kestrel::Stats {
+        self.server.as_ref().unwrap().stats()
+    }
+
+    pub fn client(&self) -> Client {
+        Client {
+            base: self.base.clone(),
+            token: self.token.clone(),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        self.client().get(path)
+    }
+
+    pub fn post(&self, path: &str, body: Value) -> Response {
+        self.client().post(path, body)
+    }
+
+    pub fn patch(&self, path: &str, body: Value) -> Response {
+        self.client()
+            .send("PATCH", path, Some(body.to_string().as_bytes()))
+    }
+
+    pub fn delete(&self, path: &str) -> Response {
+        self.client().send("DELETE", path, None)
+    }
+
+    /// Creates a session and returns its id.
+    pub fn create_session(&self, body: Value) -> String {
+        let response = self.post("/api/sessions", body);
+        assert_eq!(response.status, 201, "{}", response.text);
+        response.json["session"]["id"].as_str().unwrap().to_string()
+    }
+
+    pub fn events(&self, path: &str) -> SseClient {
+        SseClient::open(&self.base, path, self.token.as_deref(), None)
+    }
+
+    /// Sends a message and waits for the run to end; returns the run's events.
+    pub fn run_to_end(&self, session: &str, content: &str) -> Vec<Value> {
+        let mut stream = self.events(&format!("/api/sessions/{session}/events"));
+        let response = self.post(
+            &format!("/api/sessions/{session}/messages"),
+            serde_json::json!({ "content": content }),
+        );
+        assert_eq!(response.status, 202, "{}", response.text);
+        stream.collect_until(|event| is_run_end(event))
+    }
+}
+
+pub fn is_run_end(event: &Value) -> bool {
+    matches!(
+        event["event"]["type"].as_str(),
+        Some("run.finished" | "run.failed")
+    )
+}
+
+pub fn event_type(event: &Value) -> &str {
+    event["event"]["type"].as_str().unwrap_or("")
+}
+
+#[derive(Clone)]
+pub struct Client {
+    pub base: String,
+    pub token: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub text: String,
+    pub json: Value,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Asserts an `ApiErrorBody` with this status and code.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "{}", self.text);
+        assert_eq!(self.json["error"]["code"], code, "{}", self.text);
+        assert!(
+            self.json["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{}",
+            self.text
+        );
+        assert_eq!(
+            self.header("cache-control"),
+            Some("no-store"),
+            "{}",
+            self.text
+        );
+    }
+}
+
+impl Client {
+    pub fn with_token(&self, token: Option<&str>) -> Client {
+        Client {
+            base: self.base.clone(),
+            token: token.map(str::to_string),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        self.send("GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: Value) -> Response {
+        self.send("POST", path, Some(body.to_string().as_bytes()))
+    }
+
+    pub fn patch_json(&self, path: &str, body: Value) -> Response {
+        self.send("PATCH", path, Some(body.to_string().as_bytes()))
+    }
+
+    pub fn post_raw(&self, path: &str, body: &[u8]) -> Response {
+        self.send("POST", path, Some(body))
+    }
+
+    pub fn send(&self, method: &str, path: &str, body: Option<&[u8]>) -> Response {
+        let mut request = ureq::request(method, &format!("{}{}", self.base, path)).timeout(WAIT);
+        if let Some(token) = &self.token {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        let result = match body {
+            Some(body) => request
+                .set("Content-Type", "application/json")
+                .send_bytes(body),
+            None => request.call(),
+        };
+        let response = match result {
+            Ok(response) => response,
+            Err(ureq::Error::Status(_, response)) => response,
+            Err(error) => panic!("{method} {path}: {error}"),
+        };
+        let status = response.status();
+        let headers = response
+            .headers_names()
+            .into_iter()
+            .map(|name| {
+                (
+                    name.clone(),
+                    response.header(&name).unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        let text = response.into_string().unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Response {
+            status,
+            text,
+            json,
+            headers,
+        }
+    }
+}
+
+/// One item read off an event stream.
+#[derive(Debug, Clone)]
+pub enum SseItem {
+    Retry(u64),
+    Comment(String),
+    /// `id:` and the parsed `data:` envelope.
+    Event(u64, Value),
+}
+
+/// A real SSE client: a socket, a reader thread that decodes chunked framing and SSE, and a
+/// channel of items the test waits on with timeouts.
+pub struct SseClient {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    items: Receiver<SseItem>,
+    socket: TcpStream,
+    ended: Receiver<()>,
+}
+
+impl SseClient {
+    pub fn open(
+        base: &str,
+        path: &str,
+        token: Option<&str>,
+        last_event_id: Option<u64>,
+    ) -> SseClient {
+        let host = base.trim_start_matches("http://");
+        let mut socket = TcpStream::connect(host).unwrap();
+        let mut request =
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n");
+        if let Some(token) = token {
+            request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        if let Some(id) = last_event_id {
+            request.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        request.push_str("\r\n");
+        socket.write_all(request.as_bytes()).unwrap();
+        let mut reader = BufReader::new(socket.try_clone().unwrap());
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line).unwrap();
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            let (name, value) = line.split_once(':').unwrap();
+            headers.push((name.trim().to_string(), value.trim().to_string()));
+        }
+        let (items_tx, items) = unbounded();
+        let (ended_tx, ended) = unbounded::<()>();
+        if status == 200 {
+            std::thread::spawn(move || {
+                let _ = read_stream(reader, &items_tx);
+                drop(ended_tx);
+            });
+        }
+        SseClient {
+            status,
+            headers,
+            items,
+            socket,
+            ended,
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The next item, or `None` after `timeout` or at the end of the stream.
+    pub fn next_item(&mut self, timeout: Duration) -> Option<SseItem> {
+        self.items.recv_timeout(timeout).ok()
+    }
+
+    /// The next event envelope, skipping comments and `retry`.
+    pub fn next_event(&mut self, timeout: Duration) -> Option<(u64, Value)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.items.recv_timeout(left) {
+                Ok(SseItem::Event(id, data)) => return Some((id, data)),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Collects envelopes until one matches `done` (included); panics after `WAIT`.
+    pub fn collect_until(&mut self, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + WAIT;
+        let mut events = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (_, event) = self
+                .next_event(left)
+                .unwrap_or_else(|| panic!("timed out; got {events:#?}"));
+            let finished = done(&event);
+            events.push(event);
+            if finished {
+                return events;
+            }
+        }
+    }
+
+    /// Waits for the server to end the stream.
+    pub fn wait_closed(&self, timeout: Duration) -> bool {
+        matches!(
+            self.ended.recv_timeout(timeout),
+            Err(RecvTimeoutError::Disconnected)
+        )
+    }
+
+    /// Hangs up, as a browser tab closing would.
+    pub fn disconnect(self) {
+        let _ = self.socket.shutdown(Shutdown::Both);
+    }
+}
+
+fn read_stream(
+    mut reader: BufReader<TcpStream>,
+    items: &crossbeam_channel::Sender<SseItem>,
+) -> std::io::Result<()> {
+    let mut pending = String::new();
+    loop {
+        let mut size_line = String::new();
+        if reader.read_line(&mut size_line)? == 0 {
+            return Ok(());
+        }
+        let size = usize::from_str_radix(size_line.trim(), 16).map_err(std::io::Error::other)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let mut chunk = vec![0; size + 2];
+        reader.read_exact(&mut chunk)?;
+        pending.push_str(std::str::from_utf8(&chunk[..size]).map_err(std::io::Error::other)?);
+        while let Some(end) = pending.find("\n\n") {
+            let frame: String = pending.drain(..end + 2).collect();
+            let mut id = None;
+            let mut data = String::new();
+            for line in frame.lines() {
+                if let Some(comment) = line.strip_prefix(':') {
+                    let _ = items.send(SseItem::Comment(comment.trim().to_string()));
+                } else if let Some(retry) = line.strip_prefix("retry: ") {
+                    let _ = items.send(SseItem::Retry(retry.parse().unwrap()));
+                } else if let Some(value) = line.strip_prefix("id: ") {
+                    id = Some(value.parse().unwrap());
+                } else if let Some(value) = line.strip_prefix("data: ") {
+                    data.push_str(value);
+                }
+            }
+            if let Some(id) = id {
+                let _ = items.send(SseItem::Event(id, serde_json::from_str(&data).unwrap()));
+            }
+        }
+    }
+}
+
+/// Waits until `condition` holds, checking often; panics with `what` after `WAIT`.
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -129,7 +129,7 @@ impl TestServer {
             serde_json::json!({ "content": content }),
         );
         assert_eq!(response.status, 202, "{}", response.text);
-        stream.collect_until(|event| is_run_end(event))
+        stream.collect_until(is_run_end)
     }
 }
 

@@ -349,3 +349,140 @@ impl BusActor {
         seq
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::NoticeLevel;
+    use std::time::Duration;
+
+    fn notice(text: &str) -> Event {
+        Event::Notice {
+            level: NoticeLevel::Info,
+            message: text.into(),
+        }
+    }
+
+    fn start(
+        dir: &std::path::Path,
+        config: BusConfig,
+    ) -> (Bus, BusHandle, crate::store::WriterHandle) {
+        let (store, writer) = Store::open(dir).unwrap();
+        let (bus, handle) = Bus::start(store, config).unwrap();
+        (bus, handle, writer)
+    }
+
+    fn filter() -> Filter {
+        Filter {
+            tenant: "t".into(),
+            session_id: None,
+        }
+    }
+
+    #[test]
+    fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bus, handle, writer) = start(
+            dir.path(),
+            BusConfig {
+                replay_capacity: 100,
+                subscriber_capacity: 2,
+            },
+        );
+        let slow = bus.subscribe(filter(), None).unwrap();
+        let fast = bus.subscribe(filter(), None).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut seen = 0;
+            while fast.live.recv_timeout(Duration::from_secs(5)).is_ok() {
+                seen += 1;
+                if seen == 20 {
+                    break;
+                }
+            }
+            seen
+        });
+        for i in 0..20 {
+            bus.publish(None, notice(&format!("n{i}")));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            reader.join().unwrap(),
+            20,
+            "the reading subscriber got everything"
+        );
+        // The slow one holds what fit in its channel, then its channel is closed.
+        let mut held = 0;
+        while slow.live.recv_timeout(Duration::from_secs(5)).is_ok() {
+            held += 1;
+        }
+        assert_eq!(held, 2);
+        handle.shutdown();
+        writer.shutdown();
+    }
+
+    #[test]
+    fn seqs_continue_above_the_stored_ceiling_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = BusConfig {
+            replay_capacity: 10,
+            subscriber_capacity: 10,
+        };
+        let (bus, handle, writer) = start(dir.path(), config);
+        let sub = bus.subscribe(filter(), None).unwrap();
+        bus.publish(None, notice("before"));
+        let before = sub.live.recv_timeout(Duration::from_secs(5)).unwrap().seq;
+        drop(sub);
+        handle.shutdown();
+        writer.shutdown();
+
+        let (bus, handle, writer) = start(dir.path(), config);
+        let sub = bus.subscribe(filter(), None).unwrap();
+        bus.publish(None, notice("after"));
+        let after = sub.live.recv_timeout(Duration::from_secs(5)).unwrap().seq;
+        assert!(
+            after > before + SEQ_BLOCK - 1,
+            "{after} must be above the whole reserved block of {before}"
+        );
+        handle.shutdown();
+        writer.shutdown();
+    }
+
+    #[test]
+    fn replay_and_filters_respect_tenant_and_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bus, handle, writer) = start(
+            dir.path(),
+            BusConfig {
+                replay_capacity: 10,
+                subscriber_capacity: 10,
+            },
+        );
+        let deleted = |id: &str| Event::SessionDeleted {
+            session_id: id.into(),
+        };
+        bus.publish(Some("t"), deleted("a"));
+        bus.publish(Some("other"), deleted("b"));
+        bus.publish(Some("t"), deleted("c"));
+        bus.publish(None, notice("everyone"));
+        let all = bus.subscribe(filter(), Some(0)).unwrap();
+        let sessions: Vec<Option<&str>> =
+            all.replay.iter().map(|e| e.session_id.as_deref()).collect();
+        assert_eq!(sessions, [Some("a"), Some("c"), None]);
+        let one = bus
+            .subscribe(
+                Filter {
+                    tenant: "t".into(),
+                    session_id: Some("c".into()),
+                },
+                Some(0),
+            )
+            .unwrap();
+        assert_eq!(one.replay.len(), 1);
+        let after_first = bus.subscribe(filter(), Some(all.replay[0].seq)).unwrap();
+        assert_eq!(after_first.replay.len(), 2);
+        assert_eq!(bus.subscriber_count(), 3);
+        drop((all, one, after_first));
+        handle.shutdown();
+        writer.shutdown();
+    }
+}

@@ -274,3 +274,76 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::domain::{ChatMessage, Role, SessionRecord, SessionStatus, SessionSummary};
+    use crate::store::{Store, StoreError, WriteOp};
+
+    fn session(id: &str) -> WriteOp {
+        WriteOp::InsertSession(SessionRecord {
+            summary: SessionSummary {
+                id: id.into(),
+                title: "t".into(),
+                created_at: "2026-01-01T00:00:00.000Z".into(),
+                updated_at: "2026-01-01T00:00:00.000Z".into(),
+                status: SessionStatus::Running,
+                model: "builtin/echo".into(),
+                message_count: 0,
+                workspace: "/".into(),
+            },
+            tenant: "t".into(),
+            system_prompt: None,
+        })
+    }
+
+    fn append(session_id: &str) -> WriteOp {
+        WriteOp::AppendMessage {
+            session_id: session_id.into(),
+            message: ChatMessage::new(Role::User, "hi"),
+            updated_at: "2026-01-01T00:00:01.000Z".into(),
+        }
+    }
+
+    #[test]
+    fn one_failing_write_in_a_batch_does_not_fail_its_neighbours() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, writer) = Store::open(dir.path()).unwrap();
+        store.write(vec![session("s1")]).unwrap();
+        // Queue many writes at once so they share a batch; one appends to a missing session.
+        let pending: Vec<_> = (0..200)
+            .map(|i| {
+                store
+                    .write_pending(vec![append(if i == 100 { "missing" } else { "s1" })])
+                    .unwrap()
+            })
+            .collect();
+        let outcomes: Vec<Result<(), StoreError>> =
+            pending.into_iter().map(|rx| rx.recv().unwrap()).collect();
+        assert!(outcomes[100].is_err());
+        assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 199);
+        let record = store.readers().session("s1").unwrap().unwrap();
+        assert_eq!(record.summary.message_count, 199);
+        assert_eq!(store.readers().messages("s1").unwrap().len(), 199);
+        writer.shutdown();
+    }
+
+    #[test]
+    fn interrupt_running_and_a_reopen_keep_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, writer) = Store::open(dir.path()).unwrap();
+        store.write(vec![session("s1"), append("s1")]).unwrap();
+        store.write_detached(vec![append("s1")]).unwrap();
+        writer.shutdown(); // commits the detached write before stopping
+        let (store, writer) = Store::open(dir.path()).unwrap();
+        store
+            .write(vec![WriteOp::InterruptRunning {
+                updated_at: "2026-01-02T00:00:00.000Z".into(),
+            }])
+            .unwrap();
+        let record = store.readers().session("s1").unwrap().unwrap();
+        assert_eq!(record.summary.status, SessionStatus::Interrupted);
+        assert_eq!(record.summary.message_count, 2);
+        writer.shutdown();
+    }
+}

@@ -118,3 +118,25 @@ fn a_non_loopback_address_needs_a_token_or_an_explicit_opt_out() {
         .expect("starts with a token")
         .shutdown();
 }
+
+#[test]
+fn an_internal_failure_is_a_generic_500() {
+    let mut server = TestServer::start();
+    let id = server.create_session(json!({}));
+    server.stop();
+    // A row no version of the server writes: reading it fails inside the store.
+    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
+    db.execute("UPDATE sessions SET status = 'melted' WHERE id = ?1", [&id])
+        .unwrap();
+    drop(db);
+    server.restart(|_| {});
+    let response = server.get(&format!("/api/sessions/{id}"));
+    response.assert_error(500, "internal_error");
+    assert_eq!(response.json["error"]["message"], "internal server error");
+    assert!(
+        !response.text.contains("melted"),
+        "the detail goes to the log, not the client"
+    );
+    // The server is still serving.
+    assert_eq!(server.get("/api/health").status, 200);
+}

@@ -4,7 +4,7 @@
 //! stored as `interrupted`) → stop the bus (every stream ends) → wait for request threads →
 //! stop the store writer last, after it has committed everything queued.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,7 +112,7 @@ impl Server {
         }])?;
         let bus_config = BusConfig {
             replay_capacity: config.server.replay_buffer,
-            subscriber_capacity: config.server.subscriber_buffer,
+            subscriber_capacity: config.server.subscriber_buffer.max(1),
         };
         let (bus, bus_handle) = Bus::start(store.clone(), bus_config)?;
         let engine = Engine::new(
@@ -126,7 +126,7 @@ impl Server {
             },
         );
 
-        let listener = TcpListener::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
+        let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
         let api = KestrelApi::new(engine.clone(), TokenSet::new(tokens), config.sanitized());
         let http_config = HttpConfig {
             body_limit: config.server.body_limit_bytes,

@@ -6,9 +6,11 @@
 //! Channels:
 //! - The inbox is bounded (`INBOX`); publishers block when it is full, which slows runs, never
 //!   clients.
-//! - Each subscriber has a bounded channel (`subscriber_capacity`). The bus only ever
-//!   `try_send`s to it: a subscriber whose channel is full is dropped on the spot, its stream
-//!   ends, and its client reconnects with `Last-Event-ID`. The bus never blocks on a client.
+//! - Each subscriber has a channel bounded at `subscriber_capacity` envelopes. The bound is
+//!   checked by the bus (`len()` before `send`) on an unbounded channel, so an idle stream
+//!   costs no preallocated slots. A subscriber whose channel is full is dropped on the spot,
+//!   its stream ends, and its client reconnects with `Last-Event-ID`. The bus never blocks on
+//!   a client.
 //!
 //! Seqs survive restarts without a write per event: the bus reserves seqs in blocks of
 //! `SEQ_BLOCK` by raising a ceiling in the store, asking for the next block when half of the
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use serde::Serialize;
 
 use crate::domain::Event;
@@ -269,14 +271,12 @@ impl BusActor {
             if !subscriber.filter.matches(&envelope) {
                 return true;
             }
-            match subscriber.sender.try_send(Arc::clone(&envelope)) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => {
-                    log::debug!("dropping a subscriber that fell behind at seq {seq}");
-                    false
-                }
-                Err(TrySendError::Disconnected(_)) => false,
+            if subscriber.sender.len() >= self.config.subscriber_capacity {
+                log::debug!("dropping a subscriber that fell behind at seq {seq}");
+                return false;
             }
+            // Sending on an unbounded channel never blocks; it fails only if the stream is gone.
+            subscriber.sender.send(Arc::clone(&envelope)).is_ok()
         });
         if self.subscribers.len() != before {
             self.subscriber_gauge
@@ -296,7 +296,7 @@ impl BusActor {
             }
             None => Vec::new(),
         };
-        let (sender, live) = bounded(self.config.subscriber_capacity.max(1));
+        let (sender, live) = unbounded();
         let id = self.next_subscriber_id;
         self.next_subscriber_id += 1;
         let subscription = Subscription {

@@ -80,7 +80,7 @@ impl Default for ServerConfig {
             body_limit_bytes: 16 * 1024 * 1024,
             sse_ping_interval_ms: 15_000,
             replay_buffer: 10_000,
-            subscriber_buffer: 1024,
+            subscriber_buffer: 4096,
             allow_unauthenticated: false,
         }
     }

@@ -12,7 +12,7 @@ use super::StoreError;
 use crate::domain::{ChatMessage, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
-const MAX_IDLE: usize = 16;
+const MAX_IDLE: usize = 64;
 
 pub struct ReaderPool {
     path: PathBuf,

@@ -1,0 +1,402 @@
+//! `scripts/bench` runs this: Kestrel's throughput, fan-out, memory and writer figures, each
+//! beside a floor measured the same way in the same run. See the README's Performance section.
+//!
+//! Kestrel runs as a child process (the release binary), so its RSS is its own; the floor is a
+//! bare tiny_http server with a thread per request, also a child process (this program, run
+//! with `floor-server`).
+
+mod client;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use client::{follow_stream, open_stream, Connection};
+use kestrel::domain::{ChatMessage, Role, SessionRecord, SessionStatus, SessionSummary};
+use kestrel::store::{Store, WriteOp};
+
+const CLIENTS: usize = 32;
+const ROUNDS: usize = 3;
+const ROUND: Duration = Duration::from_secs(2);
+const DELTAS: usize = 10_000;
+const WRITER_EVENTS: usize = 1_000_000;
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("floor-server") {
+        return floor_server();
+    }
+    let quick = std::env::var("BENCH_QUICK").is_ok();
+    println!(
+        "kestrel benchmark ({} cores); medians of {ROUNDS} rounds where a round repeats",
+        cores()
+    );
+    println!();
+    println!(
+        "{:<52} {:>16} {:>16} {:>8}",
+        "measure", "kestrel", "floor", "ratio"
+    );
+
+    let floor = Spawned::floor();
+    let kestrel = Spawned::kestrel(&[]);
+    create_sessions(&kestrel.host, 100);
+    let mut health = Vec::new();
+    let mut sessions = Vec::new();
+    let mut floor_rates = Vec::new();
+    for _ in 0..ROUNDS {
+        floor_rates.push(requests_per_second(&floor.host, "/"));
+        health.push(requests_per_second(&kestrel.host, "/api/health"));
+        sessions.push(requests_per_second(&kestrel.host, "/api/sessions"));
+    }
+    let floor_rate = median(&mut floor_rates);
+    for (label, rates) in [
+        ("GET /api/health, 32 keep-alive clients", &mut health),
+        ("GET /api/sessions (100 stored), 32 clients", &mut sessions),
+    ] {
+        let rate = median(rates);
+        row(
+            label,
+            format!("{rate:.0} req/s"),
+            format!("{floor_rate:.0} req/s"),
+            rate / floor_rate,
+        );
+    }
+    drop(kestrel);
+
+    let fanouts: &[usize] = if quick { &[1, 100] } else { &[1, 100, 1000] };
+    for &subscribers in fanouts {
+        let kestrel = Spawned::kestrel(&[("KESTREL_BUILTIN_DELAY_MS", "0")]);
+        let (elapsed, events, reconnects) = fan_out(&kestrel.host, subscribers);
+        let rate = events as f64 / elapsed.as_secs_f64();
+        row(
+            &format!("{DELTAS} deltas to {subscribers} SSE subscriber(s), last run.finished"),
+            format!("{:.0} ms", elapsed.as_secs_f64() * 1000.0),
+            format!("{reconnects} reconn."),
+            f64::NAN,
+        );
+        row(
+            &format!("  events/s delivered to {subscribers} subscriber(s)"),
+            format!("{rate:.0} ev/s"),
+            String::new(),
+            f64::NAN,
+        );
+    }
+
+    let idle = if quick { 100 } else { 1000 };
+    let kestrel = Spawned::kestrel(&[]);
+    let (rss, peak) = idle_streams_rss(&kestrel, idle);
+    let (floor_rss, _) = rss_of(floor.child.id());
+    row(
+        &format!("RSS with {idle} idle SSE streams (peak)"),
+        format!("{rss} MiB ({peak})"),
+        format!("{floor_rss} MiB idle"),
+        f64::NAN,
+    );
+    drop(kestrel);
+
+    let events = if quick {
+        WRITER_EVENTS / 10
+    } else {
+        WRITER_EVENTS
+    };
+    let writer = writer_events_per_second(events);
+    let raw = raw_sqlite_events_per_second(events);
+    row(
+        &format!("writer thread: {events} small events"),
+        format!("{writer:.0} ev/s"),
+        format!("{raw:.0} ev/s"),
+        writer / raw,
+    );
+    println!();
+    println!(
+        "floor: a bare tiny_http server (thread per request, fixed JSON) for requests; for the"
+    );
+    println!("writer, the same rows inserted by one rusqlite connection in 4096-row transactions.");
+}
+
+fn row(label: &str, kestrel: String, floor: String, ratio: f64) {
+    let ratio = if ratio.is_nan() {
+        String::new()
+    } else {
+        format!("{ratio:.2}")
+    };
+    println!("{label:<52} {kestrel:>16} {floor:>16} {ratio:>8}");
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+/// A server child process, killed on drop.
+struct Spawned {
+    child: Child,
+    host: String,
+    _data: Option<tempfile::TempDir>,
+}
+
+impl Spawned {
+    fn kestrel(env: &[(&str, &str)]) -> Spawned {
+        let data = tempfile::tempdir().unwrap();
+        let binary = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("kestrel");
+        let mut command = Command::new(binary);
+        command
+            .env("KESTREL_ADDR", "127.0.0.1:0")
+            .env("KESTREL_DATA_DIR", data.path())
+            .env("KESTREL_WORKSPACE", data.path())
+            .env("RUST_LOG", "error");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        Spawned::wait_ready(command, Some(data))
+    }
+
+    fn floor() -> Spawned {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.arg("floor-server");
+        Spawned::wait_ready(command, None)
+    }
+
+    fn wait_ready(mut command: Command, data: Option<tempfile::TempDir>) -> Spawned {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("server starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let host = line.trim().rsplit("http://").next().unwrap().to_string();
+        Spawned {
+            child,
+            host,
+            _data: data,
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The floor: tiny_http, a thread per request, a fixed JSON body the size of a health answer.
+fn floor_server() {
+    let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
+    println!(
+        "floor listening on http://{}",
+        server.server_addr().to_ip().unwrap()
+    );
+    let body = br#"{"name":"kestrel","plugins":0,"protocol":"1.0","sessions":0,"status":"ok","uptimeMs":1234,"version":"0.1.0"}"#;
+    for request in server.incoming_requests() {
+        std::thread::spawn(move || {
+            let header = tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+            let _ = request.respond(tiny_http::Response::from_data(&body[..]).with_header(header));
+        });
+    }
+}
+
+fn requests_per_second(host: &str, path: &str) -> f64 {
+    let barrier = Arc::new(Barrier::new(CLIENTS + 1));
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (host, path, barrier) = (host.to_string(), path.to_string(), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                let mut connection = Connection::open(&host).unwrap();
+                barrier.wait();
+                let deadline = Instant::now() + ROUND;
+                let mut done = 0u64;
+                while Instant::now() < deadline {
+                    let response = connection.request("GET", &path, b"").unwrap();
+                    assert_eq!(response.status, 200);
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let total: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn create_sessions(host: &str, count: usize) -> Vec<String> {
+    let mut connection = Connection::open(host).unwrap();
+    (0..count)
+        .map(|i| {
+            let body = format!(r#"{{"title":"bench {i}"}}"#);
+            let response = connection
+                .request("POST", "/api/sessions", body.as_bytes())
+                .unwrap();
+            assert_eq!(response.status, 201);
+            let json: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+            json["session"]["id"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// One run of `DELTAS` words watched by `subscribers` streams; time until the last stream has
+/// `run.finished`, total events delivered, and how many reconnects drops caused.
+fn fan_out(host: &str, subscribers: usize) -> (Duration, u64, u64) {
+    let session = create_sessions(host, 1).remove(0);
+    let path = format!("/api/sessions/{session}/events");
+    let ready = Arc::new(Barrier::new(subscribers + 1));
+    let readers: Vec<_> = (0..subscribers)
+        .map(|_| {
+            let (host, path, ready) = (host.to_string(), path.clone(), Arc::clone(&ready));
+            std::thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let reader = open_stream(&host, &path, None).unwrap();
+                    ready.wait();
+                    let outcome = follow_stream(&host, &path, reader, "\"run.finished\"");
+                    assert!(outcome.finished, "a subscriber never saw run.finished");
+                    (Instant::now(), outcome.events, outcome.reconnects)
+                })
+                .unwrap()
+        })
+        .collect();
+    ready.wait();
+    let words = "w ".repeat(DELTAS - 1);
+    let body = serde_json::json!({ "content": words }).to_string();
+    let started = Instant::now();
+    let response = Connection::open(host)
+        .unwrap()
+        .request(
+            "POST",
+            &format!("/api/sessions/{session}/messages"),
+            body.as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(response.status, 202);
+    let mut last = started;
+    let (mut events, mut reconnects) = (0, 0);
+    for reader in readers {
+        let (finished, seen, dropped) = reader.join().unwrap();
+        last = last.max(finished);
+        events += seen;
+        reconnects += dropped;
+    }
+    (last - started, events, reconnects)
+}
+
+fn idle_streams_rss(kestrel: &Spawned, count: usize) -> (u64, u64) {
+    let streams: Vec<_> = (0..count)
+        .map(|_| open_stream(&kestrel.host, "/api/events", None).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let figures = rss_of(kestrel.child.id());
+    drop(streams);
+    figures
+}
+
+/// (VmRSS, VmHWM) of a process, in MiB.
+fn rss_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn session_op(id: &str) -> WriteOp {
+    let now = kestrel::time::now_rfc3339();
+    WriteOp::InsertSession(SessionRecord {
+        summary: SessionSummary {
+            id: id.into(),
+            title: "bench".into(),
+            created_at: now.clone(),
+            updated_at: now,
+            status: SessionStatus::Idle,
+            model: "builtin/echo".into(),
+            message_count: 0,
+            workspace: "/".into(),
+        },
+        tenant: "default".into(),
+        system_prompt: None,
+    })
+}
+
+fn small_message(i: usize) -> ChatMessage {
+    let mut message = ChatMessage::new(Role::User, format!("event {i}"));
+    message.id = format!("m{i}");
+    message
+}
+
+/// Small appends pushed through the writer thread as fast as one producer can queue them.
+fn writer_events_per_second(count: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, writer) = Store::open(dir.path()).unwrap();
+    store.write(vec![session_op("s")]).unwrap();
+    let started = Instant::now();
+    let updated_at = kestrel::time::now_rfc3339();
+    for i in 0..count {
+        let op = WriteOp::AppendMessage {
+            session_id: "s".into(),
+            message: small_message(i),
+            updated_at: updated_at.clone(),
+        };
+        store.write_detached(vec![op]).unwrap();
+    }
+    store.write(vec![]).unwrap(); // returns once everything before it has committed
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    writer.shutdown();
+    rate
+}
+
+/// The same rows straight into SQLite from one connection: what the writer thread costs.
+fn raw_sqlite_events_per_second(count: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("raw.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    conn.execute_batch(include_str!("../../src/store/migrations/0001_init.sql"))
+        .unwrap();
+    conn.execute(
+        "INSERT INTO sessions (id, tenant, title, model, workspace, status, created_at, updated_at) VALUES ('s','t','b','m','/','idle','x','x')",
+        [],
+    )
+    .unwrap();
+    let updated_at = kestrel::time::now_rfc3339();
+    let started = Instant::now();
+    let mut conn = conn;
+    for batch in (0..count).collect::<Vec<_>>().chunks(4096) {
+        let tx = conn.transaction().unwrap();
+        for &i in batch {
+            let message = small_message(i);
+            let body = serde_json::to_string(&message).unwrap();
+            tx.prepare_cached(
+                "INSERT INTO messages (id, session_id, role, body) VALUES (?1, 's', 'user', ?2)",
+            )
+            .unwrap()
+            .execute(rusqlite::params![message.id, body])
+            .unwrap();
+            tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1, updated_at = ?1 WHERE id = 's'")
+                .unwrap()
+                .execute([&updated_at])
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    count as f64 / started.elapsed().as_secs_f64()
+}

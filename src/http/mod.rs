@@ -6,12 +6,13 @@
 //! This module knows nothing of routes or JSON shapes: the handler decides those.
 
 pub mod auth;
+mod kick;
 mod sse;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -119,6 +120,8 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Counts live request threads so shutdown can wait for them, and streams for the gauges.
 #[derive(Default)]
 pub struct Gauges {
+    /// Requests handed over by tiny_http since start.
+    accepted: Arc<AtomicU64>,
     requests: Mutex<usize>,
     requests_done: Condvar,
     streams: AtomicUsize,
@@ -142,6 +145,7 @@ pub struct HttpConfig {
 pub struct HttpServer {
     server: Arc<tiny_http::Server>,
     accept: Option<JoinHandle<()>>,
+    kicker: kick::Kicker,
     gauges: Arc<Gauges>,
     addr: SocketAddr,
 }
@@ -165,9 +169,21 @@ impl HttpServer {
                 .name("kestrel-http".into())
                 .spawn(move || accept_loop(&server, handler, &gauges, &config))?
         };
+        // Kicks go to loopback when the listener is bound to every address.
+        let kick_addr = match addr.ip() {
+            ip if ip.is_unspecified() && addr.is_ipv4() => {
+                SocketAddr::from(([127, 0, 0, 1], addr.port()))
+            }
+            ip if ip.is_unspecified() => {
+                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()))
+            }
+            _ => addr,
+        };
+        let kicker = kick::Kicker::start(kick_addr, Arc::clone(&gauges.accepted))?;
         Ok(HttpServer {
             server,
             accept: Some(accept),
+            kicker,
             gauges,
             addr,
         })
@@ -183,6 +199,7 @@ impl HttpServer {
 
     /// Stops accepting; requests already being handled go on.
     pub fn stop_accepting(&mut self) {
+        self.kicker.stop();
         self.server.unblock();
         if let Some(accept) = self.accept.take() {
             let _ = accept.join();
@@ -214,6 +231,7 @@ fn accept_loop(
     config: &HttpConfig,
 ) {
     for request in server.incoming_requests() {
+        gauges.accepted.fetch_add(1, Ordering::Relaxed);
         let handler = Arc::clone(&handler);
         let gauges_for_thread = Arc::clone(gauges);
         let body_limit = config.body_limit;

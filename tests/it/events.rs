@@ -178,3 +178,41 @@ fn session_events_cover_the_whole_lifecycle() {
         id.as_str()
     );
 }
+
+#[test]
+fn a_burst_of_stream_clients_is_served_promptly() {
+    // tiny_http's pool can queue connections that arrive together behind long-lived ones; the
+    // server's kicker must get every one of them served.
+    let server = TestServer::start();
+    // Idle pool threads are what let tiny_http queue a burst: make some, as finished
+    // keep-alive clients leave behind.
+    let warmups: Vec<_> = (0..48)
+        .map(|_| {
+            let host = server.base.trim_start_matches("http://").to_string();
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut socket = std::net::TcpStream::connect(&host).unwrap();
+                socket
+                    .write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                let mut answer = String::new();
+                socket.read_to_string(&mut answer).unwrap();
+                assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            })
+        })
+        .collect();
+    warmups.into_iter().for_each(|w| w.join().unwrap());
+    let clients: Vec<_> = (0..200)
+        .map(|_| {
+            let base = server.base.clone();
+            std::thread::spawn(move || SseClient::open(&base, "/api/events", None, None))
+        })
+        .collect();
+    let streams: Vec<SseClient> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert!(streams.iter().all(|s| s.status == 200));
+    wait_until("all 200 streams open", || {
+        server.stats().open_streams == 200
+    });
+    // And a plain request still gets through beside them.
+    assert_eq!(server.get("/api/health").status, 200);
+}

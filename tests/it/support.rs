@@ -286,9 +286,13 @@ impl SseClient {
         }
         request.push_str("\r\n");
         socket.write_all(request.as_bytes()).unwrap();
+        // A server that never answers fails the test instead of hanging it.
+        socket.set_read_timeout(Some(WAIT)).unwrap();
         let mut reader = BufReader::new(socket.try_clone().unwrap());
         let mut status_line = String::new();
-        reader.read_line(&mut status_line).unwrap();
+        reader
+            .read_line(&mut status_line)
+            .expect("the stream's head within the wait");
         let status: u16 = status_line
             .split_whitespace()
             .nth(1)
@@ -306,6 +310,7 @@ impl SseClient {
             let (name, value) = line.split_once(':').unwrap();
             headers.push((name.trim().to_string(), value.trim().to_string()));
         }
+        socket.set_read_timeout(None).unwrap();
         let (items_tx, items) = unbounded();
         let (ended_tx, ended) = unbounded::<()>();
         if status == 200 {

@@ -33,7 +33,7 @@ fn main() {
     );
     println!();
     println!(
-        "{:<52} {:>16} {:>16} {:>8}",
+        "{:<60} {:>16} {:>16} {:>8}",
         "measure", "kestrel", "floor", "ratio"
     );
 
@@ -66,33 +66,41 @@ fn main() {
     let fanouts: &[usize] = if quick { &[1, 100] } else { &[1, 100, 1000] };
     for &subscribers in fanouts {
         let kestrel = Spawned::kestrel(&[("KESTREL_BUILTIN_DELAY_MS", "0")]);
-        let (elapsed, events, reconnects) = fan_out(&kestrel.host, subscribers);
-        let rate = events as f64 / elapsed.as_secs_f64();
+        let (elapsed, events, reconnects) =
+            fan_out(&kestrel.host, FanOutTarget::Kestrel, subscribers);
+        drop(kestrel);
+        let floor = Spawned::floor();
+        let (floor_elapsed, floor_events, _) =
+            fan_out(&floor.host, FanOutTarget::Floor, subscribers);
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         row(
-            &format!("{DELTAS} deltas to {subscribers} SSE subscriber(s), last run.finished"),
-            format!("{:.0} ms", elapsed.as_secs_f64() * 1000.0),
-            format!("{reconnects} reconn."),
-            f64::NAN,
+            &format!("{DELTAS} deltas to {subscribers} SSE stream(s): last run.finished"),
+            format!("{:.0} ms", ms(elapsed)),
+            format!("{:.0} ms", ms(floor_elapsed)),
+            elapsed.as_secs_f64() / floor_elapsed.as_secs_f64(),
         );
+        let rate = events as f64 / elapsed.as_secs_f64();
+        let floor_rate = floor_events as f64 / floor_elapsed.as_secs_f64();
         row(
-            &format!("  events/s delivered to {subscribers} subscriber(s)"),
+            &format!("  events/s delivered ({reconnects} drop-and-replay reconnects)"),
             format!("{rate:.0} ev/s"),
-            String::new(),
-            f64::NAN,
+            format!("{floor_rate:.0} ev/s"),
+            rate / floor_rate,
         );
     }
 
     let idle = if quick { 100 } else { 1000 };
     let kestrel = Spawned::kestrel(&[]);
-    let (rss, peak) = idle_streams_rss(&kestrel, idle);
-    let (floor_rss, _) = rss_of(floor.child.id());
+    let (rss, peak) = idle_streams_rss(&kestrel, "/api/events", idle);
+    drop(kestrel);
+    let idle_floor = Spawned::floor();
+    let (floor_rss, floor_peak) = idle_streams_rss(&idle_floor, "/stream", idle);
     row(
         &format!("RSS with {idle} idle SSE streams (peak)"),
         format!("{rss} MiB ({peak})"),
-        format!("{floor_rss} MiB idle"),
-        f64::NAN,
+        format!("{floor_rss} MiB ({floor_peak})"),
+        rss as f64 / floor_rss.max(1) as f64,
     );
-    drop(kestrel);
 
     let events = if quick {
         WRITER_EVENTS / 10
@@ -108,10 +116,13 @@ fn main() {
         writer / raw,
     );
     println!();
+    println!("ratio = kestrel / floor: above 1 is better for rates, below 1 for times and memory.");
+    println!("floor: a bare tiny_http server with a thread per request: a fixed JSON body for");
+    println!("requests; for streams, pre-built frames of the same size broadcast to every open");
     println!(
-        "floor: a bare tiny_http server (thread per request, fixed JSON) for requests; for the"
+        "stream, with no bus, seq, store or filtering. For the writer: the same rows inserted"
     );
-    println!("writer, the same rows inserted by one rusqlite connection in 4096-row transactions.");
+    println!("by one rusqlite connection in 4096-row transactions.");
 }
 
 fn row(label: &str, kestrel: String, floor: String, ratio: f64) {
@@ -120,7 +131,7 @@ fn row(label: &str, kestrel: String, floor: String, ratio: f64) {
     } else {
         format!("{ratio:.2}")
     };
-    println!("{label:<52} {kestrel:>16} {floor:>16} {ratio:>8}");
+    println!("{label:<60} {kestrel:>16} {floor:>16} {ratio:>8}");
 }
 
 fn cores() -> usize {
@@ -194,18 +205,73 @@ impl Drop for Spawned {
     }
 }
 
-/// The floor: tiny_http, a thread per request, a fixed JSON body the size of a health answer.
+/// The floor: tiny_http with a thread per request. `/` answers a fixed JSON body the size of
+/// a health answer; `/stream` is a bare event stream and `POST /go` sends `DELTAS` frames the
+/// size of Kestrel's deltas to every open stream, then a `run.finished` frame: fan-out with no
+/// bus, no seq, no store, no filtering.
 fn floor_server() {
+    use std::io::Write;
+    type Streams = Arc<std::sync::Mutex<Vec<crossbeam_channel::Sender<Arc<str>>>>>;
     let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
     println!(
         "floor listening on http://{}",
         server.server_addr().to_ip().unwrap()
     );
+    let streams: Streams = Arc::default();
     let body = br#"{"name":"kestrel","plugins":0,"protocol":"1.0","sessions":0,"status":"ok","uptimeMs":1234,"version":"0.1.0"}"#;
     for request in server.incoming_requests() {
-        std::thread::spawn(move || {
-            let header = tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
-            let _ = request.respond(tiny_http::Response::from_data(&body[..]).with_header(header));
+        let streams = Arc::clone(&streams);
+        std::thread::spawn(move || match request.url() {
+            "/stream" => {
+                let (tx, rx) = crossbeam_channel::unbounded::<Arc<str>>();
+                streams.lock().unwrap().push(tx);
+                let mut socket = request.into_writer();
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+                let _ = socket
+                    .write_all(head.as_bytes())
+                    .and_then(|_| socket.flush());
+                while let Ok(frame) = rx.recv() {
+                    let mut burst = frame.to_string();
+                    while let Ok(more) = rx.try_recv() {
+                        burst.push_str(&more);
+                        if burst.len() > 64 * 1024 {
+                            break;
+                        }
+                    }
+                    let chunk = format!("{:x}\r\n{burst}\r\n", burst.len());
+                    if socket
+                        .write_all(chunk.as_bytes())
+                        .and_then(|_| socket.flush())
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+            "/go" => {
+                let subscribers = streams.lock().unwrap().clone();
+                let _ = request.respond(tiny_http::Response::empty(202));
+                for seq in 1..=DELTAS as u64 + 1 {
+                    let kind = if seq > DELTAS as u64 {
+                        "run.finished"
+                    } else {
+                        "message.delta"
+                    };
+                    let frame: Arc<str> = Arc::from(format!(
+                        "id: {seq}\ndata: {{\"seq\":{seq},\"at\":\"2026-01-01T00:00:00.000Z\",\"event\":{{\"type\":\"{kind}\",\"sessionId\":\"ses_0123456789abcdef0123456789abcdef\",\"messageId\":\"msg_0123456789abcdef0123456789abcdef\",\"channel\":\"text\",\"delta\":\" w\"}}}}\n\n"
+                    ));
+                    for subscriber in &subscribers {
+                        let _ = subscriber.send(Arc::clone(&frame));
+                    }
+                }
+                streams.lock().unwrap().clear();
+            }
+            _ => {
+                let header =
+                    tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                let _ =
+                    request.respond(tiny_http::Response::from_data(&body[..]).with_header(header));
+            }
         });
     }
 }
@@ -250,57 +316,75 @@ fn create_sessions(host: &str, count: usize) -> Vec<String> {
         .collect()
 }
 
-/// One run of `DELTAS` words watched by `subscribers` streams; time until the last stream has
-/// `run.finished`, total events delivered, and how many reconnects drops caused.
-fn fan_out(host: &str, subscribers: usize) -> (Duration, u64, u64) {
-    let session = create_sessions(host, 1).remove(0);
-    let path = format!("/api/sessions/{session}/events");
+/// Where a fan-out measurement streams from and how it is started.
+enum FanOutTarget {
+    /// A Kestrel session: its event stream, started by a message of `DELTAS` words.
+    Kestrel,
+    /// The floor's `/stream`, started by `POST /go`.
+    Floor,
+}
+
+/// One burst of `DELTAS` events watched by `subscribers` streams; the time until the last
+/// stream has `run.finished`, the events delivered, and the reconnects that drops caused.
+/// Streams are opened one after another, then all wait on a barrier.
+fn fan_out(host: &str, target: FanOutTarget, subscribers: usize) -> (Duration, u64, u64) {
+    let (path, trigger_path, trigger_body) = match target {
+        FanOutTarget::Kestrel => {
+            let session = create_sessions(host, 1).remove(0);
+            let words = "w ".repeat(DELTAS - 1);
+            (
+                format!("/api/sessions/{session}/events"),
+                format!("/api/sessions/{session}/messages"),
+                serde_json::json!({ "content": words }).to_string(),
+            )
+        }
+        FanOutTarget::Floor => ("/stream".to_string(), "/go".to_string(), String::new()),
+    };
     let ready = Arc::new(Barrier::new(subscribers + 1));
     let readers: Vec<_> = (0..subscribers)
         .map(|_| {
+            let reader = open_stream(host, &path, None).expect("a stream opens");
             let (host, path, ready) = (host.to_string(), path.clone(), Arc::clone(&ready));
             std::thread::Builder::new()
                 .stack_size(256 * 1024)
                 .spawn(move || {
-                    let reader = open_stream(&host, &path, None).unwrap();
                     ready.wait();
                     let outcome = follow_stream(&host, &path, reader, "\"run.finished\"");
-                    assert!(outcome.finished, "a subscriber never saw run.finished");
-                    (Instant::now(), outcome.events, outcome.reconnects)
+                    (Instant::now(), outcome)
                 })
                 .unwrap()
         })
         .collect();
     ready.wait();
-    let words = "w ".repeat(DELTAS - 1);
-    let body = serde_json::json!({ "content": words }).to_string();
     let started = Instant::now();
     let response = Connection::open(host)
         .unwrap()
-        .request(
-            "POST",
-            &format!("/api/sessions/{session}/messages"),
-            body.as_bytes(),
-        )
+        .request("POST", &trigger_path, trigger_body.as_bytes())
         .unwrap();
     assert_eq!(response.status, 202);
     let mut last = started;
-    let (mut events, mut reconnects) = (0, 0);
+    let (mut events, mut reconnects, mut unfinished) = (0, 0, 0);
     for reader in readers {
-        let (finished, seen, dropped) = reader.join().unwrap();
+        let (finished, outcome) = reader.join().unwrap();
         last = last.max(finished);
-        events += seen;
-        reconnects += dropped;
+        events += outcome.events;
+        reconnects += outcome.reconnects;
+        unfinished += u64::from(!outcome.finished);
     }
+    assert_eq!(
+        unfinished, 0,
+        "{unfinished} subscriber(s) never saw run.finished"
+    );
     (last - started, events, reconnects)
 }
 
-fn idle_streams_rss(kestrel: &Spawned, count: usize) -> (u64, u64) {
+/// RSS of a server process holding `count` idle streams, opened one after another.
+fn idle_streams_rss(server: &Spawned, path: &str, count: usize) -> (u64, u64) {
     let streams: Vec<_> = (0..count)
-        .map(|_| open_stream(&kestrel.host, "/api/events", None).unwrap())
+        .map(|_| open_stream(&server.host, path, None).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let figures = rss_of(kestrel.child.id());
+    let figures = rss_of(server.child.id());
     drop(streams);
     figures
 }

@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -39,6 +39,9 @@ pub struct Envelope {
     pub session_id: Option<Arc<str>>,
     /// The single-line `ServerEventEnvelope` JSON.
     pub json: String,
+    /// The envelope as a stream frame, built by the first stream that sends it and shared by
+    /// every other: with a thousand streams, one `format!` instead of a thousand.
+    pub frame: OnceLock<String>,
 }
 
 /// Which envelopes a subscriber wants.
@@ -259,6 +262,7 @@ impl BusActor {
             tenant,
             session_id: event.session_id().map(Arc::from),
             json,
+            frame: OnceLock::new(),
         });
         if self.ring.len() == self.config.replay_capacity {
             self.ring.pop_front();

@@ -75,8 +75,10 @@ impl EventStream {
 }
 
 fn push_frame(burst: &mut String, envelope: &Arc<Envelope>) {
-    use std::fmt::Write as _;
-    let _ = write!(burst, "id: {}\ndata: {}\n\n", envelope.seq, envelope.json);
+    let frame = envelope
+        .frame
+        .get_or_init(|| format!("id: {}\ndata: {}\n\n", envelope.seq, envelope.json));
+    burst.push_str(frame);
 }
 
 fn write_chunk(socket: &mut Box<dyn Write + Send>, data: &str) -> std::io::Result<()> {

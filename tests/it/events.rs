@@ -216,3 +216,28 @@ fn a_burst_of_stream_clients_is_served_promptly() {
     // And a plain request still gets through beside them.
     assert_eq!(server.get("/api/health").status, 200);
 }
+
+#[test]
+fn the_default_ring_keeps_the_last_ten_thousand_envelopes() {
+    let server = TestServer::start_with(|config| config.builtin.delay_ms = 0);
+    let id = server.create_session(json!({}));
+    let words = "w ".repeat(10_100);
+    let run = server.run_to_end(&id, words.trim_end());
+    let first = run[0]["seq"].as_u64().unwrap();
+    let last = run.last().unwrap()["seq"].as_u64().unwrap();
+    assert!(last - first >= 10_000, "the run outgrew the ring");
+    // The first envelope of the run was evicted; the replay is what remains, in order.
+    let mut replay = SseClient::open(
+        &server.base,
+        &format!("/api/sessions/{id}/events"),
+        None,
+        Some(first),
+    );
+    let mut seqs = Vec::new();
+    while let Some((seq, _)) = replay.next_event(Duration::from_millis(500)) {
+        seqs.push(seq);
+    }
+    assert_eq!(seqs.len(), 10_000);
+    assert_eq!(seqs.first().copied(), Some(last - 9_999));
+    assert_eq!(seqs.last().copied(), Some(last));
+}

@@ -1,7 +1,5 @@
 //! The SSE streams: framing, pings, replay, scope, and cleanup.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 use crate::support::{event_type, is_run_end, wait_until, SseClient, SseItem, TestServer, WAIT};
@@ -116,10 +114,7 @@ fn an_evicted_id_replays_what_remains() {
         None,
         Some(first),
     );
-    let mut seqs = Vec::new();
-    while let Some((seq, _)) = replay.next_event(Duration::from_millis(500)) {
-        seqs.push(seq);
-    }
+    let seqs = replay.drain_seqs();
     assert_eq!(
         seqs,
         ((last - 7)..=last).collect::<Vec<_>>(),
@@ -233,10 +228,7 @@ fn the_default_ring_keeps_the_last_ten_thousand_envelopes() {
         None,
         Some(first),
     );
-    let mut seqs = Vec::new();
-    while let Some((seq, _)) = replay.next_event(Duration::from_millis(500)) {
-        seqs.push(seq);
-    }
+    let seqs = replay.drain_seqs();
     assert_eq!(seqs.len(), 10_000);
     assert_eq!(seqs.first().copied(), Some(last - 9_999));
     assert_eq!(seqs.last().copied(), Some(last));

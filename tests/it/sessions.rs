@@ -183,17 +183,5 @@ fn delete_removes_the_transcript_and_emits_session_deleted() {
 #[test]
 fn unknown_session_ids_are_404_on_every_session_route() {
     let server = TestServer::start();
-    let base = "/api/sessions/ses_missing";
-    server.get(base).assert_error(404, "session_not_found");
-    server
-        .post(&format!("{base}/messages"), json!({ "content": "x" }))
-        .assert_error(404, "session_not_found");
-    server
-        .post(&format!("{base}/cancel"), json!({}))
-        .assert_error(404, "session_not_found");
-    server
-        .post(&format!("{base}/resume"), json!({}))
-        .assert_error(404, "session_not_found");
-    let stream = server.events(&format!("{base}/events"));
-    assert_eq!(stream.status, 404);
+    server.client().assert_session_hidden("ses_missing");
 }

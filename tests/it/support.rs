@@ -187,6 +187,34 @@ impl Response {
 }
 
 impl Client {
+    /// Asserts that every route of session `id` answers 404 `session_not_found` to this client.
+    pub fn assert_session_hidden(&self, id: &str) {
+        let path = format!("/api/sessions/{id}");
+        self.get(&path).assert_error(404, "session_not_found");
+        self.patch_json(&path, serde_json::json!({ "title": "stolen" }))
+            .assert_error(404, "session_not_found");
+        self.post(
+            &format!("{path}/messages"),
+            serde_json::json!({ "content": "hi" }),
+        )
+        .assert_error(404, "session_not_found");
+        for action in ["cancel", "resume"] {
+            self.post(&format!("{path}/{action}"), serde_json::json!({}))
+                .assert_error(404, "session_not_found");
+        }
+        self.get(&format!("{path}/files"))
+            .assert_error(404, "session_not_found");
+        self.send("DELETE", &path, None)
+            .assert_error(404, "session_not_found");
+        let stream = SseClient::open(
+            &self.base,
+            &format!("{path}/events"),
+            self.token.as_deref(),
+            None,
+        );
+        assert_eq!(stream.status, 404);
+    }
+
     pub fn with_token(&self, token: Option<&str>) -> Client {
         Client {
             base: self.base.clone(),
@@ -368,6 +396,15 @@ impl SseClient {
                 return events;
             }
         }
+    }
+
+    /// The seqs that arrive until the stream has been quiet for half a second.
+    pub fn drain_seqs(&mut self) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        while let Some((seq, _)) = self.next_event(Duration::from_millis(500)) {
+            seqs.push(seq);
+        }
+        seqs
     }
 
     /// Waits for the server to end the stream.

@@ -28,6 +28,7 @@ pub enum StartError {
     /// A non-loopback address with no token and no explicit opt-out.
     Unauthenticated(SocketAddr),
     UnknownDefaultModel(String),
+    Providers(crate::providers::SetupError),
     Workspace(PathBuf, std::io::Error),
     Store(StoreError),
     Bind(SocketAddr, std::io::Error),
@@ -44,6 +45,7 @@ impl std::fmt::Display for StartError {
                  address, or pass --allow-unauthenticated if a proxy in front does the authentication"
             ),
             StartError::UnknownDefaultModel(model) => write!(f, "agent.default_model `{model}` is not a registered model"),
+            StartError::Providers(error) => write!(f, "{error}"),
             StartError::Workspace(path, error) => write!(f, "workspace {}: {error}", path.display()),
             StartError::Store(error) => write!(f, "cannot open the store: {error}"),
             StartError::Bind(addr, error) => write!(f, "cannot listen on {addr}: {error}"),
@@ -96,9 +98,12 @@ impl Server {
             .canonicalize()
             .map_err(|e| StartError::Workspace(workspace.clone(), e))?;
 
-        let mut models = ModelRegistry::with_builtin(EchoProvider {
+        let echo = EchoProvider {
             delay: Duration::from_millis(config.builtin.delay_ms),
-        });
+        };
+        let mut models =
+            ModelRegistry::from_config(&config, echo, &|name| std::env::var(name).ok())
+                .map_err(StartError::Providers)?;
         if let Some(model) = &config.agent.default_model {
             if !models.set_default(model) {
                 return Err(StartError::UnknownDefaultModel(model.clone()));

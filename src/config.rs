@@ -3,6 +3,7 @@
 //! Loaded once on the main thread before anything starts; read-only afterwards. Secrets
 //! (tokens) are never serialized: `sanitized()` is what `GET /api/config` shows.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +16,92 @@ pub struct Config {
     pub auth: AuthConfig,
     pub agent: AgentConfig,
     pub builtin: BuiltinConfig,
+    /// Model providers by name; a model's id is `<provider>/<model name>`.
+    pub providers: BTreeMap<String, ProviderConfig>,
+}
+
+/// The wire format a provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Wire {
+    /// OpenAI Chat Completions (`POST {base_url}/chat/completions`).
+    Openai,
+    /// Anthropic Messages (`POST {base_url}/messages`).
+    Anthropic,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub wire: Wire,
+    /// Up to and including the version segment: `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// The environment variable holding the API key. The key never appears in the API,
+    /// logs, events or errors.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// A key given directly (providers registered from OPENAI_API_KEY / ANTHROPIC_API_KEY).
+    #[serde(default, skip)]
+    pub api_key: Option<String>,
+    /// Providers tried in order when this one fails before producing output.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    /// Longest a whole request may take.
+    #[serde(default = "defaults::timeout_secs")]
+    pub timeout_secs: u64,
+    /// Longest silence inside a stream.
+    #[serde(default = "defaults::idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+    /// Retries of a 429, 408, 5xx or connection error before any output, per provider.
+    #[serde(default = "defaults::max_retries")]
+    pub max_retries: u32,
+    /// First backoff; it doubles with each retry.
+    #[serde(default = "defaults::retry_base_delay_ms")]
+    pub retry_base_delay_ms: u64,
+    /// Longest wait before a retry; a provider asking for more is skipped for its fallback.
+    #[serde(default = "defaults::retry_max_wait_secs")]
+    pub retry_max_wait_secs: u64,
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Sent upstream as the model name.
+    pub name: String,
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    #[serde(default = "defaults::yes")]
+    pub supports_tools: bool,
+    #[serde(default)]
+    pub supports_reasoning: bool,
+    /// `max_tokens` of each request; Anthropic requires one (default 8192), OpenAI-style
+    /// servers get none unless it is set.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+}
+
+mod defaults {
+    pub fn timeout_secs() -> u64 {
+        600
+    }
+    pub fn idle_timeout_secs() -> u64 {
+        60
+    }
+    pub fn max_retries() -> u32 {
+        2
+    }
+    pub fn retry_base_delay_ms() -> u64 {
+        500
+    }
+    pub fn retry_max_wait_secs() -> u64 {
+        30
+    }
+    pub fn yes() -> bool {
+        true
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -187,12 +274,72 @@ impl Config {
         if let Some(model) = env("KESTREL_DEFAULT_MODEL") {
             self.agent.default_model = Some(model);
         }
+        self.add_env_providers(env);
         if let Some(delay) = env("KESTREL_BUILTIN_DELAY_MS") {
             self.builtin.delay_ms = delay.parse().map_err(|e: std::num::ParseIntError| {
                 ConfigError::Env("KESTREL_BUILTIN_DELAY_MS", e.to_string())
             })?;
         }
         Ok(())
+    }
+
+    /// `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` (with their `*_BASE_URL`) register a provider
+    /// named `openai` / `anthropic` with a few current models, unless the config already
+    /// declares a provider of that name.
+    fn add_env_providers(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        let vendors = [
+            (
+                "openai",
+                Wire::Openai,
+                "OPENAI",
+                "https://api.openai.com/v1",
+                &["gpt-5", "gpt-5-mini", "gpt-4.1"][..],
+            ),
+            (
+                "anthropic",
+                Wire::Anthropic,
+                "ANTHROPIC",
+                "https://api.anthropic.com/v1",
+                &["claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5"][..],
+            ),
+        ];
+        for (name, wire, prefix, default_url, models) in vendors {
+            let Some(key) = env(&format!("{prefix}_API_KEY")).filter(|k| !k.is_empty()) else {
+                continue;
+            };
+            if self.providers.contains_key(name) {
+                continue;
+            }
+            let base_url =
+                env(&format!("{prefix}_BASE_URL")).unwrap_or_else(|| default_url.to_string());
+            let models = models
+                .iter()
+                .map(|model| ModelConfig {
+                    name: model.to_string(),
+                    label: None,
+                    context_window: None,
+                    supports_tools: true,
+                    supports_reasoning: wire == Wire::Anthropic || model.starts_with("gpt-5"),
+                    max_tokens: None,
+                })
+                .collect();
+            self.providers.insert(
+                name.to_string(),
+                ProviderConfig {
+                    wire,
+                    base_url,
+                    api_key_env: Some(format!("{prefix}_API_KEY")),
+                    api_key: Some(key),
+                    fallbacks: Vec::new(),
+                    timeout_secs: defaults::timeout_secs(),
+                    idle_timeout_secs: defaults::idle_timeout_secs(),
+                    max_retries: defaults::max_retries(),
+                    retry_base_delay_ms: defaults::retry_base_delay_ms(),
+                    retry_max_wait_secs: defaults::retry_max_wait_secs(),
+                    models,
+                },
+            );
+        }
     }
 
     /// Every configured token with its tenant, env indirections resolved.

@@ -87,7 +87,7 @@ impl Run {
             return Ok(Stop::Finished(RunOutcome::Completed));
         }
         let session = self.session()?;
-        let (provider, upstream_model) = self
+        let provider = self
             .shared
             .models
             .resolve(&session.summary.model)
@@ -96,11 +96,10 @@ impl Run {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
             }
-            let answer =
-                match self.call_model(provider.as_ref(), upstream_model, &session, usage)? {
-                    Step::Answered(answer) => answer,
-                    Step::Cancelled => return Ok(Stop::Cancelled),
-                };
+            let answer = match self.call_model(provider.as_ref(), &session, usage)? {
+                Step::Answered(answer) => answer,
+                Step::Cancelled => return Ok(Stop::Cancelled),
+            };
             if answer.tool_calls.is_empty() {
                 return Ok(Stop::Finished(RunOutcome::Completed));
             }
@@ -120,14 +119,12 @@ impl Run {
     fn call_model(
         &self,
         provider: &dyn Provider,
-        upstream_model: &str,
         session: &SessionRecord,
         usage: &mut Usage,
     ) -> Result<Step, EngineError> {
         let history = self.shared.store.readers().messages(&self.session_id)?;
         let tools = self.shared.tools.schemas();
         let request = CompletionRequest {
-            model: upstream_model,
             system_prompt: session.system_prompt.as_deref(),
             messages: &history,
             tools: &tools,
@@ -166,6 +163,13 @@ impl Run {
                 message.content = completion.text;
                 message.reasoning = Some(completion.reasoning).filter(|r| !r.is_empty());
                 message.tool_calls = completion.tool_calls;
+                if let Some(finish) = &completion.finish {
+                    let meta = message.meta.get_or_insert_with(Map::new);
+                    meta.insert(
+                        "finishReason".into(),
+                        Value::String(finish.as_str().to_string()),
+                    );
+                }
                 Step::Answered(Box::new(message.clone()))
             }
             Err(ProviderError::Cancelled) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::{Completion, CompletionRequest, Delta, Provider, ProviderError};
+use super::{Completion, CompletionRequest, Delta, Finish, Provider, ProviderError};
 use crate::cancel::CancelToken;
 use crate::domain::{new_id, ChatMessage, ModelInfo, Role, ToolCall, Usage};
 
@@ -39,8 +39,14 @@ impl Provider for EchoProvider {
         cancel: &CancelToken,
     ) -> Result<Completion, ProviderError> {
         let plan = plan_answer(request.messages);
+        let finish = if plan.tool_calls.is_empty() {
+            Finish::Stop
+        } else {
+            Finish::ToolCalls
+        };
         let mut completion = Completion {
             tool_calls: plan.tool_calls,
+            finish: Some(finish),
             ..Completion::default()
         };
 

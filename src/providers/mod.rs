@@ -3,21 +3,32 @@
 //! Runs on a run's worker thread: `complete` blocks until the model has answered, calling
 //! `on_delta` for each streamed piece. It must return promptly (within a second) once the
 //! `CancelToken` is cancelled. Only this module may import `ureq`.
+//!
+//! - `sse.rs`: the one SSE parser both wire formats use.
+//! - `openai.rs`, `anthropic.rs`: request bodies and stream decoders, one file per wire format.
+//! - `transport.rs`: one streamed HTTP call, interruptible by cancel and by silence.
+//! - `route.rs`: a model's route: the provider, its retries, then its fallbacks.
+//! - `builtin.rs`: `builtin/echo`.
 
+mod anthropic;
 mod builtin;
+mod openai;
+mod route;
+mod sse;
+mod transport;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::cancel::CancelToken;
+use crate::config::Config;
 use crate::domain::{ChatMessage, ModelInfo, ToolCall, ToolSchema, Usage};
 
 pub use builtin::{EchoProvider, ECHO_MODEL_ID};
 
-/// Everything a provider needs for one call.
+/// Everything a provider needs for one call. The model is the one the provider was resolved
+/// for.
 pub struct CompletionRequest<'a> {
-    /// The model's name upstream (without the provider prefix).
-    pub model: &'a str,
     pub system_prompt: Option<&'a str>,
     pub messages: &'a [ChatMessage],
     pub tools: &'a [ToolSchema],
@@ -30,6 +41,28 @@ pub enum Delta<'a> {
     Reasoning(&'a str),
 }
 
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    Other(String),
+}
+
+impl Finish {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
+            Finish::ContentFilter => "content_filter",
+            Finish::Other(other) => other,
+        }
+    }
+}
+
 /// A finished answer. Text and reasoning are also streamed; they are repeated here whole.
 #[derive(Debug, Clone, Default)]
 pub struct Completion {
@@ -37,6 +70,7 @@ pub struct Completion {
     pub reasoning: String,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
+    pub finish: Option<Finish>,
 }
 
 #[derive(Debug)]
@@ -68,10 +102,75 @@ pub trait Provider: Send + Sync {
     ) -> Result<Completion, ProviderError>;
 }
 
+/// What a wire decoder has assembled so far; also tells whether output has started.
+#[derive(Default)]
+struct StreamState {
+    text: String,
+    reasoning: String,
+    tool_calls: Vec<ToolCall>,
+    usage: Option<Usage>,
+    finish: Option<Finish>,
+}
+
+impl StreamState {
+    fn text(&mut self, piece: &str, on_delta: &mut dyn FnMut(Delta<'_>)) {
+        self.text.push_str(piece);
+        on_delta(Delta::Text(piece));
+    }
+
+    fn reasoning(&mut self, piece: &str, on_delta: &mut dyn FnMut(Delta<'_>)) {
+        self.reasoning.push_str(piece);
+        on_delta(Delta::Reasoning(piece));
+    }
+
+    fn into_completion(self) -> Completion {
+        Completion {
+            text: self.text,
+            reasoning: self.reasoning,
+            tool_calls: self.tool_calls,
+            usage: self.usage.unwrap_or_default(),
+            finish: self.finish,
+        }
+    }
+}
+
+/// Why the configured providers could not be set up.
+#[derive(Debug)]
+pub enum SetupError {
+    UnknownFallback { provider: String, fallback: String },
+    MissingKey { provider: String, variable: String },
+    NoModels(String),
+    BadUrl { provider: String, url: String },
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SetupError::UnknownFallback { provider, fallback } => {
+                write!(
+                    f,
+                    "provider `{provider}` falls back to `{fallback}`, which is not configured"
+                )
+            }
+            SetupError::MissingKey { provider, variable } => {
+                write!(
+                    f,
+                    "provider `{provider}`: the environment variable {variable} is not set"
+                )
+            }
+            SetupError::NoModels(provider) => write!(f, "provider `{provider}` declares no models"),
+            SetupError::BadUrl { provider, url } => write!(
+                f,
+                "provider `{provider}`: base_url {url:?} is not an http(s) URL"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
 struct RegisteredModel {
     info: ModelInfo,
-    /// The name sent upstream.
-    upstream_name: String,
     provider: Arc<dyn Provider>,
 }
 
@@ -90,22 +189,26 @@ impl ModelRegistry {
             by_id: HashMap::new(),
             default_model: ECHO_MODEL_ID.to_string(),
         };
-        registry.register(builtin::echo_model_info(), "echo".into(), Arc::new(echo));
+        registry.register(builtin::echo_model_info(), Arc::new(echo));
         registry
     }
 
-    pub fn register(
-        &mut self,
-        info: ModelInfo,
-        upstream_name: String,
-        provider: Arc<dyn Provider>,
-    ) {
+    /// `builtin/echo` plus every model of every configured provider.
+    pub fn from_config(
+        config: &Config,
+        echo: EchoProvider,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ModelRegistry, SetupError> {
+        let mut registry = ModelRegistry::with_builtin(echo);
+        for (info, provider) in route::build(&config.providers, env)? {
+            registry.register(info, provider);
+        }
+        Ok(registry)
+    }
+
+    pub fn register(&mut self, info: ModelInfo, provider: Arc<dyn Provider>) {
         self.by_id.insert(info.id.clone(), self.models.len());
-        self.models.push(RegisteredModel {
-            info,
-            upstream_name,
-            provider,
-        });
+        self.models.push(RegisteredModel { info, provider });
     }
 
     /// Makes `id` the default if it is registered; returns whether it was.
@@ -129,9 +232,12 @@ impl ModelRegistry {
         self.models.iter().map(|model| &model.info)
     }
 
-    /// The provider and upstream name for a model id.
-    pub fn resolve(&self, id: &str) -> Option<(Arc<dyn Provider>, &str)> {
-        let model = &self.models[*self.by_id.get(id)?];
-        Some((Arc::clone(&model.provider), model.upstream_name.as_str()))
+    pub fn info(&self, id: &str) -> Option<&ModelInfo> {
+        Some(&self.models[*self.by_id.get(id)?].info)
+    }
+
+    /// The provider that runs a model.
+    pub fn resolve(&self, id: &str) -> Option<Arc<dyn Provider>> {
+        Some(Arc::clone(&self.models[*self.by_id.get(id)?].provider))
     }
 }

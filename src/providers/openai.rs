@@ -1,0 +1,243 @@
+//! The OpenAI Chat Completions wire format: request bodies and the streamed answer.
+//!
+//! Also spoken by vLLM, llama.cpp's server, Ollama's `/v1`, LM Studio and most gateways, which
+//! is why reasoning is read from both `reasoning_content` and `reasoning`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use super::sse::SseEvent;
+use super::transport::CallError;
+use super::{CompletionRequest, Delta, Finish, StreamState};
+use crate::domain::{new_id, ChatMessage, Role, ToolCall, Usage};
+
+/// The request body for one call.
+pub(super) fn request_body(
+    request: &CompletionRequest<'_>,
+    model: &str,
+    max_tokens: Option<u32>,
+    tools: bool,
+) -> Value {
+    let mut messages = Vec::new();
+    if let Some(prompt) = request.system_prompt {
+        messages.push(json!({ "role": "system", "content": prompt }));
+    }
+    messages.extend(request.messages.iter().filter_map(message));
+    let mut body = json!({
+        "model": model,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+        "messages": messages,
+    });
+    if tools && !request.tools.is_empty() {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({ "type": "function", "function": {
+                    "name": tool.name, "description": tool.description, "parameters": tool.parameters,
+                }})
+            })
+            .collect();
+        body["tools"] = Value::Array(tools);
+    }
+    if let Some(max_tokens) = max_tokens {
+        body["max_tokens"] = json!(max_tokens);
+    }
+    body
+}
+
+fn message(message: &ChatMessage) -> Option<Value> {
+    Some(match message.role {
+        Role::System => json!({ "role": "system", "content": message.content }),
+        Role::User if message.images.is_empty() => {
+            json!({ "role": "user", "content": message.content })
+        }
+        Role::User => {
+            let mut parts = Vec::new();
+            if !message.content.is_empty() {
+                parts.push(json!({ "type": "text", "text": message.content }));
+            }
+            for image in &message.images {
+                let url = format!("data:{};base64,{}", image.mime_type, image.data);
+                parts.push(json!({ "type": "image_url", "image_url": { "url": url } }));
+            }
+            json!({ "role": "user", "content": parts })
+        }
+        Role::Assistant => {
+            let mut turn = json!({ "role": "assistant", "content": message.content });
+            if !message.tool_calls.is_empty() {
+                let calls: Vec<Value> = message
+                    .tool_calls
+                    .iter()
+                    .map(|call| {
+                        json!({ "id": call.id, "type": "function", "function": {
+                            "name": call.name, "arguments": Value::Object(call.arguments.clone()).to_string(),
+                        }})
+                    })
+                    .collect();
+                turn["tool_calls"] = Value::Array(calls);
+                if message.content.is_empty() {
+                    turn["content"] = Value::Null;
+                }
+            }
+            turn
+        }
+        Role::Tool => json!({
+            "role": "tool",
+            "tool_call_id": message.tool_call_id.clone().unwrap_or_default(),
+            "content": message.content,
+        }),
+    })
+}
+
+#[derive(Default)]
+struct PartialCall {
+    id: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// Assembles a streamed answer from `chat.completion.chunk` events.
+#[derive(Default)]
+pub(super) struct OpenAiStream {
+    state: StreamState,
+    calls: BTreeMap<u64, PartialCall>,
+}
+
+impl OpenAiStream {
+    /// Handles one SSE event; returns false once the stream is done (`[DONE]`).
+    pub(super) fn on_event(
+        &mut self,
+        event: &SseEvent,
+        on_delta: &mut dyn FnMut(Delta<'_>),
+    ) -> Result<bool, CallError> {
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            return Ok(false);
+        }
+        if data.is_empty() {
+            return Ok(true);
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| {
+            CallError::Fatal(format!("the provider sent a chunk that is not JSON: {e}"))
+        })?;
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown error");
+            return Err(CallError::Transient {
+                message: format!("stream error: {message}"),
+                retry_after: None,
+            });
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.state.usage = Some(usage_from(usage));
+        }
+        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
+            return Ok(true);
+        };
+        if let Some(delta) = choice.get("delta") {
+            for field in ["reasoning_content", "reasoning"] {
+                if let Some(piece) = delta
+                    .get(field)
+                    .and_then(Value::as_str)
+                    .filter(|p| !p.is_empty())
+                {
+                    self.state.reasoning(piece, on_delta);
+                }
+            }
+            if let Some(piece) = delta
+                .get("content")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty())
+            {
+                self.state.text(piece, on_delta);
+            }
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                self.add_call_piece(call);
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.state.finish = Some(match reason {
+                "stop" => Finish::Stop,
+                "length" => Finish::Length,
+                "tool_calls" | "function_call" => Finish::ToolCalls,
+                "content_filter" => Finish::ContentFilter,
+                other => Finish::Other(other.to_string()),
+            });
+        }
+        Ok(true)
+    }
+
+    /// A tool call arrives in pieces keyed by index: id and name once, arguments in parts.
+    fn add_call_piece(&mut self, piece: &Value) {
+        let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let call = self.calls.entry(index).or_default();
+        if let Some(id) = piece
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+        {
+            call.id = Some(id.to_string());
+        }
+        if let Some(function) = piece.get("function") {
+            if let Some(name) = function.get("name").and_then(Value::as_str) {
+                call.name.push_str(name);
+            }
+            if let Some(arguments) = function.get("arguments").and_then(Value::as_str) {
+                call.arguments.push_str(arguments);
+            }
+        }
+    }
+
+    pub(super) fn finish(self) -> StreamState {
+        let mut state = self.state;
+        state.tool_calls = self
+            .calls
+            .into_values()
+            .map(|call| ToolCall {
+                id: call.id.unwrap_or_else(|| new_id("call")),
+                name: call.name,
+                arguments: parse_arguments(&call.arguments),
+            })
+            .collect();
+        state
+    }
+}
+
+/// Tool arguments as an object. Arguments that are not a JSON object are kept under `_raw`,
+/// so the tool can refuse them with a message the model understands.
+pub(super) fn parse_arguments(text: &str) -> Map<String, Value> {
+    if text.trim().is_empty() {
+        return Map::new();
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => map,
+        _ => {
+            let mut map = Map::new();
+            map.insert("_raw".into(), Value::String(text.to_string()));
+            map
+        }
+    }
+}
+
+fn usage_from(usage: &Value) -> Usage {
+    let number = |pointer: &str| usage.pointer(pointer).and_then(Value::as_u64);
+    let input = number("/prompt_tokens").unwrap_or(0);
+    let output = number("/completion_tokens").unwrap_or(0);
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        total_tokens: number("/total_tokens").unwrap_or(input + output),
+        cached_input_tokens: number("/prompt_tokens_details/cached_tokens"),
+        reasoning_tokens: number("/completion_tokens_details/reasoning_tokens"),
+    }
+}

@@ -1,0 +1,225 @@
+//! One streamed HTTP call to a provider, readable with a cancel and an idle timeout.
+//!
+//! ureq reads block, and ureq offers no way to interrupt a read from another thread. So the
+//! blocking part runs on its own `kestrel-upstream` thread, which sends what it reads over a
+//! bounded channel (32 pieces; when the run is slow to consume, the reader waits, which is
+//! the backpressure we want). The run's worker waits on that channel, its cancel token and the
+//! clock at once, so a cancel or an idle stream ends the call within a second however silent
+//! the provider is. The reader notices at its next read: it stops when its channel is gone,
+//! and its socket read times out at the provider's idle timeout, so an abandoned connection is
+//! closed at the latest then.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, select, Receiver};
+
+use crate::cancel::CancelToken;
+
+/// Why a call failed, with what the retry logic needs to decide.
+#[derive(Debug)]
+pub(super) enum CallError {
+    Cancelled,
+    /// Worth retrying before output started: 429, 408, 5xx, connection errors, timeouts.
+    Transient {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// Not worth retrying against the same provider (400, 401, 404, a malformed stream).
+    Fatal(String),
+}
+
+pub(super) struct HttpCall {
+    pub url: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+}
+
+enum Piece {
+    /// The response head: the status, a parsed retry hint, and for errors the body.
+    Head {
+        status: u16,
+        retry_after: Option<Duration>,
+        error_body: Option<String>,
+    },
+    Bytes(Vec<u8>),
+    End,
+    Failed(String),
+}
+
+/// Sends the call and feeds the body to `on_bytes` as it arrives. `on_bytes` returns false
+/// to stop early (the stream said it is done).
+pub(super) fn stream(
+    agent: &ureq::Agent,
+    call: HttpCall,
+    cancel: &CancelToken,
+    idle: Duration,
+    deadline: Instant,
+    on_bytes: &mut dyn FnMut(&[u8]) -> Result<bool, CallError>,
+) -> Result<(), CallError> {
+    let pieces = spawn_reader(agent.clone(), call)?;
+    loop {
+        let piece = next_piece(&pieces, cancel, idle, deadline)?;
+        match piece {
+            Piece::Head {
+                status: 200..=299, ..
+            } => {}
+            Piece::Head {
+                status,
+                retry_after,
+                error_body,
+            } => {
+                let message = format!(
+                    "HTTP {status}: {}",
+                    error_message(error_body.as_deref().unwrap_or(""))
+                );
+                let transient = status == 408 || status == 409 || status == 429 || status >= 500;
+                return Err(if transient {
+                    CallError::Transient {
+                        message,
+                        retry_after,
+                    }
+                } else {
+                    CallError::Fatal(message)
+                });
+            }
+            Piece::Bytes(bytes) => {
+                if !on_bytes(&bytes)? {
+                    return Ok(());
+                }
+            }
+            Piece::End => return Ok(()),
+            Piece::Failed(message) => {
+                return Err(CallError::Transient {
+                    message,
+                    retry_after: None,
+                })
+            }
+        }
+    }
+}
+
+fn next_piece(
+    pieces: &Receiver<Piece>,
+    cancel: &CancelToken,
+    idle: Duration,
+    deadline: Instant,
+) -> Result<Piece, CallError> {
+    let now = Instant::now();
+    if now >= deadline {
+        return Err(CallError::Transient {
+            message: "the request took longer than its timeout".into(),
+            retry_after: None,
+        });
+    }
+    let wait = idle.min(deadline - now);
+    select! {
+        recv(pieces) -> piece => piece.map_err(|_| CallError::Transient {
+            message: "the connection to the provider ended unexpectedly".into(),
+            retry_after: None,
+        }),
+        recv(cancel.receiver()) -> _ => Err(CallError::Cancelled),
+        default(wait) => Err(CallError::Transient {
+            message: if Instant::now() >= deadline {
+                "the request took longer than its timeout".into()
+            } else {
+                format!("the provider sent nothing for {} s", idle.as_secs_f64())
+            },
+            retry_after: None,
+        }),
+    }
+}
+
+fn spawn_reader(agent: ureq::Agent, call: HttpCall) -> Result<Receiver<Piece>, CallError> {
+    let (piece_tx, pieces) = bounded(32);
+    let spawned = std::thread::Builder::new()
+        .name("kestrel-upstream".into())
+        .spawn(move || {
+            let mut request = agent.post(&call.url);
+            for (name, value) in &call.headers {
+                request = request.set(name, value);
+            }
+            let response = match request.send_string(&call.body) {
+                Ok(response) => response,
+                Err(ureq::Error::Status(status, response)) => {
+                    let retry_after = retry_after(&response);
+                    let body = read_limited(response.into_reader(), 64 * 1024);
+                    let _ = piece_tx.send(Piece::Head {
+                        status,
+                        retry_after,
+                        error_body: Some(body),
+                    });
+                    return;
+                }
+                Err(ureq::Error::Transport(transport)) => {
+                    // The transport error names the URL and the cause, never a header.
+                    let _ = piece_tx.send(Piece::Failed(format!(
+                        "cannot reach the provider: {}",
+                        transport.kind()
+                    )));
+                    return;
+                }
+            };
+            let head = Piece::Head {
+                status: response.status(),
+                retry_after: None,
+                error_body: None,
+            };
+            if piece_tx.send(head).is_err() {
+                return;
+            }
+            let mut reader = response.into_reader();
+            let mut buffer = vec![0; 16 * 1024];
+            loop {
+                let piece = match reader.read(&mut buffer) {
+                    Ok(0) => Piece::End,
+                    Ok(n) => Piece::Bytes(buffer[..n].to_vec()),
+                    Err(error) => Piece::Failed(format!("the stream broke: {}", error.kind())),
+                };
+                let last = !matches!(piece, Piece::Bytes(_));
+                if piece_tx.send(piece).is_err() || last {
+                    return;
+                }
+            }
+        });
+    spawned.map_err(|error| CallError::Fatal(format!("cannot start a reader thread: {error}")))?;
+    Ok(pieces)
+}
+
+fn read_limited(reader: impl Read, limit: u64) -> String {
+    let mut body = Vec::new();
+    let _ = reader.take(limit).read_to_end(&mut body);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// `retry-after-ms` (OpenAI) or `retry-after` in seconds; an HTTP date is ignored.
+fn retry_after(response: &ureq::Response) -> Option<Duration> {
+    if let Some(ms) = response
+        .header("retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    }
+    let seconds = response.header("retry-after")?.trim().parse::<f64>().ok()?;
+    Some(Duration::from_secs_f64(seconds.max(0.0)))
+}
+
+/// The human part of an error body: `error.message` in both vendors' JSON, else the text.
+pub(super) fn error_message(body: &str) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("error"))
+        })
+        .and_then(|m| m.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| body.trim().to_string());
+    let mut message: String = message.chars().take(500).collect();
+    if message.is_empty() {
+        message = "no details".into();
+    }
+    message
+}

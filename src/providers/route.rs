@@ -42,11 +42,14 @@ pub(super) struct ModelRoute {
     candidates: Vec<Candidate>,
 }
 
+/// A configured model: what clients see of it, and the route its calls take.
+pub(super) type RoutedModel = (ModelInfo, Arc<dyn Provider>);
+
 /// Builds every configured model's info and route.
 pub(super) fn build(
     providers: &BTreeMap<String, ProviderConfig>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Vec<(ModelInfo, Arc<dyn Provider>)>, SetupError> {
+) -> Result<Vec<RoutedModel>, SetupError> {
     let mut clients = BTreeMap::new();
     for (name, config) in providers {
         clients.insert(name.clone(), Arc::new(WireClient::new(name, config, env)?));

@@ -437,6 +437,37 @@ mod tests {
     }
 
     #[test]
+    fn vendor_keys_register_providers_whose_keys_are_never_shown() {
+        let env = |name: &str| match name {
+            "OPENAI_API_KEY" => Some("sk-openai-secret".to_string()),
+            "ANTHROPIC_API_KEY" => Some("sk-ant-secret".to_string()),
+            "ANTHROPIC_BASE_URL" => Some("http://127.0.0.1:9/v1".to_string()),
+            _ => None,
+        };
+        let config = Config::load(None, &env).unwrap();
+        assert_eq!(config.providers["openai"].wire, Wire::Openai);
+        assert_eq!(
+            config.providers["openai"].base_url,
+            "https://api.openai.com/v1"
+        );
+        assert_eq!(
+            config.providers["anthropic"].base_url,
+            "http://127.0.0.1:9/v1"
+        );
+        assert_eq!(
+            config.providers["anthropic"].api_key.as_deref(),
+            Some("sk-ant-secret")
+        );
+        assert!(!config.providers["openai"].models.is_empty());
+        let shown = config.sanitized().to_string();
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(
+            shown.contains("OPENAI_API_KEY"),
+            "the variable's name is shown: {shown}"
+        );
+    }
+
+    #[test]
     fn an_unknown_key_is_an_error() {
         let error = toml::from_str::<Config>("[server]\nadress = 1").unwrap_err();
         assert!(error.to_string().contains("adress"));

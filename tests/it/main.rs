@@ -2,7 +2,9 @@
 
 mod auth;
 mod events;
+mod fake_provider;
 mod http;
+mod providers;
 mod restart;
 mod runs;
 mod sessions;

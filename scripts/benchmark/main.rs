@@ -6,6 +6,7 @@
 //! with `floor-server`).
 
 mod client;
+mod relay;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -23,8 +24,10 @@ const DELTAS: usize = 10_000;
 const WRITER_EVENTS: usize = 1_000_000;
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("floor-server") {
-        return floor_server();
+    match std::env::args().nth(1).as_deref() {
+        Some("floor-server") => return floor_server(),
+        Some("fake-provider") => return relay::fake_provider(),
+        _ => {}
     }
     let quick = std::env::var("BENCH_QUICK").is_ok();
     println!(
@@ -107,6 +110,17 @@ fn main() {
     } else {
         WRITER_EVENTS
     };
+    let (direct, relayed) = relay::measure();
+    row(
+        &format!(
+            "{} provider deltas: read directly vs. relayed to SSE",
+            relay::RELAY_DELTAS
+        ),
+        format!("{:.0} ms", relayed.as_secs_f64() * 1000.0),
+        format!("{:.0} ms", direct.as_secs_f64() * 1000.0),
+        relayed.as_secs_f64() / direct.as_secs_f64(),
+    );
+
     let writer = writer_events_per_second(events);
     let raw = raw_sqlite_events_per_second(events);
     row(
@@ -154,7 +168,14 @@ struct Spawned {
 
 impl Spawned {
     fn kestrel(env: &[(&str, &str)]) -> Spawned {
+        Spawned::kestrel_with_config(env, "")
+    }
+
+    /// The release binary with `config` as its config file.
+    fn kestrel_with_config(env: &[(&str, &str)], config: &str) -> Spawned {
         let data = tempfile::tempdir().unwrap();
+        let config_path = data.path().join("kestrel.toml");
+        std::fs::write(&config_path, config).unwrap();
         let binary = std::env::current_exe()
             .unwrap()
             .parent()
@@ -164,6 +185,8 @@ impl Spawned {
             .join("kestrel");
         let mut command = Command::new(binary);
         command
+            .arg("--config")
+            .arg(&config_path)
             .env("KESTREL_ADDR", "127.0.0.1:0")
             .env("KESTREL_DATA_DIR", data.path())
             .env("KESTREL_WORKSPACE", data.path())
@@ -175,8 +198,13 @@ impl Spawned {
     }
 
     fn floor() -> Spawned {
+        Spawned::helper("floor-server")
+    }
+
+    /// This program in one of its server modes.
+    fn helper(mode: &str) -> Spawned {
         let mut command = Command::new(std::env::current_exe().unwrap());
-        command.arg("floor-server");
+        command.arg(mode);
         Spawned::wait_ready(command, None)
     }
 

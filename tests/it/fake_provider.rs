@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 pub enum Step {
     /// One write (one HTTP chunk), flushed.
     Write(Vec<u8>),
+    Sleep(Duration),
     /// Send nothing more until the client goes away or the fake stops.
     Stall,
 }
@@ -198,6 +199,7 @@ fn send(request: tiny_http::Request, reply: Reply, stopping: &AtomicBool) {
                     return;
                 }
             }
+            Step::Sleep(duration) => std::thread::sleep(duration),
             Step::Stall => {
                 let until = Instant::now() + Duration::from_secs(30);
                 while !stopping.load(Ordering::Relaxed) && Instant::now() < until {

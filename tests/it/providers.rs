@@ -520,3 +520,34 @@ fn a_provider_that_cannot_be_reached_falls_back() {
     assert_eq!(deltas(&events, "text"), "reached");
     assert_eq!(backup.requests().len(), 1);
 }
+
+#[test]
+fn a_stream_that_trickles_past_the_request_timeout_fails() {
+    let fake = FakeProvider::start();
+    // Never silent for long, so only the whole-request timeout can end it.
+    let mut reply = Reply::stream(
+        openai::chunk(json!({ "content": "slow" }), None).as_bytes(),
+        1,
+    );
+    for _ in 0..40 {
+        reply = reply
+            .then(Step::Sleep(Duration::from_millis(100)))
+            .then(Step::Write(b": keep-alive\n\n".to_vec()));
+    }
+    fake.script([reply]);
+    let mut config = provider(Wire::Openai, &fake, &["m"]);
+    config.timeout_secs = 1;
+    let server = server_with(vec![("local", config)]);
+    let started = Instant::now();
+    let (_, events) = run(&server, "local/m", json!({ "content": "hi" }));
+    let failed = events.last().unwrap();
+    assert_eq!(event_type(failed), "run.failed");
+    assert!(
+        failed["event"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("longer than its timeout"),
+        "{failed}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}

@@ -18,6 +18,7 @@ use crate::http::auth::TokenSet;
 use crate::http::{HttpConfig, HttpServer};
 use crate::providers::{EchoProvider, ModelRegistry};
 use crate::store::{Store, StoreError, WriteOp, WriterHandle};
+use crate::tools::ToolSettings;
 
 /// How long shutdown waits for runs and requests to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -44,7 +45,9 @@ impl std::fmt::Display for StartError {
                  through the agent. Set KESTREL_TOKEN (or [auth] in the config), listen on a loopback \
                  address, or pass --allow-unauthenticated if a proxy in front does the authentication"
             ),
-            StartError::UnknownDefaultModel(model) => write!(f, "agent.default_model `{model}` is not a registered model"),
+            StartError::UnknownDefaultModel(model) => {
+                write!(f, "agent.default_model `{model}` is not a registered model")
+            }
             StartError::Providers(error) => write!(f, "{error}"),
             StartError::Workspace(path, error) => write!(f, "workspace {}: {error}", path.display()),
             StartError::Store(error) => write!(f, "cannot open the store: {error}"),
@@ -82,28 +85,19 @@ impl Server {
     /// Starts a server; returns once it is accepting connections.
     pub fn start(config: Config) -> Result<Server, StartError> {
         let addr = config.socket_addr().map_err(StartError::Config)?;
-        let tokens = config
-            .tenant_tokens(&|name| std::env::var(name).ok())
-            .map_err(StartError::Config)?;
+        let tokens = config.tenant_tokens(&|name| std::env::var(name).ok()).map_err(StartError::Config)?;
         if tokens.is_empty() && !addr.ip().is_loopback() && !config.server.allow_unauthenticated {
             return Err(StartError::Unauthenticated(addr));
         }
         let workspace = match &config.agent.workspace {
             Some(path) => path.clone(),
-            None => {
-                std::env::current_dir().map_err(|e| StartError::Workspace(PathBuf::from("."), e))?
-            }
+            None => std::env::current_dir().map_err(|e| StartError::Workspace(PathBuf::from("."), e))?,
         };
-        let workspace = workspace
-            .canonicalize()
-            .map_err(|e| StartError::Workspace(workspace.clone(), e))?;
+        let workspace = workspace.canonicalize().map_err(|e| StartError::Workspace(workspace.clone(), e))?;
 
-        let echo = EchoProvider {
-            delay: Duration::from_millis(config.builtin.delay_ms),
-        };
-        let mut models =
-            ModelRegistry::from_config(&config, echo, &|name| std::env::var(name).ok())
-                .map_err(StartError::Providers)?;
+        let echo = EchoProvider { delay: Duration::from_millis(config.builtin.delay_ms) };
+        let mut models = ModelRegistry::from_config(&config, echo, &|name| std::env::var(name).ok())
+            .map_err(StartError::Providers)?;
         if let Some(model) = &config.agent.default_model {
             if !models.set_default(model) {
                 return Err(StartError::UnknownDefaultModel(model.clone()));
@@ -112,48 +106,50 @@ impl Server {
 
         let (store, store_writer) = Store::open(&config.server.data_dir)?;
         // Runs that were in flight when the last process died cannot still be running.
-        store.write(vec![WriteOp::InterruptRunning {
-            updated_at: crate::time::now_rfc3339(),
-        }])?;
+        store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
         let bus_config = BusConfig {
             replay_capacity: config.server.replay_buffer,
             subscriber_capacity: config.server.subscriber_buffer.max(1),
         };
         let (bus, bus_handle) = Bus::start(store.clone(), bus_config)?;
+        let mut tools = ToolRegistry::new(
+            config.agent.permissions.clone().into_iter().collect(),
+            config.agent.tool_output_limit_chars.max(1),
+        );
+        let tool_settings = ToolSettings {
+            read_limit: config.agent.file_read_limit_bytes.max(1),
+            command_timeout: Duration::from_secs(config.agent.command_timeout_secs.max(1)),
+            command_max_timeout: Duration::from_secs(config.agent.command_max_timeout_secs.max(1)),
+            hidden_env: config.secret_env_names(),
+        };
+        crate::tools::register_builtins(&mut tools, &tool_settings);
         let engine = Engine::new(
             store,
             bus,
             models,
-            ToolRegistry::default(),
-            EngineConfig {
-                default_workspace: workspace,
-                max_steps: config.agent.max_steps.max(1),
-            },
+            tools,
+            EngineConfig { default_workspace: workspace, max_steps: config.agent.max_steps.max(1) },
         );
 
         let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
-        let api = KestrelApi::new(engine.clone(), TokenSet::new(tokens), config.sanitized());
+        let api = KestrelApi::new(
+            engine.clone(),
+            TokenSet::new(tokens),
+            config.sanitized(),
+            config.agent.file_read_limit_bytes.max(1),
+        );
         let http_config = HttpConfig {
             body_limit: config.server.body_limit_bytes,
             ping_interval: Duration::from_millis(config.server.sse_ping_interval_ms.max(1)),
         };
-        let http =
-            HttpServer::start(listener, api, http_config).map_err(|e| StartError::Bind(addr, e))?;
+        let http = HttpServer::start(listener, api, http_config).map_err(|e| StartError::Bind(addr, e))?;
         log::info!("listening on http://{}", http.addr());
-        Ok(Server {
-            http: Some(http),
-            engine,
-            bus: Some(bus_handle),
-            store_writer: Some(store_writer),
-        })
+        Ok(Server { http: Some(http), engine, bus: Some(bus_handle), store_writer: Some(store_writer) })
     }
 
     /// The bound address (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.http
-            .as_ref()
-            .map(HttpServer::addr)
-            .expect("a running server has an address")
+        self.http.as_ref().map(HttpServer::addr).expect("a running server has an address")
     }
 
     pub fn stats(&self) -> Stats {

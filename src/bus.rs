@@ -82,18 +82,9 @@ impl Drop for Subscription {
 }
 
 enum BusMsg {
-    Publish {
-        tenant: Option<Arc<str>>,
-        event: Box<Event>,
-    },
-    Subscribe {
-        filter: Filter,
-        after: Option<u64>,
-        reply: Sender<Subscription>,
-    },
-    Unsubscribe {
-        id: u64,
-    },
+    Publish { tenant: Option<Arc<str>>, event: Box<Event> },
+    Subscribe { filter: Filter, after: Option<u64>, reply: Sender<Subscription> },
+    Unsubscribe { id: u64 },
     Shutdown,
 }
 
@@ -139,24 +130,12 @@ impl Bus {
             .name("kestrel-bus".into())
             .spawn(move || actor.run(inbox))
             .map_err(StoreError::Io)?;
-        Ok((
-            Bus {
-                bus_tx: bus_tx.clone(),
-                subscribers,
-            },
-            BusHandle {
-                bus_tx,
-                thread: Some(thread),
-            },
-        ))
+        Ok((Bus { bus_tx: bus_tx.clone(), subscribers }, BusHandle { bus_tx, thread: Some(thread) }))
     }
 
     /// Publishes an event scoped to `tenant` (`None`: every tenant sees it).
     pub fn publish(&self, tenant: Option<&str>, event: Event) {
-        let message = BusMsg::Publish {
-            tenant: tenant.map(Arc::from),
-            event: Box::new(event),
-        };
+        let message = BusMsg::Publish { tenant: tenant.map(Arc::from), event: Box::new(event) };
         if self.bus_tx.send(message).is_err() {
             log::debug!("event dropped: the bus has stopped");
         }
@@ -166,13 +145,7 @@ impl Bus {
     /// Returns `None` once the bus has stopped.
     pub fn subscribe(&self, filter: Filter, after: Option<u64>) -> Option<Subscription> {
         let (reply, subscription) = bounded(1);
-        self.bus_tx
-            .send(BusMsg::Subscribe {
-                filter,
-                after,
-                reply,
-            })
-            .ok()?;
+        self.bus_tx.send(BusMsg::Subscribe { filter, after, reply }).ok()?;
         subscription.recv().ok()
     }
 
@@ -226,15 +199,10 @@ impl BusActor {
         while let Ok(message) = inbox.recv() {
             match message {
                 BusMsg::Publish { tenant, event } => self.publish(tenant, event),
-                BusMsg::Subscribe {
-                    filter,
-                    after,
-                    reply,
-                } => self.subscribe(filter, after, reply),
+                BusMsg::Subscribe { filter, after, reply } => self.subscribe(filter, after, reply),
                 BusMsg::Unsubscribe { id } => {
                     self.subscribers.retain(|subscriber| subscriber.id != id);
-                    self.subscriber_gauge
-                        .store(self.subscribers.len(), Ordering::Relaxed);
+                    self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
                 }
                 BusMsg::Shutdown => break,
             }
@@ -246,11 +214,7 @@ impl BusActor {
 
     fn publish(&mut self, tenant: Option<Arc<str>>, event: Box<Event>) {
         let seq = self.take_seq();
-        let json = match serde_json::to_string(&WireEnvelope {
-            seq,
-            at: crate::time::now_rfc3339(),
-            event: &event,
-        }) {
+        let json = match serde_json::to_string(&WireEnvelope { seq, at: crate::time::now_rfc3339(), event: &event }) {
             Ok(json) => json,
             Err(error) => {
                 log::error!("an event could not be serialized: {error}");
@@ -283,8 +247,7 @@ impl BusActor {
             subscriber.sender.send(Arc::clone(&envelope)).is_ok()
         });
         if self.subscribers.len() != before {
-            self.subscriber_gauge
-                .store(self.subscribers.len(), Ordering::Relaxed);
+            self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
         }
     }
 
@@ -292,27 +255,17 @@ impl BusActor {
         let replay = match after {
             Some(after) => {
                 let start = self.ring.partition_point(|envelope| envelope.seq <= after);
-                self.ring
-                    .range(start..)
-                    .filter(|envelope| filter.matches(envelope))
-                    .cloned()
-                    .collect()
+                self.ring.range(start..).filter(|envelope| filter.matches(envelope)).cloned().collect()
             }
             None => Vec::new(),
         };
         let (sender, live) = unbounded();
         let id = self.next_subscriber_id;
         self.next_subscriber_id += 1;
-        let subscription = Subscription {
-            replay,
-            live,
-            id,
-            bus_tx: self.own_tx.clone(),
-        };
+        let subscription = Subscription { replay, live, id, bus_tx: self.own_tx.clone() };
         if reply.send(subscription).is_ok() {
             self.subscribers.push(Subscriber { id, filter, sender });
-            self.subscriber_gauge
-                .store(self.subscribers.len(), Ordering::Relaxed);
+            self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
         }
     }
 
@@ -321,11 +274,7 @@ impl BusActor {
         if let Some((new_ceiling, outcome)) = &self.pending_ceiling {
             // Only block on the store when the current block is used up, which a healthy
             // writer never lets happen: the request went out half a block ago.
-            let result = if self.next_seq > self.ceiling {
-                outcome.recv().ok()
-            } else {
-                outcome.try_recv().ok()
-            };
+            let result = if self.next_seq > self.ceiling { outcome.recv().ok() } else { outcome.try_recv().ok() };
             match result {
                 Some(Ok(())) => {
                     self.ceiling = *new_ceiling;
@@ -340,10 +289,7 @@ impl BusActor {
         }
         if self.pending_ceiling.is_none() && self.next_seq + SEQ_BLOCK / 2 > self.ceiling {
             let new_ceiling = self.ceiling + SEQ_BLOCK;
-            match self
-                .store
-                .write_pending(vec![WriteOp::SetSeqCeiling(new_ceiling)])
-            {
+            match self.store.write_pending(vec![WriteOp::SetSeqCeiling(new_ceiling)]) {
                 Ok(outcome) => self.pending_ceiling = Some((new_ceiling, outcome)),
                 Err(error) => log::error!("could not reserve event seqs: {error}"),
             }
@@ -361,38 +307,23 @@ mod tests {
     use std::time::Duration;
 
     fn notice(text: &str) -> Event {
-        Event::Notice {
-            level: NoticeLevel::Info,
-            message: text.into(),
-        }
+        Event::Notice { level: NoticeLevel::Info, message: text.into() }
     }
 
-    fn start(
-        dir: &std::path::Path,
-        config: BusConfig,
-    ) -> (Bus, BusHandle, crate::store::WriterHandle) {
+    fn start(dir: &std::path::Path, config: BusConfig) -> (Bus, BusHandle, crate::store::WriterHandle) {
         let (store, writer) = Store::open(dir).unwrap();
         let (bus, handle) = Bus::start(store, config).unwrap();
         (bus, handle, writer)
     }
 
     fn filter() -> Filter {
-        Filter {
-            tenant: "t".into(),
-            session_id: None,
-        }
+        Filter { tenant: "t".into(), session_id: None }
     }
 
     #[test]
     fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
         let dir = tempfile::tempdir().unwrap();
-        let (bus, handle, writer) = start(
-            dir.path(),
-            BusConfig {
-                replay_capacity: 100,
-                subscriber_capacity: 2,
-            },
-        );
+        let (bus, handle, writer) = start(dir.path(), BusConfig { replay_capacity: 100, subscriber_capacity: 2 });
         let slow = bus.subscribe(filter(), None).unwrap();
         let fast = bus.subscribe(filter(), None).unwrap();
         let reader = std::thread::spawn(move || {
@@ -409,11 +340,7 @@ mod tests {
             bus.publish(None, notice(&format!("n{i}")));
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(
-            reader.join().unwrap(),
-            20,
-            "the reading subscriber got everything"
-        );
+        assert_eq!(reader.join().unwrap(), 20, "the reading subscriber got everything");
         // The slow one holds what fit in its channel, then its channel is closed.
         let mut held = 0;
         while slow.live.recv_timeout(Duration::from_secs(5)).is_ok() {
@@ -427,10 +354,7 @@ mod tests {
     #[test]
     fn seqs_continue_above_the_stored_ceiling_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let config = BusConfig {
-            replay_capacity: 10,
-            subscriber_capacity: 10,
-        };
+        let config = BusConfig { replay_capacity: 10, subscriber_capacity: 10 };
         let (bus, handle, writer) = start(dir.path(), config);
         let sub = bus.subscribe(filter(), None).unwrap();
         bus.publish(None, notice("before"));
@@ -443,10 +367,7 @@ mod tests {
         let sub = bus.subscribe(filter(), None).unwrap();
         bus.publish(None, notice("after"));
         let after = sub.live.recv_timeout(Duration::from_secs(5)).unwrap().seq;
-        assert!(
-            after > before + SEQ_BLOCK - 1,
-            "{after} must be above the whole reserved block of {before}"
-        );
+        assert!(after > before + SEQ_BLOCK - 1, "{after} must be above the whole reserved block of {before}");
         handle.shutdown();
         writer.shutdown();
     }
@@ -454,33 +375,16 @@ mod tests {
     #[test]
     fn replay_and_filters_respect_tenant_and_session() {
         let dir = tempfile::tempdir().unwrap();
-        let (bus, handle, writer) = start(
-            dir.path(),
-            BusConfig {
-                replay_capacity: 10,
-                subscriber_capacity: 10,
-            },
-        );
-        let deleted = |id: &str| Event::SessionDeleted {
-            session_id: id.into(),
-        };
+        let (bus, handle, writer) = start(dir.path(), BusConfig { replay_capacity: 10, subscriber_capacity: 10 });
+        let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
         bus.publish(Some("t"), deleted("a"));
         bus.publish(Some("other"), deleted("b"));
         bus.publish(Some("t"), deleted("c"));
         bus.publish(None, notice("everyone"));
         let all = bus.subscribe(filter(), Some(0)).unwrap();
-        let sessions: Vec<Option<&str>> =
-            all.replay.iter().map(|e| e.session_id.as_deref()).collect();
+        let sessions: Vec<Option<&str>> = all.replay.iter().map(|e| e.session_id.as_deref()).collect();
         assert_eq!(sessions, [Some("a"), Some("c"), None]);
-        let one = bus
-            .subscribe(
-                Filter {
-                    tenant: "t".into(),
-                    session_id: Some("c".into()),
-                },
-                Some(0),
-            )
-            .unwrap();
+        let one = bus.subscribe(Filter { tenant: "t".into(), session_id: Some("c".into()) }, Some(0)).unwrap();
         assert_eq!(one.replay.len(), 1);
         let after_first = bus.subscribe(filter(), Some(all.replay[0].seq)).unwrap();
         assert_eq!(after_first.replay.len(), 2);

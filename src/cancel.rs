@@ -41,13 +41,7 @@ impl Canceller {
         // Capacity 0: nothing is ever sent; the channel exists only to be disconnected.
         let (tx, rx) = bounded(0);
         let state = Arc::new(Mutex::new((Some(tx), None)));
-        Canceller {
-            token: CancelToken {
-                rx,
-                reason: Arc::clone(&state),
-            },
-            state,
-        }
+        Canceller { token: CancelToken { rx, reason: Arc::clone(&state) }, state }
     }
 
     /// Cancels; returns false if it was already cancelled (the first reason wins).
@@ -86,10 +80,7 @@ impl CancelToken {
 
     /// Sleeps up to `timeout`; returns true as soon as the token is cancelled.
     pub fn wait(&self, timeout: Duration) -> bool {
-        matches!(
-            self.rx.recv_timeout(timeout),
-            Err(RecvTimeoutError::Disconnected)
-        )
+        matches!(self.rx.recv_timeout(timeout), Err(RecvTimeoutError::Disconnected))
     }
 
     /// The receiver, for `select!` beside other channels; it disconnects on cancel.
@@ -114,11 +105,7 @@ mod tests {
         assert!(!token.is_cancelled());
         let waiter = std::thread::spawn(move || {
             let started = Instant::now();
-            (
-                token.wait(Duration::from_secs(10)),
-                started.elapsed(),
-                token.reason(),
-            )
+            (token.wait(Duration::from_secs(10)), started.elapsed(), token.reason())
         });
         assert!(canceller.cancel(CancelReason::User));
         assert!(!canceller.cancel(CancelReason::Shutdown));

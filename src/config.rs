@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::tools::Permission;
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -150,6 +152,16 @@ pub struct AgentConfig {
     pub default_model: Option<String>,
     /// Provider calls allowed in one run.
     pub max_steps: u32,
+    /// Per-tool permission overrides: `run_command = "auto"`, `write_file = "deny"`.
+    pub permissions: BTreeMap<String, Permission>,
+    /// run_command's timeout when the call sets none.
+    pub command_timeout_secs: u64,
+    /// The longest timeout a call may ask for.
+    pub command_max_timeout_secs: u64,
+    /// Bytes read at most from one file (read_file, edit_file, `GET /file`).
+    pub file_read_limit_bytes: usize,
+    /// Characters of one tool result sent to the model; the rest is cut with a note.
+    pub tool_output_limit_chars: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -179,6 +191,11 @@ impl Default for AgentConfig {
             workspace: None,
             default_model: None,
             max_steps: 50,
+            permissions: BTreeMap::new(),
+            command_timeout_secs: 120,
+            command_max_timeout_secs: 600,
+            file_read_limit_bytes: 2 * 1024 * 1024,
+            tool_output_limit_chars: 50_000,
         }
     }
 }
@@ -209,10 +226,7 @@ impl std::fmt::Display for ConfigError {
             }
             ConfigError::Env(name, error) => write!(f, "invalid {name}: {error}"),
             ConfigError::MissingToken(tenant) => {
-                write!(
-                    f,
-                    "auth token for tenant `{tenant}` is empty or its token_env variable is unset"
-                )
+                write!(f, "auth token for tenant `{tenant}` is empty or its token_env variable is unset")
             }
         }
     }
@@ -229,11 +243,7 @@ pub struct TenantToken {
 
 impl std::fmt::Debug for TenantToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "TenantToken {{ tenant: {:?}, token: <redacted> }}",
-            self.tenant
-        )
+        write!(f, "TenantToken {{ tenant: {:?}, token: <redacted> }}", self.tenant)
     }
 }
 
@@ -242,14 +252,10 @@ pub const DEFAULT_TENANT: &str = "default";
 
 impl Config {
     /// Reads the file (if any), then applies `KESTREL_*` overrides from `env`.
-    pub fn load(
-        path: Option<&Path>,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Config, ConfigError> {
+    pub fn load(path: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut config = match path {
             Some(path) => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
                 toml::from_str(&text).map_err(|e| ConfigError::Parse(path.into(), e.to_string()))?
             }
             None => Config::default(),
@@ -276,9 +282,9 @@ impl Config {
         }
         self.add_env_providers(env);
         if let Some(delay) = env("KESTREL_BUILTIN_DELAY_MS") {
-            self.builtin.delay_ms = delay.parse().map_err(|e: std::num::ParseIntError| {
-                ConfigError::Env("KESTREL_BUILTIN_DELAY_MS", e.to_string())
-            })?;
+            self.builtin.delay_ms = delay
+                .parse()
+                .map_err(|e: std::num::ParseIntError| ConfigError::Env("KESTREL_BUILTIN_DELAY_MS", e.to_string()))?;
         }
         Ok(())
     }
@@ -288,13 +294,7 @@ impl Config {
     /// declares a provider of that name.
     fn add_env_providers(&mut self, env: &dyn Fn(&str) -> Option<String>) {
         let vendors = [
-            (
-                "openai",
-                Wire::Openai,
-                "OPENAI",
-                "https://api.openai.com/v1",
-                &["gpt-5", "gpt-5-mini", "gpt-4.1"][..],
-            ),
+            ("openai", Wire::Openai, "OPENAI", "https://api.openai.com/v1", &["gpt-5", "gpt-5-mini", "gpt-4.1"][..]),
             (
                 "anthropic",
                 Wire::Anthropic,
@@ -310,8 +310,7 @@ impl Config {
             if self.providers.contains_key(name) {
                 continue;
             }
-            let base_url =
-                env(&format!("{prefix}_BASE_URL")).unwrap_or_else(|| default_url.to_string());
+            let base_url = env(&format!("{prefix}_BASE_URL")).unwrap_or_else(|| default_url.to_string());
             let models = models
                 .iter()
                 .map(|model| ModelConfig {
@@ -342,28 +341,28 @@ impl Config {
         }
     }
 
+    /// Environment variables that hold secrets: tokens and provider keys. Commands the agent
+    /// runs never see them.
+    pub fn secret_env_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            ["KESTREL_TOKEN", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"].iter().map(|s| s.to_string()).collect();
+        names.extend(self.auth.tokens.iter().filter_map(|t| t.token_env.clone()));
+        names.extend(self.providers.values().filter_map(|p| p.api_key_env.clone()));
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Every configured token with its tenant, env indirections resolved.
-    pub fn tenant_tokens(
-        &self,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Vec<TenantToken>, ConfigError> {
+    pub fn tenant_tokens(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<TenantToken>, ConfigError> {
         let mut tokens = Vec::new();
         if let Some(token) = &self.auth.token {
-            tokens.push(TenantToken {
-                tenant: DEFAULT_TENANT.into(),
-                token: token.clone(),
-            });
+            tokens.push(TenantToken { tenant: DEFAULT_TENANT.into(), token: token.clone() });
         }
         for entry in &self.auth.tokens {
-            let token = entry
-                .token
-                .clone()
-                .or_else(|| entry.token_env.as_deref().and_then(env));
+            let token = entry.token.clone().or_else(|| entry.token_env.as_deref().and_then(env));
             match token.filter(|t| !t.is_empty()) {
-                Some(token) => tokens.push(TenantToken {
-                    tenant: entry.tenant.clone(),
-                    token,
-                }),
+                Some(token) => tokens.push(TenantToken { tenant: entry.tenant.clone(), token }),
                 None => return Err(ConfigError::MissingToken(entry.tenant.clone())),
             }
         }
@@ -376,10 +375,7 @@ impl Config {
         // say whether one is set so an operator can still tell.
         let mut value = serde_json::to_value(self).unwrap_or_default();
         if let Some(auth) = value.get_mut("auth").and_then(|a| a.as_object_mut()) {
-            auth.insert(
-                "tokenConfigured".into(),
-                serde_json::Value::Bool(self.auth.token.is_some()),
-            );
+            auth.insert("tokenConfigured".into(), serde_json::Value::Bool(self.auth.token.is_some()));
         }
         value
     }
@@ -446,25 +442,13 @@ mod tests {
         };
         let config = Config::load(None, &env).unwrap();
         assert_eq!(config.providers["openai"].wire, Wire::Openai);
-        assert_eq!(
-            config.providers["openai"].base_url,
-            "https://api.openai.com/v1"
-        );
-        assert_eq!(
-            config.providers["anthropic"].base_url,
-            "http://127.0.0.1:9/v1"
-        );
-        assert_eq!(
-            config.providers["anthropic"].api_key.as_deref(),
-            Some("sk-ant-secret")
-        );
+        assert_eq!(config.providers["openai"].base_url, "https://api.openai.com/v1");
+        assert_eq!(config.providers["anthropic"].base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(config.providers["anthropic"].api_key.as_deref(), Some("sk-ant-secret"));
         assert!(!config.providers["openai"].models.is_empty());
         let shown = config.sanitized().to_string();
         assert!(!shown.contains("secret"), "{shown}");
-        assert!(
-            shown.contains("OPENAI_API_KEY"),
-            "the variable's name is shown: {shown}"
-        );
+        assert!(shown.contains("OPENAI_API_KEY"), "the variable's name is shown: {shown}");
     }
 
     #[test]

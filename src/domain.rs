@@ -93,6 +93,17 @@ pub struct ToolResult {
     pub data: Option<Value>,
 }
 
+/// A tool call waiting for a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalRequest {
+    pub id: String,
+    pub call_id: String,
+    pub tool_name: String,
+    pub arguments: Map<String, Value>,
+    pub created_at: String,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
@@ -242,10 +253,7 @@ pub enum NoticeLevel {
 #[serde(tag = "type")]
 pub enum Event {
     #[serde(rename = "session.updated", rename_all = "camelCase")]
-    SessionUpdated {
-        session_id: String,
-        session: SessionSummary,
-    },
+    SessionUpdated { session_id: String, session: SessionSummary },
     #[serde(rename = "run.started", rename_all = "camelCase")]
     RunStarted { session_id: String, run_id: String },
     #[serde(rename = "run.finished", rename_all = "camelCase")]
@@ -257,35 +265,21 @@ pub enum Event {
         usage: Option<Usage>,
     },
     #[serde(rename = "run.failed", rename_all = "camelCase")]
-    RunFailed {
-        session_id: String,
-        run_id: String,
-        error: String,
-    },
+    RunFailed { session_id: String, run_id: String, error: String },
     #[serde(rename = "message.started", rename_all = "camelCase")]
-    MessageStarted {
-        session_id: String,
-        message: ChatMessage,
-    },
+    MessageStarted { session_id: String, message: ChatMessage },
     #[serde(rename = "message.delta", rename_all = "camelCase")]
-    MessageDelta {
-        session_id: String,
-        message_id: String,
-        channel: DeltaChannel,
-        delta: String,
-    },
+    MessageDelta { session_id: String, message_id: String, channel: DeltaChannel, delta: String },
     #[serde(rename = "message.completed", rename_all = "camelCase")]
-    MessageCompleted {
-        session_id: String,
-        message: ChatMessage,
-    },
+    MessageCompleted { session_id: String, message: ChatMessage },
     #[serde(rename = "tool.started", rename_all = "camelCase")]
     ToolStarted { session_id: String, call: ToolCall },
     #[serde(rename = "tool.finished", rename_all = "camelCase")]
-    ToolFinished {
-        session_id: String,
-        result: ToolResult,
-    },
+    ToolFinished { session_id: String, result: ToolResult },
+    #[serde(rename = "approval.requested", rename_all = "camelCase")]
+    ApprovalRequested { session_id: String, approval: ApprovalRequest },
+    #[serde(rename = "approval.resolved", rename_all = "camelCase")]
+    ApprovalResolved { session_id: String, approval_id: String, approved: bool },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
     #[serde(rename = "notice", rename_all = "camelCase")]
@@ -305,6 +299,8 @@ impl Event {
             | Event::MessageCompleted { session_id, .. }
             | Event::ToolStarted { session_id, .. }
             | Event::ToolFinished { session_id, .. }
+            | Event::ApprovalRequested { session_id, .. }
+            | Event::ApprovalResolved { session_id, .. }
             | Event::SessionDeleted { session_id } => Some(session_id),
             Event::Notice { .. } => None,
         }

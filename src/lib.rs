@@ -16,6 +16,7 @@ pub mod http;
 pub mod providers;
 pub mod store;
 pub mod time;
+pub mod tools;
 
 pub use app::{Server, StartError, Stats};
 pub use config::Config;

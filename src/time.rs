@@ -7,10 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// The current time as an RFC 3339 UTC string with milliseconds.
@@ -39,8 +36,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let mp = (5 * day_of_year + 2) / 153;
     let day = (day_of_year - (153 * mp + 2) / 5 + 1) as u32;
@@ -56,13 +52,7 @@ mod tests {
     #[test]
     fn formats_known_instants() {
         assert_eq!(rfc3339_from_millis(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            rfc3339_from_millis(951_782_400_123),
-            "2000-02-29T00:00:00.123Z"
-        );
-        assert_eq!(
-            rfc3339_from_millis(1_767_225_599_999),
-            "2025-12-31T23:59:59.999Z"
-        );
+        assert_eq!(rfc3339_from_millis(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339_from_millis(1_767_225_599_999), "2025-12-31T23:59:59.999Z");
     }
 }

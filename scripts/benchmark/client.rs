@@ -19,11 +19,7 @@ impl Connection {
     pub fn open(host: &str) -> std::io::Result<Connection> {
         let stream = TcpStream::connect(host)?;
         stream.set_nodelay(true)?;
-        Ok(Connection {
-            reader: BufReader::new(stream.try_clone()?),
-            writer: stream,
-            host: host.to_string(),
-        })
+        Ok(Connection { reader: BufReader::new(stream.try_clone()?), writer: stream, host: host.to_string() })
     }
 
     pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<Response> {
@@ -41,8 +37,7 @@ impl Connection {
 fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<Response> {
     let (status, headers) = read_head(reader)?;
     let length = header(&headers, "content-length").and_then(|v| v.parse::<usize>().ok());
-    let chunked =
-        header(&headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    let chunked = header(&headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
     let mut body = Vec::new();
     if chunked {
         while let Some(chunk) = read_chunk(reader)? {
@@ -55,18 +50,12 @@ fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<Response>
     Ok(Response { status, body })
 }
 
-pub fn read_head(
-    reader: &mut BufReader<TcpStream>,
-) -> std::io::Result<(u16, Vec<(String, String)>)> {
+pub fn read_head(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<(String, String)>)> {
     let mut line = String::new();
     if reader.read_line(&mut line)? == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let mut headers = Vec::new();
     loop {
         line.clear();
@@ -82,10 +71,7 @@ pub fn read_head(
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.as_str())
+    headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
 }
 
 /// One chunk of a chunked body; `None` at the terminating chunk.
@@ -109,11 +95,7 @@ pub struct StreamOutcome {
 }
 
 /// Opens an SSE stream and calls `ready` once the head has arrived.
-pub fn open_stream(
-    host: &str,
-    path: &str,
-    last_event_id: Option<u64>,
-) -> std::io::Result<BufReader<TcpStream>> {
+pub fn open_stream(host: &str, path: &str, last_event_id: Option<u64>) -> std::io::Result<BufReader<TcpStream>> {
     let mut stream = TcpStream::connect(host)?;
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n");
     if let Some(id) = last_event_id {
@@ -131,17 +113,8 @@ pub fn open_stream(
 
 /// Reads a stream until an event containing `until` arrives, reconnecting with
 /// `Last-Event-ID` whenever the server drops the stream (a subscriber that fell behind).
-pub fn follow_stream(
-    host: &str,
-    path: &str,
-    mut reader: BufReader<TcpStream>,
-    until: &str,
-) -> StreamOutcome {
-    let mut outcome = StreamOutcome {
-        events: 0,
-        reconnects: 0,
-        finished: false,
-    };
+pub fn follow_stream(host: &str, path: &str, mut reader: BufReader<TcpStream>, until: &str) -> StreamOutcome {
+    let mut outcome = StreamOutcome { events: 0, reconnects: 0, finished: false };
     let mut last_id = None;
     let mut pending = String::new();
     loop {
@@ -150,10 +123,7 @@ pub fn follow_stream(
                 pending.push_str(&String::from_utf8_lossy(&chunk));
                 while let Some(end) = pending.find("\n\n") {
                     let frame: String = pending.drain(..end + 2).collect();
-                    if let Some(id) = frame
-                        .strip_prefix("id: ")
-                        .and_then(|rest| rest.split('\n').next())
-                    {
+                    if let Some(id) = frame.strip_prefix("id: ").and_then(|rest| rest.split('\n').next()) {
                         last_id = id.parse().ok();
                         outcome.events += 1;
                         if frame.contains(until) {

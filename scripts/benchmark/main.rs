@@ -30,15 +30,9 @@ fn main() {
         _ => {}
     }
     let quick = std::env::var("BENCH_QUICK").is_ok();
-    println!(
-        "kestrel benchmark ({} cores); medians of {ROUNDS} rounds where a round repeats",
-        cores()
-    );
+    println!("kestrel benchmark ({} cores); medians of {ROUNDS} rounds where a round repeats", cores());
     println!();
-    println!(
-        "{:<60} {:>16} {:>16} {:>8}",
-        "measure", "kestrel", "floor", "ratio"
-    );
+    println!("{:<60} {:>16} {:>16} {:>8}", "measure", "kestrel", "floor", "ratio");
 
     let floor = Spawned::floor();
     let kestrel = Spawned::kestrel(&[]);
@@ -57,24 +51,17 @@ fn main() {
         ("GET /api/sessions (100 stored), 32 clients", &mut sessions),
     ] {
         let rate = median(rates);
-        row(
-            label,
-            format!("{rate:.0} req/s"),
-            format!("{floor_rate:.0} req/s"),
-            rate / floor_rate,
-        );
+        row(label, format!("{rate:.0} req/s"), format!("{floor_rate:.0} req/s"), rate / floor_rate);
     }
     drop(kestrel);
 
     let fanouts: &[usize] = if quick { &[1, 100] } else { &[1, 100, 1000] };
     for &subscribers in fanouts {
         let kestrel = Spawned::kestrel(&[("KESTREL_BUILTIN_DELAY_MS", "0")]);
-        let (elapsed, events, reconnects) =
-            fan_out(&kestrel.host, FanOutTarget::Kestrel, subscribers);
+        let (elapsed, events, reconnects) = fan_out(&kestrel.host, FanOutTarget::Kestrel, subscribers);
         drop(kestrel);
         let floor = Spawned::floor();
-        let (floor_elapsed, floor_events, _) =
-            fan_out(&floor.host, FanOutTarget::Floor, subscribers);
+        let (floor_elapsed, floor_events, _) = fan_out(&floor.host, FanOutTarget::Floor, subscribers);
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         row(
             &format!("{DELTAS} deltas to {subscribers} SSE stream(s): last run.finished"),
@@ -105,17 +92,10 @@ fn main() {
         rss as f64 / floor_rss.max(1) as f64,
     );
 
-    let events = if quick {
-        WRITER_EVENTS / 10
-    } else {
-        WRITER_EVENTS
-    };
+    let events = if quick { WRITER_EVENTS / 10 } else { WRITER_EVENTS };
     let (direct, relayed) = relay::measure();
     row(
-        &format!(
-            "{} provider deltas: read directly vs. relayed to SSE",
-            relay::RELAY_DELTAS
-        ),
+        &format!("{} provider deltas: read directly vs. relayed to SSE", relay::RELAY_DELTAS),
         format!("{:.0} ms", relayed.as_secs_f64() * 1000.0),
         format!("{:.0} ms", direct.as_secs_f64() * 1000.0),
         relayed.as_secs_f64() / direct.as_secs_f64(),
@@ -133,25 +113,17 @@ fn main() {
     println!("ratio = kestrel / floor: above 1 is better for rates, below 1 for times and memory.");
     println!("floor: a bare tiny_http server with a thread per request: a fixed JSON body for");
     println!("requests; for streams, pre-built frames of the same size broadcast to every open");
-    println!(
-        "stream, with no bus, seq, store or filtering. For the writer: the same rows inserted"
-    );
+    println!("stream, with no bus, seq, store or filtering. For the writer: the same rows inserted");
     println!("by one rusqlite connection in 4096-row transactions.");
 }
 
 fn row(label: &str, kestrel: String, floor: String, ratio: f64) {
-    let ratio = if ratio.is_nan() {
-        String::new()
-    } else {
-        format!("{ratio:.2}")
-    };
+    let ratio = if ratio.is_nan() { String::new() } else { format!("{ratio:.2}") };
     println!("{label:<60} {kestrel:>16} {floor:>16} {ratio:>8}");
 }
 
 fn cores() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -176,13 +148,7 @@ impl Spawned {
         let data = tempfile::tempdir().unwrap();
         let config_path = data.path().join("kestrel.toml");
         std::fs::write(&config_path, config).unwrap();
-        let binary = std::env::current_exe()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .join("kestrel");
+        let binary = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kestrel");
         let mut command = Command::new(binary);
         command
             .arg("--config")
@@ -209,20 +175,11 @@ impl Spawned {
     }
 
     fn wait_ready(mut command: Command, data: Option<tempfile::TempDir>) -> Spawned {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("server starts");
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("server starts");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let host = line.trim().rsplit("http://").next().unwrap().to_string();
-        Spawned {
-            child,
-            host,
-            _data: data,
-        }
+        Spawned { child, host, _data: data }
     }
 }
 
@@ -241,10 +198,7 @@ fn floor_server() {
     use std::io::Write;
     type Streams = Arc<std::sync::Mutex<Vec<crossbeam_channel::Sender<Arc<str>>>>>;
     let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
-    println!(
-        "floor listening on http://{}",
-        server.server_addr().to_ip().unwrap()
-    );
+    println!("floor listening on http://{}", server.server_addr().to_ip().unwrap());
     let streams: Streams = Arc::default();
     let body = br#"{"name":"kestrel","plugins":0,"protocol":"1.0","sessions":0,"status":"ok","uptimeMs":1234,"version":"0.1.0"}"#;
     for request in server.incoming_requests() {
@@ -255,9 +209,7 @@ fn floor_server() {
                 streams.lock().unwrap().push(tx);
                 let mut socket = request.into_writer();
                 let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
-                let _ = socket
-                    .write_all(head.as_bytes())
-                    .and_then(|_| socket.flush());
+                let _ = socket.write_all(head.as_bytes()).and_then(|_| socket.flush());
                 while let Ok(frame) = rx.recv() {
                     let mut burst = frame.to_string();
                     while let Ok(more) = rx.try_recv() {
@@ -267,11 +219,7 @@ fn floor_server() {
                         }
                     }
                     let chunk = format!("{:x}\r\n{burst}\r\n", burst.len());
-                    if socket
-                        .write_all(chunk.as_bytes())
-                        .and_then(|_| socket.flush())
-                        .is_err()
-                    {
+                    if socket.write_all(chunk.as_bytes()).and_then(|_| socket.flush()).is_err() {
                         break;
                     }
                 }
@@ -280,11 +228,7 @@ fn floor_server() {
                 let subscribers = streams.lock().unwrap().clone();
                 let _ = request.respond(tiny_http::Response::empty(202));
                 for seq in 1..=DELTAS as u64 + 1 {
-                    let kind = if seq > DELTAS as u64 {
-                        "run.finished"
-                    } else {
-                        "message.delta"
-                    };
+                    let kind = if seq > DELTAS as u64 { "run.finished" } else { "message.delta" };
                     let frame: Arc<str> = Arc::from(format!(
                         "id: {seq}\ndata: {{\"seq\":{seq},\"at\":\"2026-01-01T00:00:00.000Z\",\"event\":{{\"type\":\"{kind}\",\"sessionId\":\"ses_0123456789abcdef0123456789abcdef\",\"messageId\":\"msg_0123456789abcdef0123456789abcdef\",\"channel\":\"text\",\"delta\":\" w\"}}}}\n\n"
                     ));
@@ -295,10 +239,8 @@ fn floor_server() {
                 streams.lock().unwrap().clear();
             }
             _ => {
-                let header =
-                    tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
-                let _ =
-                    request.respond(tiny_http::Response::from_data(&body[..]).with_header(header));
+                let header = tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                let _ = request.respond(tiny_http::Response::from_data(&body[..]).with_header(header));
             }
         });
     }
@@ -334,9 +276,7 @@ fn create_sessions(host: &str, count: usize) -> Vec<String> {
     (0..count)
         .map(|i| {
             let body = format!(r#"{{"title":"bench {i}"}}"#);
-            let response = connection
-                .request("POST", "/api/sessions", body.as_bytes())
-                .unwrap();
+            let response = connection.request("POST", "/api/sessions", body.as_bytes()).unwrap();
             assert_eq!(response.status, 201);
             let json: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
             json["session"]["id"].as_str().unwrap().to_string()
@@ -385,10 +325,7 @@ fn fan_out(host: &str, target: FanOutTarget, subscribers: usize) -> (Duration, u
         .collect();
     ready.wait();
     let started = Instant::now();
-    let response = Connection::open(host)
-        .unwrap()
-        .request("POST", &trigger_path, trigger_body.as_bytes())
-        .unwrap();
+    let response = Connection::open(host).unwrap().request("POST", &trigger_path, trigger_body.as_bytes()).unwrap();
     assert_eq!(response.status, 202);
     let mut last = started;
     let (mut events, mut reconnects, mut unfinished) = (0, 0, 0);
@@ -399,18 +336,13 @@ fn fan_out(host: &str, target: FanOutTarget, subscribers: usize) -> (Duration, u
         reconnects += outcome.reconnects;
         unfinished += u64::from(!outcome.finished);
     }
-    assert_eq!(
-        unfinished, 0,
-        "{unfinished} subscriber(s) never saw run.finished"
-    );
+    assert_eq!(unfinished, 0, "{unfinished} subscriber(s) never saw run.finished");
     (last - started, events, reconnects)
 }
 
 /// RSS of a server process holding `count` idle streams, opened one after another.
 fn idle_streams_rss(server: &Spawned, path: &str, count: usize) -> (u64, u64) {
-    let streams: Vec<_> = (0..count)
-        .map(|_| open_stream(&server.host, path, None).unwrap())
-        .collect();
+    let streams: Vec<_> = (0..count).map(|_| open_stream(&server.host, path, None).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(500));
     let figures = rss_of(server.child.id());
     drop(streams);
@@ -482,8 +414,7 @@ fn raw_sqlite_events_per_second(count: usize) -> f64 {
     let conn = rusqlite::Connection::open(dir.path().join("raw.db")).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
-    conn.execute_batch(include_str!("../../src/store/migrations/0001_init.sql"))
-        .unwrap();
+    conn.execute_batch(include_str!("../../src/store/migrations/0001_init.sql")).unwrap();
     conn.execute(
         "INSERT INTO sessions (id, tenant, title, model, workspace, status, created_at, updated_at) VALUES ('s','t','b','m','/','idle','x','x')",
         [],
@@ -497,12 +428,10 @@ fn raw_sqlite_events_per_second(count: usize) -> f64 {
         for &i in batch {
             let message = small_message(i);
             let body = serde_json::to_string(&message).unwrap();
-            tx.prepare_cached(
-                "INSERT INTO messages (id, session_id, role, body) VALUES (?1, 's', 'user', ?2)",
-            )
-            .unwrap()
-            .execute(rusqlite::params![message.id, body])
-            .unwrap();
+            tx.prepare_cached("INSERT INTO messages (id, session_id, role, body) VALUES (?1, 's', 'user', ?2)")
+                .unwrap()
+                .execute(rusqlite::params![message.id, body])
+                .unwrap();
             tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1, updated_at = ?1 WHERE id = 's'")
                 .unwrap()
                 .execute([&updated_at])

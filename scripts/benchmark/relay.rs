@@ -33,10 +33,7 @@ fn stream_body() -> String {
 /// The `fake-provider` mode: answers every request with the stream, as fast as it can.
 pub fn fake_provider() {
     let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
-    println!(
-        "fake provider listening on http://{}",
-        server.server_addr().to_ip().unwrap()
-    );
+    println!("fake provider listening on http://{}", server.server_addr().to_ip().unwrap());
     let body: Arc<str> = Arc::from(stream_body());
     for mut request in server.incoming_requests() {
         let body = Arc::clone(&body);
@@ -70,19 +67,13 @@ pub fn measure() -> (Duration, Duration) {
         direct.push(read_directly(&fake.host).as_secs_f64());
         relay.push(relay_once(&kestrel.host).as_secs_f64());
     }
-    (
-        Duration::from_secs_f64(median(&mut direct)),
-        Duration::from_secs_f64(median(&mut relay)),
-    )
+    (Duration::from_secs_f64(median(&mut direct)), Duration::from_secs_f64(median(&mut relay)))
 }
 
 fn read_directly(host: &str) -> Duration {
     let body = r#"{"model":"fast","stream":true,"messages":[{"role":"user","content":"go"}]}"#;
     let started = Instant::now();
-    let response = Connection::open(host)
-        .unwrap()
-        .request("POST", "/v1/chat/completions", body.as_bytes())
-        .unwrap();
+    let response = Connection::open(host).unwrap().request("POST", "/v1/chat/completions", body.as_bytes()).unwrap();
     let elapsed = started.elapsed();
     assert_eq!(response.status, 200);
     assert!(response.body.ends_with(b"data: [DONE]\n\n"));
@@ -91,9 +82,7 @@ fn read_directly(host: &str) -> Duration {
 
 fn relay_once(host: &str) -> Duration {
     let mut connection = Connection::open(host).unwrap();
-    let created = connection
-        .request("POST", "/api/sessions", br#"{"model":"fake/fast"}"#)
-        .unwrap();
+    let created = connection.request("POST", "/api/sessions", br#"{"model":"fake/fast"}"#).unwrap();
     assert_eq!(created.status, 201);
     let created: serde_json::Value = serde_json::from_slice(&created.body).unwrap();
     let session = created["session"]["id"].as_str().unwrap().to_string();
@@ -101,13 +90,7 @@ fn relay_once(host: &str) -> Duration {
     let body = serde_json::json!({ "content": "go" }).to_string();
     let reader = open_stream(host, &path, None).unwrap();
     let started = Instant::now();
-    let response = connection
-        .request(
-            "POST",
-            &format!("/api/sessions/{session}/messages"),
-            body.as_bytes(),
-        )
-        .unwrap();
+    let response = connection.request("POST", &format!("/api/sessions/{session}/messages"), body.as_bytes()).unwrap();
     assert_eq!(response.status, 202);
     let outcome = follow_stream(host, &path, reader, "\"run.finished\"");
     assert!(outcome.finished, "the relay never finished");

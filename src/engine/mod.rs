@@ -5,6 +5,7 @@
 //! shared mutable state is the table of active runs, one entry per running session, which is
 //! how `session_busy` is decided. The engine does no socket I/O and knows no wire format.
 
+mod calls;
 mod run;
 pub mod tools;
 
@@ -17,11 +18,12 @@ use std::time::Duration;
 use crate::bus::Bus;
 use crate::cancel::{CancelReason, Canceller};
 use crate::domain::{
-    new_id, ChatMessage, Event, ImageAttachment, Role, SessionDetail, SessionRecord, SessionStatus,
-    SessionSummary,
+    new_id, ChatMessage, Event, ImageAttachment, Role, SessionDetail, SessionRecord, SessionStatus, SessionSummary,
 };
 use crate::providers::ModelRegistry;
 use crate::store::{SessionPatch, Store, StoreError, WriteOp};
+use crate::tools::workspace::{PathError, Workspace};
+pub use calls::Decision;
 use tools::ToolRegistry;
 
 #[derive(Debug)]
@@ -32,6 +34,9 @@ pub enum EngineError {
     SessionBusy,
     NotResumable(SessionStatus),
     ShuttingDown,
+    ApprovalNotFound,
+    /// A workspace path was refused or could not be read.
+    Workspace(PathError),
     /// The model provider failed; the message is safe to show (no keys, no headers).
     Provider(String),
     Store(StoreError),
@@ -45,13 +50,11 @@ impl std::fmt::Display for EngineError {
             EngineError::InvalidWorkspace(why) => write!(f, "{why}"),
             EngineError::SessionBusy => write!(f, "a run is already active in this session"),
             EngineError::NotResumable(status) => {
-                write!(
-                    f,
-                    "only interrupted or failed sessions can be resumed; this one is {}",
-                    status.as_str()
-                )
+                write!(f, "only interrupted or failed sessions can be resumed; this one is {}", status.as_str())
             }
             EngineError::ShuttingDown => write!(f, "the server is shutting down"),
+            EngineError::ApprovalNotFound => write!(f, "no pending approval with that id"),
+            EngineError::Workspace(error) => write!(f, "{error}"),
             EngineError::Provider(message) => write!(f, "{message}"),
             EngineError::Store(error) => write!(f, "{error}"),
         }
@@ -101,6 +104,8 @@ pub(crate) struct Shared {
     runs: Mutex<HashMap<String, ActiveRun>>,
     /// Signalled whenever an entry leaves `runs`.
     run_ended: Condvar,
+    /// Approvals runs are waiting on, by approval id.
+    approvals: Mutex<HashMap<String, calls::PendingApproval>>,
     stopping: std::sync::atomic::AtomicBool,
 }
 
@@ -112,13 +117,7 @@ pub struct Engine {
 const DEFAULT_TITLE: &str = "New session";
 
 impl Engine {
-    pub fn new(
-        store: Store,
-        bus: Bus,
-        models: ModelRegistry,
-        tools: ToolRegistry,
-        config: EngineConfig,
-    ) -> Engine {
+    pub fn new(store: Store, bus: Bus, models: ModelRegistry, tools: ToolRegistry, config: EngineConfig) -> Engine {
         Engine {
             shared: Arc::new(Shared {
                 store,
@@ -128,6 +127,7 @@ impl Engine {
                 config,
                 runs: Mutex::new(HashMap::new()),
                 run_ended: Condvar::new(),
+                approvals: Mutex::new(HashMap::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
             }),
         }
@@ -157,14 +157,8 @@ impl Engine {
         Ok(self.shared.store.readers().sessions_of(tenant)?)
     }
 
-    pub fn create_session(
-        &self,
-        tenant: &str,
-        new: NewSession,
-    ) -> Result<SessionDetail, EngineError> {
-        let model = new
-            .model
-            .unwrap_or_else(|| self.shared.models.default_model().to_string());
+    pub fn create_session(&self, tenant: &str, new: NewSession) -> Result<SessionDetail, EngineError> {
+        let model = new.model.unwrap_or_else(|| self.shared.models.default_model().to_string());
         if !self.shared.models.contains(&model) {
             return Err(EngineError::InvalidModel(model));
         }
@@ -187,43 +181,25 @@ impl Engine {
             tenant: tenant.to_string(),
             system_prompt: new.system_prompt,
         };
-        self.shared
-            .store
-            .write(vec![WriteOp::InsertSession(record.clone())])?;
+        self.shared.store.write(vec![WriteOp::InsertSession(record.clone())])?;
         self.shared.publish_summary(&record);
-        Ok(SessionDetail {
-            summary: record.summary,
-            messages: Vec::new(),
-            system_prompt: record.system_prompt,
-        })
+        Ok(SessionDetail { summary: record.summary, messages: Vec::new(), system_prompt: record.system_prompt })
     }
 
     pub fn session(&self, tenant: &str, id: &str) -> Result<SessionDetail, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let messages = self.shared.store.readers().messages(id)?;
-        Ok(SessionDetail {
-            summary: record.summary,
-            messages,
-            system_prompt: record.system_prompt,
-        })
+        Ok(SessionDetail { summary: record.summary, messages, system_prompt: record.system_prompt })
     }
 
-    pub fn patch_session(
-        &self,
-        tenant: &str,
-        id: &str,
-        patch: SessionPatch,
-    ) -> Result<SessionDetail, EngineError> {
+    pub fn patch_session(&self, tenant: &str, id: &str, patch: SessionPatch) -> Result<SessionDetail, EngineError> {
         self.shared.owned_session(tenant, id)?;
         if let Some(model) = &patch.model {
             if !self.shared.models.contains(model) {
                 return Err(EngineError::InvalidModel(model.clone()));
             }
         }
-        let patch = SessionPatch {
-            status: None,
-            ..patch
-        };
+        let patch = SessionPatch { status: None, ..patch };
         self.shared.store.write(vec![WriteOp::UpdateSession {
             id: id.to_string(),
             patch,
@@ -232,10 +208,7 @@ impl Engine {
         let detail = self.session(tenant, id)?;
         self.shared.bus.publish(
             Some(tenant),
-            Event::SessionUpdated {
-                session_id: id.to_string(),
-                session: detail.summary.clone(),
-            },
+            Event::SessionUpdated { session_id: id.to_string(), session: detail.summary.clone() },
         );
         Ok(detail)
     }
@@ -249,32 +222,16 @@ impl Engine {
                 run.canceller.cancel(CancelReason::User);
             }
             while runs.contains_key(id) {
-                runs = self
-                    .shared
-                    .run_ended
-                    .wait(runs)
-                    .unwrap_or_else(|e| e.into_inner());
+                runs = self.shared.run_ended.wait(runs).unwrap_or_else(|e| e.into_inner());
             }
         }
-        self.shared
-            .store
-            .write(vec![WriteOp::DeleteSession { id: id.to_string() }])?;
-        self.shared.bus.publish(
-            Some(tenant),
-            Event::SessionDeleted {
-                session_id: id.to_string(),
-            },
-        );
+        self.shared.store.write(vec![WriteOp::DeleteSession { id: id.to_string() }])?;
+        self.shared.bus.publish(Some(tenant), Event::SessionDeleted { session_id: id.to_string() });
         Ok(())
     }
 
     /// Stores the user's message and starts a run; returns once the message is durable.
-    pub fn send_message(
-        &self,
-        tenant: &str,
-        id: &str,
-        message: NewMessage,
-    ) -> Result<String, EngineError> {
+    pub fn send_message(&self, tenant: &str, id: &str, message: NewMessage) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let mut user = ChatMessage::new(Role::User, message.content);
         user.images = message.images;
@@ -290,60 +247,64 @@ impl Engine {
         }
     }
 
+    /// Answers an approval the session's run is waiting on.
+    pub fn resolve_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+        approval_id: &str,
+        decision: Decision,
+    ) -> Result<(), EngineError> {
+        self.shared.owned_session(tenant, id)?;
+        let pending = {
+            let mut approvals = self.shared.lock_approvals();
+            match approvals.get(approval_id) {
+                Some(pending) if pending.session_id == id => approvals.remove(approval_id),
+                _ => None,
+            }
+        };
+        let pending = pending.ok_or(EngineError::ApprovalNotFound)?;
+        // The run may have been cancelled a moment ago; then nobody listens, which is fine.
+        let _ = pending.decision_tx.send(decision);
+        Ok(())
+    }
+
+    /// The workspace of a session, for the read-only file routes.
+    pub fn workspace(&self, tenant: &str, id: &str) -> Result<Workspace, EngineError> {
+        let record = self.shared.owned_session(tenant, id)?;
+        Workspace::new(Path::new(&record.summary.workspace)).map_err(EngineError::Workspace)
+    }
+
     /// Cancels the session's run; true if this call cancelled one.
     pub fn cancel(&self, tenant: &str, id: &str) -> Result<bool, EngineError> {
         self.shared.owned_session(tenant, id)?;
         let runs = self.shared.lock_runs();
-        Ok(runs
-            .get(id)
-            .is_some_and(|run| run.canceller.cancel(CancelReason::User)))
+        Ok(runs.get(id).is_some_and(|run| run.canceller.cancel(CancelReason::User)))
     }
 
     /// Claims the session, stores the opening writes, and spawns the worker.
-    fn start_run(
-        &self,
-        record: SessionRecord,
-        user: Option<ChatMessage>,
-    ) -> Result<String, EngineError> {
+    fn start_run(&self, record: SessionRecord, user: Option<ChatMessage>) -> Result<String, EngineError> {
         let id = record.summary.id.clone();
         let run_id = new_id("run");
         let canceller = Canceller::new();
         {
             let mut runs = self.shared.lock_runs();
-            if self
-                .shared
-                .stopping
-                .load(std::sync::atomic::Ordering::SeqCst)
-            {
+            if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(EngineError::ShuttingDown);
             }
             if runs.contains_key(&id) {
                 return Err(EngineError::SessionBusy);
             }
-            runs.insert(
-                id.clone(),
-                ActiveRun {
-                    run_id: run_id.clone(),
-                    canceller: canceller.clone(),
-                    thread: None,
-                },
-            );
+            runs.insert(id.clone(), ActiveRun { run_id: run_id.clone(), canceller: canceller.clone(), thread: None });
         }
         let now = crate::time::now_rfc3339();
         let mut ops = vec![WriteOp::UpdateSession {
             id: id.clone(),
-            patch: SessionPatch {
-                status: Some(SessionStatus::Running),
-                ..SessionPatch::default()
-            },
+            patch: SessionPatch { status: Some(SessionStatus::Running), ..SessionPatch::default() },
             updated_at: now.clone(),
         }];
         if let Some(user) = &user {
-            ops.push(WriteOp::AppendMessage {
-                session_id: id.clone(),
-                message: user.clone(),
-                updated_at: now,
-            });
+            ops.push(WriteOp::AppendMessage { session_id: id.clone(), message: user.clone(), updated_at: now });
         }
         if let Err(error) = self.shared.store.write(ops) {
             self.shared.release(&id, &run_id);
@@ -357,9 +318,7 @@ impl Engine {
             cancel: canceller.token(),
             user,
         };
-        let spawned = std::thread::Builder::new()
-            .name("kestrel-run".into())
-            .spawn(move || run.execute());
+        let spawned = std::thread::Builder::new().name("kestrel-run".into()).spawn(move || run.execute());
         match spawned {
             Ok(thread) => {
                 let mut runs = self.shared.lock_runs();
@@ -379,9 +338,7 @@ impl Engine {
     /// Refuses new runs, cancels the active ones (they are stored as `interrupted`), and
     /// waits for their workers, at most `grace`.
     pub fn shutdown(&self, grace: Duration) {
-        self.shared
-            .stopping
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let threads: Vec<JoinHandle<()>> = {
             let mut runs = self.shared.lock_runs();
             for run in runs.values() {
@@ -394,22 +351,19 @@ impl Engine {
                     log::warn!("{} run(s) did not stop within {grace:?}", runs.len());
                     break;
                 }
-                runs = self
-                    .shared
-                    .run_ended
-                    .wait_timeout(runs, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                runs = self.shared.run_ended.wait_timeout(runs, left).unwrap_or_else(|e| e.into_inner()).0;
             }
-            runs.values_mut()
-                .filter_map(|run| run.thread.take())
-                .collect()
+            runs.values_mut().filter_map(|run| run.thread.take()).collect()
         };
         drop(threads); // still running past the grace period: detached, the store refuses them
     }
 }
 
 impl Shared {
+    fn lock_approvals(&self) -> MutexGuard<'_, HashMap<String, calls::PendingApproval>> {
+        self.approvals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn lock_runs(&self) -> MutexGuard<'_, HashMap<String, ActiveRun>> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -425,10 +379,7 @@ impl Shared {
     fn publish_summary(&self, record: &SessionRecord) {
         self.bus.publish(
             Some(&record.tenant),
-            Event::SessionUpdated {
-                session_id: record.summary.id.clone(),
-                session: record.summary.clone(),
-            },
+            Event::SessionUpdated { session_id: record.summary.id.clone(), session: record.summary.clone() },
         );
     }
 
@@ -445,15 +396,10 @@ impl Shared {
 /// A workspace must be an absolute path to an existing directory; it is stored canonical.
 fn checked_workspace(path: &Path) -> Result<PathBuf, EngineError> {
     if !path.is_absolute() {
-        return Err(EngineError::InvalidWorkspace(
-            "workspace must be an absolute path".into(),
-        ));
+        return Err(EngineError::InvalidWorkspace("workspace must be an absolute path".into()));
     }
     match path.canonicalize() {
         Ok(canonical) if canonical.is_dir() => Ok(canonical),
-        _ => Err(EngineError::InvalidWorkspace(format!(
-            "workspace {} is not an existing directory",
-            path.display()
-        ))),
+        _ => Err(EngineError::InvalidWorkspace(format!("workspace {} is not an existing directory", path.display()))),
     }
 }

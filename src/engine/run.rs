@@ -5,28 +5,17 @@
 //! calls `Shared::release`, its very last step. Every message is durable before its
 //! `message.completed` goes out, so a client that saw it completed finds it after a crash.
 
-use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-use super::tools::ToolContext;
+use super::calls::Repair;
 use super::{EngineError, Shared};
 use crate::cancel::{CancelReason, CancelToken};
-use crate::domain::{
-    ChatMessage, DeltaChannel, Event, Role, RunOutcome, SessionRecord, SessionStatus, ToolCall,
-    ToolResult, Usage,
-};
+use crate::domain::{ChatMessage, DeltaChannel, Event, Role, RunOutcome, SessionRecord, SessionStatus, Usage};
 use crate::providers::{CompletionRequest, Delta, Provider, ProviderError};
 use crate::store::{SessionPatch, WriteOp};
-
-/// What the model is told for a call whose result was never recorded before a crash.
-pub(crate) const INTERRUPTED_TOOL_RESULT: &str =
-    "This tool call was interrupted: the server stopped \
-before its result was recorded, and it was not run again. Its side effects may or may not have \
-happened. Verify the state of the workspace before retrying.";
 
 pub(super) struct Run {
     pub shared: Arc<Shared>,
@@ -39,7 +28,7 @@ pub(super) struct Run {
 }
 
 /// How the steps ended when nothing failed.
-enum Stop {
+pub(super) enum Stop {
     Finished(RunOutcome),
     Cancelled,
 }
@@ -56,35 +45,28 @@ impl Run {
         if let Err(error) = self.publish_summary() {
             log::warn!("run {}: {error}", self.run_id);
         }
-        self.publish(Event::RunStarted {
-            session_id: self.session_id.clone(),
-            run_id: self.run_id.clone(),
-        });
+        self.publish(Event::RunStarted { session_id: self.session_id.clone(), run_id: self.run_id.clone() });
         let mut usage = Usage::default();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.steps(&mut usage)));
         let outcome = outcome.unwrap_or_else(|_| {
             log::error!("run {} panicked", self.run_id);
-            Err(EngineError::Store(crate::store::StoreError::Corrupt(
-                "the run panicked".into(),
-            )))
+            Err(EngineError::Store(crate::store::StoreError::Corrupt("the run panicked".into())))
         });
         self.finish(outcome, usage);
         self.shared.release(&self.session_id, &self.run_id);
     }
 
     fn steps(&self, usage: &mut Usage) -> Result<Stop, EngineError> {
+        let mut pending = Vec::new();
         if let Some(user) = &self.user {
-            self.publish(Event::MessageStarted {
-                session_id: self.session_id.clone(),
-                message: user.clone(),
-            });
-            self.publish(Event::MessageCompleted {
-                session_id: self.session_id.clone(),
-                message: user.clone(),
-            });
-        } else if self.repair_transcript()? {
-            // The last stored message is a complete answer: the crash came after it.
-            return Ok(Stop::Finished(RunOutcome::Completed));
+            self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: user.clone() });
+            self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
+        } else {
+            match self.repair_transcript()? {
+                // The last stored message is a complete answer: the crash came after it.
+                Repair::Complete => return Ok(Stop::Finished(RunOutcome::Completed)),
+                Repair::Dispatch(calls) => pending = calls,
+            }
         }
         let session = self.session()?;
         let provider = self
@@ -92,6 +74,9 @@ impl Run {
             .models
             .resolve(&session.summary.model)
             .ok_or_else(|| EngineError::InvalidModel(session.summary.model.clone()))?;
+        if let Some(stop) = self.run_calls(&pending, &session)? {
+            return Ok(stop);
+        }
         for _ in 0..self.shared.config.max_steps {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
@@ -103,13 +88,8 @@ impl Run {
             if answer.tool_calls.is_empty() {
                 return Ok(Stop::Finished(RunOutcome::Completed));
             }
-            let workspace = Path::new(&session.summary.workspace);
-            for call in &answer.tool_calls {
-                // No call of a cancelled response starts after the cancel.
-                if self.cancel.is_cancelled() {
-                    return Ok(Stop::Cancelled);
-                }
-                self.run_tool(call, workspace)?;
+            if let Some(stop) = self.run_calls(&answer.tool_calls, &session)? {
+                return Ok(stop);
             }
         }
         Ok(Stop::Finished(RunOutcome::MaxSteps))
@@ -124,17 +104,11 @@ impl Run {
     ) -> Result<Step, EngineError> {
         let history = self.shared.store.readers().messages(&self.session_id)?;
         let tools = self.shared.tools.schemas();
-        let request = CompletionRequest {
-            system_prompt: session.system_prompt.as_deref(),
-            messages: &history,
-            tools: &tools,
-        };
+        let request =
+            CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &history, tools: &tools };
         let mut message = ChatMessage::new(Role::Assistant, "");
         message.model = Some(session.summary.model.clone());
-        self.publish(Event::MessageStarted {
-            session_id: self.session_id.clone(),
-            message: message.clone(),
-        });
+        self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
 
         let mut streamed_text = String::new();
         let mut streamed_reasoning = String::new();
@@ -165,10 +139,7 @@ impl Run {
                 message.tool_calls = completion.tool_calls;
                 if let Some(finish) = &completion.finish {
                     let meta = message.meta.get_or_insert_with(Map::new);
-                    meta.insert(
-                        "finishReason".into(),
-                        Value::String(finish.as_str().to_string()),
-                    );
+                    meta.insert("finishReason".into(), Value::String(finish.as_str().to_string()));
                 }
                 Step::Answered(Box::new(message.clone()))
             }
@@ -184,84 +155,14 @@ impl Run {
         Ok(step)
     }
 
-    fn run_tool(&self, call: &ToolCall, workspace: &Path) -> Result<(), EngineError> {
-        self.publish(Event::ToolStarted {
-            session_id: self.session_id.clone(),
-            call: call.clone(),
-        });
-        let context = ToolContext {
-            workspace,
-            cancel: &self.cancel,
-        };
-        let result = self.shared.tools.execute(call, &context);
-        self.publish(Event::ToolFinished {
-            session_id: self.session_id.clone(),
-            result: result.clone(),
-        });
-        let message = tool_message(&result);
-        self.publish(Event::MessageStarted {
-            session_id: self.session_id.clone(),
-            message: message.clone(),
-        });
-        self.append(message)
-    }
-
-    /// Answers every tool call that has no recorded result with an error result, so the model
-    /// is told to verify instead of the call running twice. Returns true when the transcript
-    /// already ends in a complete answer and there is nothing left to do.
-    fn repair_transcript(&self) -> Result<bool, EngineError> {
-        let history = self.shared.store.readers().messages(&self.session_id)?;
-        let answered: HashSet<&str> = history
-            .iter()
-            .filter_map(|m| m.tool_call_id.as_deref())
-            .collect();
-        let unanswered: Vec<ToolCall> = history
-            .iter()
-            .filter(|m| m.role == Role::Assistant)
-            .flat_map(|m| m.tool_calls.iter())
-            .filter(|call| !answered.contains(call.id.as_str()))
-            .cloned()
-            .collect();
-        for call in &unanswered {
-            let result = ToolResult {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                ok: false,
-                content: INTERRUPTED_TOOL_RESULT.to_string(),
-                duration_ms: None,
-                error: Some("interrupted".into()),
-                data: None,
-            };
-            let mut message = tool_message(&result);
-            message
-                .meta
-                .get_or_insert_with(Map::new)
-                .insert("interrupted".into(), Value::Bool(true));
-            self.publish(Event::MessageStarted {
-                session_id: self.session_id.clone(),
-                message: message.clone(),
-            });
-            self.append(message)?;
-        }
-        let last = if unanswered.is_empty() {
-            history.last()
-        } else {
-            None
-        };
-        Ok(last.is_some_and(|m| m.role == Role::Assistant && m.tool_calls.is_empty()))
-    }
-
     /// Stores a message, then announces it complete and the session's new summary.
-    fn append(&self, message: ChatMessage) -> Result<(), EngineError> {
+    pub(super) fn append(&self, message: ChatMessage) -> Result<(), EngineError> {
         self.shared.store.write(vec![WriteOp::AppendMessage {
             session_id: self.session_id.clone(),
             message: message.clone(),
             updated_at: crate::time::now_rfc3339(),
         }])?;
-        self.publish(Event::MessageCompleted {
-            session_id: self.session_id.clone(),
-            message,
-        });
+        self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message });
         self.publish_summary()
     }
 
@@ -273,60 +174,35 @@ impl Run {
             Ok(Stop::Cancelled) => SessionStatus::Cancelled,
             Err(_) => SessionStatus::Error,
         };
-        let patch = SessionPatch {
-            status: Some(status),
-            ..SessionPatch::default()
-        };
+        let patch = SessionPatch { status: Some(status), ..SessionPatch::default() };
         let write = self.shared.store.write(vec![WriteOp::UpdateSession {
             id: self.session_id.clone(),
             patch,
             updated_at: crate::time::now_rfc3339(),
         }]);
         if let Err(error) = write {
-            log::error!(
-                "run {}: could not store the final status: {error}",
-                self.run_id
-            );
+            log::error!("run {}: could not store the final status: {error}", self.run_id);
         }
         let _ = self.publish_summary();
         let (session_id, run_id) = (self.session_id.clone(), self.run_id.clone());
         let event = match outcome {
-            Ok(Stop::Finished(status)) => Event::RunFinished {
-                session_id,
-                run_id,
-                status,
-                usage: Some(usage),
-            },
+            Ok(Stop::Finished(status)) => Event::RunFinished { session_id, run_id, status, usage: Some(usage) },
             Ok(Stop::Cancelled) if shutdown => {
-                return log::info!(
-                    "run {} stopped by shutdown; the session can be resumed",
-                    self.run_id
-                )
+                return log::info!("run {} stopped by shutdown; the session can be resumed", self.run_id)
             }
-            Ok(Stop::Cancelled) => Event::RunFinished {
-                session_id,
-                run_id,
-                status: RunOutcome::Cancelled,
-                usage: Some(usage),
-            },
+            Ok(Stop::Cancelled) => {
+                Event::RunFinished { session_id, run_id, status: RunOutcome::Cancelled, usage: Some(usage) }
+            }
             Err(error) => {
                 log::warn!("run {} failed: {error}", self.run_id);
-                Event::RunFailed {
-                    session_id,
-                    run_id,
-                    error: error.to_string(),
-                }
+                Event::RunFailed { session_id, run_id, error: error.to_string() }
             }
         };
         self.publish(event);
     }
 
-    fn session(&self) -> Result<SessionRecord, EngineError> {
-        self.shared
-            .store
-            .readers()
-            .session(&self.session_id)?
-            .ok_or(EngineError::SessionNotFound)
+    pub(super) fn session(&self) -> Result<SessionRecord, EngineError> {
+        self.shared.store.readers().session(&self.session_id)?.ok_or(EngineError::SessionNotFound)
     }
 
     fn publish_summary(&self) -> Result<(), EngineError> {
@@ -335,17 +211,7 @@ impl Run {
         Ok(())
     }
 
-    fn publish(&self, event: Event) {
+    pub(super) fn publish(&self, event: Event) {
         self.shared.bus.publish(Some(&self.tenant), event);
     }
-}
-
-/// The `tool` message that carries a result back to the model.
-fn tool_message(result: &ToolResult) -> ChatMessage {
-    let mut message = ChatMessage::new(Role::Tool, result.content.clone());
-    message.tool_call_id = Some(result.call_id.clone());
-    message.tool_name = Some(result.name.clone());
-    let meta = json!({ "ok": result.ok });
-    message.meta = meta.as_object().cloned();
-    message
 }

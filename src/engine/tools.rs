@@ -1,20 +1,45 @@
 //! Tool dispatch: the registry the turn loop asks to run a model's tool calls.
 //!
-//! Runs on the run's worker thread. The registry is built at start and read-only after. A
-//! call to a name nobody registered is answered with an error result the model can read; the
-//! built-in workspace tools plug in here through the `Tool` trait.
+//! Runs on the run's worker thread. The registry is built at start and read-only after. Each
+//! tool has a permission (`auto`, `ask`, `deny`), its own default unless the config overrides
+//! it. A call to a name nobody registered, or to a denied tool, is answered with an error
+//! result the model can read. What goes back to the model is capped at `output_limit`
+//! characters, with a note saying so.
 
-use std::path::Path;
+use std::collections::HashMap;
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::cancel::CancelToken;
 use crate::domain::{ToolCall, ToolResult, ToolSchema};
+use crate::tools::workspace::Workspace;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    /// Runs without asking.
+    Auto,
+    /// Waits for a person's approval.
+    Ask,
+    /// Never runs; not offered to the model.
+    Deny,
+}
+
+impl Permission {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permission::Auto => "auto",
+            Permission::Ask => "ask",
+            Permission::Deny => "deny",
+        }
+    }
+}
 
 /// What a tool may use while it runs.
 pub struct ToolContext<'a> {
-    pub workspace: &'a Path,
+    pub workspace: &'a Workspace,
     pub cancel: &'a CancelToken,
 }
 
@@ -29,58 +54,90 @@ pub struct ToolOutput {
 }
 
 impl ToolOutput {
+    pub fn success(content: impl Into<String>, data: Option<Value>) -> ToolOutput {
+        ToolOutput { ok: true, content: content.into(), error: None, data }
+    }
+
     pub fn failure(message: impl Into<String>) -> ToolOutput {
         let message = message.into();
-        ToolOutput {
-            ok: false,
-            content: message.clone(),
-            error: Some(message),
-            data: None,
-        }
+        ToolOutput { ok: false, content: message.clone(), error: Some(message), data: None }
     }
 }
 
 pub trait Tool: Send + Sync {
     fn schema(&self) -> ToolSchema;
+    fn default_permission(&self) -> Permission;
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput;
 }
 
-#[derive(Default)]
+struct Registered {
+    tool: Box<dyn Tool>,
+    schema: ToolSchema,
+    permission: Permission,
+}
+
 pub struct ToolRegistry {
-    tools: Vec<Box<dyn Tool>>,
+    tools: Vec<Registered>,
+    overrides: HashMap<String, Permission>,
+    output_limit: usize,
 }
 
 impl ToolRegistry {
-    pub fn register(&mut self, tool: Box<dyn Tool>) {
-        self.tools.push(tool);
+    /// An empty registry; `overrides` replace tools' default permissions by name.
+    pub fn new(overrides: HashMap<String, Permission>, output_limit: usize) -> ToolRegistry {
+        ToolRegistry { tools: Vec::new(), overrides, output_limit }
     }
 
+    pub fn register(&mut self, tool: Box<dyn Tool>) {
+        let mut schema = tool.schema();
+        let permission = self.overrides.get(&schema.name).copied().unwrap_or_else(|| tool.default_permission());
+        schema.permission = Some(permission.as_str().to_string());
+        self.tools.push(Registered { tool, schema, permission });
+    }
+
+    /// The tools offered to models and clients: every tool but the denied ones.
     pub fn schemas(&self) -> Vec<ToolSchema> {
-        self.tools.iter().map(|tool| tool.schema()).collect()
+        self.tools.iter().filter(|t| t.permission != Permission::Deny).map(|t| t.schema.clone()).collect()
+    }
+
+    /// A tool's permission; `None` for a name nobody registered.
+    pub fn permission(&self, name: &str) -> Option<Permission> {
+        self.find(name).map(|t| t.permission)
+    }
+
+    fn find(&self, name: &str) -> Option<&Registered> {
+        self.tools.iter().find(|t| t.schema.name == name)
     }
 
     /// Runs one call to completion; never fails, an error becomes an error result.
     pub fn execute(&self, call: &ToolCall, context: &ToolContext<'_>) -> ToolResult {
         let started = Instant::now();
-        let output = match self
-            .tools
-            .iter()
-            .find(|tool| tool.schema().name == call.name)
-        {
-            Some(tool) => tool.run(&call.arguments, context),
-            None => ToolOutput::failure(format!(
-                "Unknown tool `{}`: this server has no tool by that name.",
-                call.name
-            )),
+        let output = match self.find(&call.name) {
+            Some(registered) if registered.permission == Permission::Deny => {
+                ToolOutput::failure(format!("`{}` is disabled on this server.", call.name))
+            }
+            Some(registered) => registered.tool.run(&call.arguments, context),
+            None => ToolOutput::failure(format!("Unknown tool `{}`: this server has no tool by that name.", call.name)),
         };
         ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
             ok: output.ok,
-            content: output.content,
+            content: cap(output.content, self.output_limit),
             duration_ms: Some(started.elapsed().as_millis() as u64),
             error: output.error,
             data: output.data,
         }
     }
+}
+
+/// Cuts `content` to `limit` characters, saying how much was left out.
+fn cap(content: String, limit: usize) -> String {
+    let total = content.chars().count();
+    if total <= limit {
+        return content;
+    }
+    let mut kept: String = content.chars().take(limit).collect();
+    kept.push_str(&format!("\n[output truncated: {} of {total} characters shown]", limit));
+    kept
 }

@@ -50,14 +50,8 @@ mod tests {
     #[test]
     fn matches_only_the_whole_token() {
         let set = TokenSet::new(vec![
-            TenantToken {
-                tenant: "a".into(),
-                token: "secret-a".into(),
-            },
-            TenantToken {
-                tenant: "b".into(),
-                token: "secret-b".into(),
-            },
+            TenantToken { tenant: "a".into(), token: "secret-a".into() },
+            TenantToken { tenant: "b".into(), token: "secret-b".into() },
         ]);
         assert_eq!(set.tenant_for("secret-b"), Some("b"));
         assert_eq!(set.tenant_for("secret-"), None);

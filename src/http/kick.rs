@@ -38,13 +38,9 @@ impl Kicker {
     /// `requests` is the count of requests tiny_http has handed over, bumped by the accept loop.
     pub fn start(addr: SocketAddr, requests: Arc<AtomicU64>) -> std::io::Result<Kicker> {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-        let thread = std::thread::Builder::new()
-            .name("kestrel-kick".into())
-            .spawn(move || run(addr, &requests, &stop_rx))?;
-        Ok(Kicker {
-            stop_tx: Some(stop_tx),
-            thread: Some(thread),
-        })
+        let thread =
+            std::thread::Builder::new().name("kestrel-kick".into()).spawn(move || run(addr, &requests, &stop_rx))?;
+        Ok(Kicker { stop_tx: Some(stop_tx), thread: Some(thread) })
     }
 
     pub fn stop(&mut self) {
@@ -77,10 +73,7 @@ fn run(addr: SocketAddr, requests: &AtomicU64, stop: &Receiver<()>) {
 
 /// Sleeps; true when told to stop.
 fn sleep(stop: &Receiver<()>, duration: Duration) -> bool {
-    matches!(
-        stop.recv_timeout(duration),
-        Err(RecvTimeoutError::Disconnected)
-    )
+    matches!(stop.recv_timeout(duration), Err(RecvTimeoutError::Disconnected))
 }
 
 fn kick(addr: SocketAddr) {

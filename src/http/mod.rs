@@ -23,14 +23,8 @@ pub use sse::EventStream;
 
 /// What a handler answers.
 pub enum Reply {
-    Json {
-        status: u16,
-        body: Vec<u8>,
-        headers: Vec<(&'static str, String)>,
-    },
-    Empty {
-        status: u16,
-    },
+    Json { status: u16, body: Vec<u8>, headers: Vec<(&'static str, String)> },
+    Empty { status: u16 },
     Events(EventStream),
 }
 
@@ -67,10 +61,7 @@ impl Request {
 
     /// The first query parameter named `name`, percent-decoded.
     pub fn query(&self, name: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
+        self.query.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -84,19 +75,11 @@ impl Request {
     /// Reads the whole body, refusing one past the configured limit without reading it all.
     pub fn read_body(&mut self) -> Result<Vec<u8>, BodyError> {
         let limit = self.body_limit;
-        if self
-            .inner
-            .body_length()
-            .is_some_and(|length| length > limit)
-        {
+        if self.inner.body_length().is_some_and(|length| length > limit) {
             return Err(BodyError::TooLarge { limit });
         }
         let mut body = Vec::new();
-        self.inner
-            .as_reader()
-            .take(limit as u64 + 1)
-            .read_to_end(&mut body)
-            .map_err(BodyError::Io)?;
+        self.inner.as_reader().take(limit as u64 + 1).read_to_end(&mut body).map_err(BodyError::Io)?;
         if body.len() > limit {
             return Err(BodyError::TooLarge { limit });
         }
@@ -152,14 +135,9 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Starts serving `listener` on the `kestrel-http` thread.
-    pub fn start(
-        listener: TcpListener,
-        handler: Arc<dyn Handler>,
-        config: HttpConfig,
-    ) -> std::io::Result<HttpServer> {
+    pub fn start(listener: TcpListener, handler: Arc<dyn Handler>, config: HttpConfig) -> std::io::Result<HttpServer> {
         let addr = listener.local_addr()?;
-        let server =
-            tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
+        let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
         let server = Arc::new(server);
         let gauges = Arc::new(Gauges::default());
         let accept = {
@@ -171,22 +149,12 @@ impl HttpServer {
         };
         // Kicks go to loopback when the listener is bound to every address.
         let kick_addr = match addr.ip() {
-            ip if ip.is_unspecified() && addr.is_ipv4() => {
-                SocketAddr::from(([127, 0, 0, 1], addr.port()))
-            }
-            ip if ip.is_unspecified() => {
-                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()))
-            }
+            ip if ip.is_unspecified() && addr.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
+            ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port())),
             _ => addr,
         };
         let kicker = kick::Kicker::start(kick_addr, Arc::clone(&gauges.accepted))?;
-        Ok(HttpServer {
-            server,
-            accept: Some(accept),
-            kicker,
-            gauges,
-            addr,
-        })
+        Ok(HttpServer { server, accept: Some(accept), kicker, gauges, addr })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -208,11 +176,7 @@ impl HttpServer {
 
     /// Waits (at most `grace`) for every request thread to finish.
     pub fn wait_for_requests(&self, grace: Duration) {
-        let guard = self
-            .gauges
-            .requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let guard = self.gauges.requests.lock().unwrap_or_else(|e| e.into_inner());
         let (left, timeout) = self
             .gauges
             .requests_done
@@ -224,12 +188,7 @@ impl HttpServer {
     }
 }
 
-fn accept_loop(
-    server: &tiny_http::Server,
-    handler: Arc<dyn Handler>,
-    gauges: &Arc<Gauges>,
-    config: &HttpConfig,
-) {
+fn accept_loop(server: &tiny_http::Server, handler: Arc<dyn Handler>, gauges: &Arc<Gauges>, config: &HttpConfig) {
     for request in server.incoming_requests() {
         gauges.accepted.fetch_add(1, Ordering::Relaxed);
         let handler = Arc::clone(&handler);
@@ -237,23 +196,12 @@ fn accept_loop(
         let body_limit = config.body_limit;
         let ping = config.ping_interval;
         *gauges.requests.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        let spawned = std::thread::Builder::new()
-            .name("kestrel-req".into())
-            .spawn(move || {
-                serve(
-                    request,
-                    handler.as_ref(),
-                    body_limit,
-                    ping,
-                    &gauges_for_thread,
-                );
-                let mut open = gauges_for_thread
-                    .requests
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                *open -= 1;
-                gauges_for_thread.requests_done.notify_all();
-            });
+        let spawned = std::thread::Builder::new().name("kestrel-req".into()).spawn(move || {
+            serve(request, handler.as_ref(), body_limit, ping, &gauges_for_thread);
+            let mut open = gauges_for_thread.requests.lock().unwrap_or_else(|e| e.into_inner());
+            *open -= 1;
+            gauges_for_thread.requests_done.notify_all();
+        });
         if let Err(error) = spawned {
             log::error!("cannot spawn a request thread: {error}");
             *gauges.requests.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
@@ -261,32 +209,16 @@ fn accept_loop(
     }
 }
 
-fn serve(
-    raw: tiny_http::Request,
-    handler: &dyn Handler,
-    body_limit: usize,
-    ping: Duration,
-    gauges: &Gauges,
-) {
+fn serve(raw: tiny_http::Request, handler: &dyn Handler, body_limit: usize, ping: Duration, gauges: &Gauges) {
     let (path, query) = split_url(raw.url());
-    let mut request = Request {
-        method: raw.method().as_str().to_ascii_uppercase(),
-        inner: raw,
-        path,
-        query,
-        body_limit,
-    };
-    let reply =
-        catch_unwind(AssertUnwindSafe(|| handler.handle(&mut request))).unwrap_or_else(|_| {
-            log::error!("handler panicked on {} {}", request.method, request.path);
-            handler.internal_error()
-        });
+    let mut request =
+        Request { method: raw.method().as_str().to_ascii_uppercase(), inner: raw, path, query, body_limit };
+    let reply = catch_unwind(AssertUnwindSafe(|| handler.handle(&mut request))).unwrap_or_else(|_| {
+        log::error!("handler panicked on {} {}", request.method, request.path);
+        handler.internal_error()
+    });
     let result = match reply {
-        Reply::Json {
-            status,
-            body,
-            headers,
-        } => {
+        Reply::Json { status, body, headers } => {
             let mut response = tiny_http::Response::from_data(body).with_status_code(status);
             response.add_header(header("Content-Type", "application/json"));
             for (name, value) in headers {
@@ -308,8 +240,7 @@ fn serve(
 }
 
 fn header(name: &str, value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
-        .expect("static header names are valid")
+    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("static header names are valid")
 }
 
 /// Splits `/a/b?x=1&y=%20` into the path and its decoded query pairs.
@@ -333,8 +264,7 @@ fn percent_decode(text: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex_value(bytes[i + 1]), hex_value(bytes[i + 2]))
-            {
+            b'%' if i + 2 < bytes.len() => match (hex_value(bytes[i + 1]), hex_value(bytes[i + 2])) {
                 (Some(high), Some(low)) => {
                     out.push(high << 4 | low);
                     i += 2;

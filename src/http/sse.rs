@@ -34,11 +34,7 @@ impl EventStream {
     }
 
     /// Writes the stream until the client leaves or the subscription closes.
-    pub fn write_to(
-        self,
-        mut socket: Box<dyn Write + Send>,
-        ping: Duration,
-    ) -> std::io::Result<()> {
+    pub fn write_to(self, mut socket: Box<dyn Write + Send>, ping: Duration) -> std::io::Result<()> {
         socket.write_all(HEAD.as_bytes())?;
         let mut burst = String::with_capacity(4096);
         burst.push_str("retry: 3000\n\n");
@@ -75,9 +71,7 @@ impl EventStream {
 }
 
 fn push_frame(burst: &mut String, envelope: &Arc<Envelope>) {
-    let frame = envelope
-        .frame
-        .get_or_init(|| format!("id: {}\ndata: {}\n\n", envelope.seq, envelope.json));
+    let frame = envelope.frame.get_or_init(|| format!("id: {}\ndata: {}\n\n", envelope.seq, envelope.json));
     burst.push_str(frame);
 }
 

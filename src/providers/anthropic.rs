@@ -15,12 +15,7 @@ pub(super) const API_VERSION: &str = "2023-06-01";
 /// The request body for one call. Anthropic wants alternating user and assistant turns, so
 /// consecutive messages that map to the same role (tool results, then the next user message)
 /// are merged into one turn.
-pub(super) fn request_body(
-    request: &CompletionRequest<'_>,
-    model: &str,
-    max_tokens: u32,
-    tools: bool,
-) -> Value {
+pub(super) fn request_body(request: &CompletionRequest<'_>, model: &str, max_tokens: u32, tools: bool) -> Value {
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for message in request.messages {
         let (role, blocks) = match message.role {
@@ -37,12 +32,9 @@ pub(super) fn request_body(
             _ => turns.push((role, blocks)),
         }
     }
-    let messages: Vec<Value> = turns
-        .into_iter()
-        .map(|(role, content)| json!({ "role": role, "content": content }))
-        .collect();
-    let mut body =
-        json!({ "model": model, "max_tokens": max_tokens, "stream": true, "messages": messages });
+    let messages: Vec<Value> =
+        turns.into_iter().map(|(role, content)| json!({ "role": role, "content": content })).collect();
+    let mut body = json!({ "model": model, "max_tokens": max_tokens, "stream": true, "messages": messages });
     if let Some(prompt) = request.system_prompt {
         body["system"] = json!(prompt);
     }
@@ -82,12 +74,7 @@ fn assistant_blocks(message: &ChatMessage) -> Vec<Value> {
 }
 
 fn tool_result(message: &ChatMessage) -> Value {
-    let failed = message
-        .meta
-        .as_ref()
-        .and_then(|m| m.get("ok"))
-        .and_then(Value::as_bool)
-        == Some(false);
+    let failed = message.meta.as_ref().and_then(|m| m.get("ok")).and_then(Value::as_bool) == Some(false);
     json!({
         "type": "tool_result",
         "tool_use_id": message.tool_call_id.clone().unwrap_or_default(),
@@ -99,11 +86,7 @@ fn tool_result(message: &ChatMessage) -> Value {
 enum Block {
     Text,
     Thinking,
-    ToolUse {
-        id: String,
-        name: String,
-        json: String,
-    },
+    ToolUse { id: String, name: String, json: String },
 }
 
 /// Assembles a streamed answer from Messages stream events.
@@ -127,14 +110,9 @@ impl AnthropicStream {
         if event.data.trim().is_empty() {
             return Ok(true);
         }
-        let payload: Value = serde_json::from_str(&event.data).map_err(|e| {
-            CallError::Fatal(format!("the provider sent an event that is not JSON: {e}"))
-        })?;
-        let kind = payload
-            .get("type")
-            .and_then(Value::as_str)
-            .or(event.event.as_deref())
-            .unwrap_or("");
+        let payload: Value = serde_json::from_str(&event.data)
+            .map_err(|e| CallError::Fatal(format!("the provider sent an event that is not JSON: {e}")))?;
+        let kind = payload.get("type").and_then(Value::as_str).or(event.event.as_deref()).unwrap_or("");
         let index = payload.get("index").and_then(Value::as_u64).unwrap_or(0);
         match kind {
             "message_start" => {
@@ -146,25 +124,13 @@ impl AnthropicStream {
                 let block = payload.get("content_block").cloned().unwrap_or(Value::Null);
                 let started = match block.get("type").and_then(Value::as_str) {
                     Some("tool_use") => Block::ToolUse {
-                        id: block
-                            .get("id")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_string(),
-                        name: block
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_string(),
+                        id: block.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        name: block.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
                         json: String::new(),
                     },
                     Some("thinking") | Some("redacted_thinking") => Block::Thinking,
                     _ => {
-                        if let Some(text) = block
-                            .get("text")
-                            .and_then(Value::as_str)
-                            .filter(|t| !t.is_empty())
-                        {
+                        if let Some(text) = block.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
                             self.state.text(text, on_delta);
                         }
                         Block::Text
@@ -172,16 +138,9 @@ impl AnthropicStream {
                 };
                 self.blocks.insert(index, started);
             }
-            "content_block_delta" => self.on_block_delta(
-                index,
-                payload.get("delta").unwrap_or(&Value::Null),
-                on_delta,
-            ),
+            "content_block_delta" => self.on_block_delta(index, payload.get("delta").unwrap_or(&Value::Null), on_delta),
             "message_delta" => {
-                if let Some(reason) = payload
-                    .pointer("/delta/stop_reason")
-                    .and_then(Value::as_str)
-                {
+                if let Some(reason) = payload.pointer("/delta/stop_reason").and_then(Value::as_str) {
                     self.state.finish = Some(match reason {
                         "end_turn" | "stop_sequence" => Finish::Stop,
                         "max_tokens" => Finish::Length,
@@ -196,14 +155,8 @@ impl AnthropicStream {
             }
             "message_stop" => return Ok(false),
             "error" => {
-                let message = payload
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown error");
-                let kind = payload
-                    .pointer("/error/type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("error");
+                let message = payload.pointer("/error/message").and_then(Value::as_str).unwrap_or("unknown error");
+                let kind = payload.pointer("/error/type").and_then(Value::as_str).unwrap_or("error");
                 return Err(CallError::Transient {
                     message: format!("stream error ({kind}): {message}"),
                     retry_after: None,
@@ -248,8 +201,7 @@ impl AnthropicStream {
     pub(super) fn finish(self) -> StreamState {
         let mut state = self.state;
         // Anthropic counts cached prompt tokens apart from `input_tokens`; ours is the total.
-        let input =
-            self.input_tokens + self.cache_read.unwrap_or(0) + self.cache_creation.unwrap_or(0);
+        let input = self.input_tokens + self.cache_read.unwrap_or(0) + self.cache_creation.unwrap_or(0);
         state.usage = Some(Usage {
             input_tokens: input,
             output_tokens: self.output_tokens,
@@ -261,11 +213,7 @@ impl AnthropicStream {
             .blocks
             .into_values()
             .filter_map(|block| match block {
-                Block::ToolUse { id, name, json } => Some(ToolCall {
-                    id,
-                    name,
-                    arguments: parse_arguments(&json),
-                }),
+                Block::ToolUse { id, name, json } => Some(ToolCall { id, name, arguments: parse_arguments(&json) }),
                 _ => None,
             })
             .collect();

@@ -39,16 +39,8 @@ impl Provider for EchoProvider {
         cancel: &CancelToken,
     ) -> Result<Completion, ProviderError> {
         let plan = plan_answer(request.messages);
-        let finish = if plan.tool_calls.is_empty() {
-            Finish::Stop
-        } else {
-            Finish::ToolCalls
-        };
-        let mut completion = Completion {
-            tool_calls: plan.tool_calls,
-            finish: Some(finish),
-            ..Completion::default()
-        };
+        let finish = if plan.tool_calls.is_empty() { Finish::Stop } else { Finish::ToolCalls };
+        let mut completion = Completion { tool_calls: plan.tool_calls, finish: Some(finish), ..Completion::default() };
 
         self.pause(cancel)?;
         on_delta(Delta::Reasoning(&plan.reasoning));
@@ -56,21 +48,13 @@ impl Provider for EchoProvider {
 
         for (index, word) in plan.text.split(' ').enumerate() {
             self.pause(cancel)?;
-            let piece = if index == 0 {
-                word.to_string()
-            } else {
-                format!(" {word}")
-            };
+            let piece = if index == 0 { word.to_string() } else { format!(" {word}") };
             on_delta(Delta::Text(&piece));
             completion.text.push_str(&piece);
         }
 
-        let input_chars: usize = request
-            .messages
-            .iter()
-            .map(|m| m.content.len())
-            .sum::<usize>()
-            + request.system_prompt.map_or(0, str::len);
+        let input_chars: usize =
+            request.messages.iter().map(|m| m.content.len()).sum::<usize>() + request.system_prompt.map_or(0, str::len);
         let input_tokens = (input_chars / 4 + 1) as u64;
         let output_tokens = completion.text.split_whitespace().count() as u64 + 1;
         completion.usage = Usage {
@@ -86,11 +70,7 @@ impl Provider for EchoProvider {
 
 impl EchoProvider {
     fn pause(&self, cancel: &CancelToken) -> Result<(), ProviderError> {
-        let cancelled = if self.delay.is_zero() {
-            cancel.is_cancelled()
-        } else {
-            cancel.wait(self.delay)
-        };
+        let cancelled = if self.delay.is_zero() { cancel.is_cancelled() } else { cancel.wait(self.delay) };
         if cancelled {
             Err(ProviderError::Cancelled)
         } else {
@@ -110,10 +90,7 @@ struct Plan {
 fn plan_answer(messages: &[ChatMessage]) -> Plan {
     let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
     let results: Vec<&ChatMessage> = match last_assistant {
-        Some(at) => messages[at + 1..]
-            .iter()
-            .filter(|m| m.role == Role::Tool)
-            .collect(),
+        Some(at) => messages[at + 1..].iter().filter(|m| m.role == Role::Tool).collect(),
         None => Vec::new(),
     };
     if messages.last().is_some_and(|m| m.role == Role::Tool) && !results.is_empty() {
@@ -143,30 +120,15 @@ fn plan_answer(messages: &[ChatMessage]) -> Plan {
         (true, n) => format!("Echo: ({n} image(s))"),
     };
     Plan {
-        reasoning: format!(
-            "The user wrote {} word(s); echoing them.",
-            said.split_whitespace().count()
-        ),
+        reasoning: format!("The user wrote {} word(s); echoing them.", said.split_whitespace().count()),
         text: echoed,
         tool_calls,
     }
 }
 
 fn summarize_result(message: &ChatMessage) -> String {
-    let ok = message
-        .meta
-        .as_ref()
-        .and_then(|meta| meta.get("ok"))
-        .and_then(Value::as_bool)
-        .unwrap_or(true);
-    let first_line: String = message
-        .content
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(120)
-        .collect();
+    let ok = message.meta.as_ref().and_then(|meta| meta.get("ok")).and_then(Value::as_bool).unwrap_or(true);
+    let first_line: String = message.content.lines().next().unwrap_or("").chars().take(120).collect();
     let name = message.tool_name.as_deref().unwrap_or("tool");
     format!("{name} {} — {first_line}", if ok { "ok" } else { "failed" })
 }
@@ -175,20 +137,13 @@ fn summarize_result(message: &ChatMessage) -> String {
 fn parse_tool_line(line: &str) -> Option<ToolCall> {
     let rest = line.trim().strip_prefix("/tool ")?.trim();
     let (name, arguments) = match rest.split_once(char::is_whitespace) {
-        Some((name, json)) => (
-            name,
-            serde_json::from_str::<Map<String, Value>>(json.trim()).ok()?,
-        ),
+        Some((name, json)) => (name, serde_json::from_str::<Map<String, Value>>(json.trim()).ok()?),
         None => (rest, Map::new()),
     };
     if name.is_empty() {
         return None;
     }
-    Some(ToolCall {
-        id: new_id("call"),
-        name: name.to_string(),
-        arguments,
-    })
+    Some(ToolCall { id: new_id("call"), name: name.to_string(), arguments })
 }
 
 #[cfg(test)]
@@ -201,9 +156,7 @@ mod tests {
 
     #[test]
     fn echoes_and_parses_tool_lines() {
-        let plan = plan_answer(&[user(
-            "hello there\n/tool read_file {\"path\":\"a\"}\n/tool list_directory",
-        )]);
+        let plan = plan_answer(&[user("hello there\n/tool read_file {\"path\":\"a\"}\n/tool list_directory")]);
         assert_eq!(plan.text, "Echo: hello there");
         assert_eq!(plan.tool_calls.len(), 2);
         assert_eq!(plan.tool_calls[0].name, "read_file");
@@ -221,19 +174,10 @@ mod tests {
     #[test]
     fn summarizes_results_after_tools() {
         let mut call = ChatMessage::new(Role::Assistant, "");
-        call.tool_calls.push(ToolCall {
-            id: "c1".into(),
-            name: "t".into(),
-            arguments: Map::new(),
-        });
+        call.tool_calls.push(ToolCall { id: "c1".into(), name: "t".into(), arguments: Map::new() });
         let mut result = ChatMessage::new(Role::Tool, "boom\nmore");
         result.tool_name = Some("t".into());
-        result.meta = Some(
-            serde_json::json!({"ok": false})
-                .as_object()
-                .unwrap()
-                .clone(),
-        );
+        result.meta = Some(serde_json::json!({"ok": false}).as_object().unwrap().clone());
         let plan = plan_answer(&[user("/tool t"), call, result]);
         assert_eq!(plan.text, "Tool results: t failed — boom");
         assert!(plan.tool_calls.is_empty());

@@ -147,22 +147,15 @@ impl std::fmt::Display for SetupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SetupError::UnknownFallback { provider, fallback } => {
-                write!(
-                    f,
-                    "provider `{provider}` falls back to `{fallback}`, which is not configured"
-                )
+                write!(f, "provider `{provider}` falls back to `{fallback}`, which is not configured")
             }
             SetupError::MissingKey { provider, variable } => {
-                write!(
-                    f,
-                    "provider `{provider}`: the environment variable {variable} is not set"
-                )
+                write!(f, "provider `{provider}`: the environment variable {variable} is not set")
             }
             SetupError::NoModels(provider) => write!(f, "provider `{provider}` declares no models"),
-            SetupError::BadUrl { provider, url } => write!(
-                f,
-                "provider `{provider}`: base_url {url:?} is not an http(s) URL"
-            ),
+            SetupError::BadUrl { provider, url } => {
+                write!(f, "provider `{provider}`: base_url {url:?} is not an http(s) URL")
+            }
         }
     }
 }
@@ -184,11 +177,8 @@ pub struct ModelRegistry {
 impl ModelRegistry {
     /// A registry holding only the built-in `builtin/echo`.
     pub fn with_builtin(echo: EchoProvider) -> ModelRegistry {
-        let mut registry = ModelRegistry {
-            models: Vec::new(),
-            by_id: HashMap::new(),
-            default_model: ECHO_MODEL_ID.to_string(),
-        };
+        let mut registry =
+            ModelRegistry { models: Vec::new(), by_id: HashMap::new(), default_model: ECHO_MODEL_ID.to_string() };
         registry.register(builtin::echo_model_info(), Arc::new(echo));
         registry
     }

@@ -120,18 +120,11 @@ impl OpenAiStream {
         if data.is_empty() {
             return Ok(true);
         }
-        let chunk: Value = serde_json::from_str(data).map_err(|e| {
-            CallError::Fatal(format!("the provider sent a chunk that is not JSON: {e}"))
-        })?;
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| CallError::Fatal(format!("the provider sent a chunk that is not JSON: {e}")))?;
         if let Some(error) = chunk.get("error") {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown error");
-            return Err(CallError::Transient {
-                message: format!("stream error: {message}"),
-                retry_after: None,
-            });
+            let message = error.get("message").and_then(Value::as_str).unwrap_or("unknown error");
+            return Err(CallError::Transient { message: format!("stream error: {message}"), retry_after: None });
         }
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
             self.state.usage = Some(usage_from(usage));
@@ -141,27 +134,14 @@ impl OpenAiStream {
         };
         if let Some(delta) = choice.get("delta") {
             for field in ["reasoning_content", "reasoning"] {
-                if let Some(piece) = delta
-                    .get(field)
-                    .and_then(Value::as_str)
-                    .filter(|p| !p.is_empty())
-                {
+                if let Some(piece) = delta.get(field).and_then(Value::as_str).filter(|p| !p.is_empty()) {
                     self.state.reasoning(piece, on_delta);
                 }
             }
-            if let Some(piece) = delta
-                .get("content")
-                .and_then(Value::as_str)
-                .filter(|p| !p.is_empty())
-            {
+            if let Some(piece) = delta.get("content").and_then(Value::as_str).filter(|p| !p.is_empty()) {
                 self.state.text(piece, on_delta);
             }
-            for call in delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
                 self.add_call_piece(call);
             }
         }
@@ -181,11 +161,7 @@ impl OpenAiStream {
     fn add_call_piece(&mut self, piece: &Value) {
         let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0);
         let call = self.calls.entry(index).or_default();
-        if let Some(id) = piece
-            .get("id")
-            .and_then(Value::as_str)
-            .filter(|id| !id.is_empty())
-        {
+        if let Some(id) = piece.get("id").and_then(Value::as_str).filter(|id| !id.is_empty()) {
             call.id = Some(id.to_string());
         }
         if let Some(function) = piece.get("function") {

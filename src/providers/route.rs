@@ -16,9 +16,7 @@ use super::anthropic::{self, AnthropicStream};
 use super::openai::{self, OpenAiStream};
 use super::sse::SseParser;
 use super::transport::{self, CallError, HttpCall};
-use super::{
-    Completion, CompletionRequest, Delta, Provider, ProviderError, SetupError, StreamState,
-};
+use super::{Completion, CompletionRequest, Delta, Provider, ProviderError, SetupError, StreamState};
 use crate::cancel::CancelToken;
 use crate::config::{ModelConfig, ProviderConfig, Wire};
 use crate::domain::ModelInfo;
@@ -58,28 +56,17 @@ pub(super) fn build(
     for (name, config) in providers {
         for fallback in &config.fallbacks {
             if !clients.contains_key(fallback) {
-                return Err(SetupError::UnknownFallback {
-                    provider: name.clone(),
-                    fallback: fallback.clone(),
-                });
+                return Err(SetupError::UnknownFallback { provider: name.clone(), fallback: fallback.clone() });
             }
         }
         for model in &config.models {
-            let mut candidates = vec![Candidate {
-                client: Arc::clone(&clients[name]),
-                model: model.clone(),
-            }];
+            let mut candidates = vec![Candidate { client: Arc::clone(&clients[name]), model: model.clone() }];
             for fallback in &config.fallbacks {
                 let client = &clients[fallback];
                 // The fallback's model of the same name, else its first model.
                 let same = client.config.models.iter().find(|m| m.name == model.name);
-                let chosen = same
-                    .or(client.config.models.first())
-                    .expect("checked: every provider has models");
-                candidates.push(Candidate {
-                    client: Arc::clone(client),
-                    model: chosen.clone(),
-                });
+                let chosen = same.or(client.config.models.first()).expect("checked: every provider has models");
+                candidates.push(Candidate { client: Arc::clone(client), model: chosen.clone() });
             }
             let info = ModelInfo {
                 id: format!("{name}/{}", model.name),
@@ -90,10 +77,7 @@ pub(super) fn build(
                 supports_tools: model.supports_tools,
                 supports_reasoning: Some(model.supports_reasoning),
             };
-            models.push((
-                info,
-                Arc::new(ModelRoute { candidates }) as Arc<dyn Provider>,
-            ));
+            models.push((info, Arc::new(ModelRoute { candidates }) as Arc<dyn Provider>));
         }
     }
     Ok(models)
@@ -106,24 +90,18 @@ impl WireClient {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<WireClient, SetupError> {
         if !(config.base_url.starts_with("http://") || config.base_url.starts_with("https://")) {
-            return Err(SetupError::BadUrl {
-                provider: name.into(),
-                url: config.base_url.clone(),
-            });
+            return Err(SetupError::BadUrl { provider: name.into(), url: config.base_url.clone() });
         }
         if config.models.is_empty() {
             return Err(SetupError::NoModels(name.into()));
         }
         let api_key = match (&config.api_key, &config.api_key_env) {
             (Some(key), _) => Some(key.clone()),
-            (None, Some(variable)) => {
-                Some(env(variable).filter(|k| !k.is_empty()).ok_or_else(|| {
-                    SetupError::MissingKey {
-                        provider: name.into(),
-                        variable: variable.clone(),
-                    }
-                })?)
-            }
+            (None, Some(variable)) => Some(
+                env(variable)
+                    .filter(|k| !k.is_empty())
+                    .ok_or_else(|| SetupError::MissingKey { provider: name.into(), variable: variable.clone() })?,
+            ),
             (None, None) => None,
         };
         let agent = ureq::AgentBuilder::new()
@@ -132,12 +110,7 @@ impl WireClient {
             .timeout_read(Duration::from_secs(config.idle_timeout_secs.max(1)))
             .timeout(Duration::from_secs(config.timeout_secs.max(1)))
             .build();
-        Ok(WireClient {
-            name: name.into(),
-            config: config.clone(),
-            api_key,
-            agent,
-        })
+        Ok(WireClient { name: name.into(), config: config.clone(), api_key, agent })
     }
 
     /// One call to this provider. Errors carry whether output had started.
@@ -149,21 +122,14 @@ impl WireClient {
         cancel: &CancelToken,
     ) -> Result<StreamState, CallError> {
         let base = self.config.base_url.trim_end_matches('/');
-        let mut headers = vec![
-            ("Content-Type", "application/json".to_string()),
-            ("Accept", "text/event-stream".into()),
-        ];
+        let mut headers =
+            vec![("Content-Type", "application/json".to_string()), ("Accept", "text/event-stream".into())];
         let (url, body) = match self.config.wire {
             Wire::Openai => {
                 if let Some(key) = &self.api_key {
                     headers.push(("Authorization", format!("Bearer {key}")));
                 }
-                let body = openai::request_body(
-                    request,
-                    &model.name,
-                    model.max_tokens,
-                    model.supports_tools,
-                );
+                let body = openai::request_body(request, &model.name, model.max_tokens, model.supports_tools);
                 (format!("{base}/chat/completions"), body)
             }
             Wire::Anthropic => {
@@ -172,16 +138,11 @@ impl WireClient {
                 }
                 headers.push(("anthropic-version", anthropic::API_VERSION.into()));
                 let max_tokens = model.max_tokens.unwrap_or(ANTHROPIC_DEFAULT_MAX_TOKENS);
-                let body =
-                    anthropic::request_body(request, &model.name, max_tokens, model.supports_tools);
+                let body = anthropic::request_body(request, &model.name, max_tokens, model.supports_tools);
                 (format!("{base}/messages"), body)
             }
         };
-        let call = HttpCall {
-            url,
-            headers,
-            body: body.to_string(),
-        };
+        let call = HttpCall { url, headers, body: body.to_string() };
         let idle = Duration::from_secs(self.config.idle_timeout_secs.max(1));
         let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs.max(1));
         let mut decoder = Decoder::new(self.config.wire);
@@ -277,10 +238,7 @@ impl Provider for ModelRoute {
                     Err(error) => error,
                 };
                 let (message, retry_after, transient) = match error {
-                    CallError::Transient {
-                        message,
-                        retry_after,
-                    } => (message, retry_after, true),
+                    CallError::Transient { message, retry_after } => (message, retry_after, true),
                     CallError::Fatal(message) => (message, None, false),
                     CallError::Cancelled => unreachable!("returned above"),
                 };
@@ -293,18 +251,11 @@ impl Provider for ModelRoute {
                 if !transient || retries >= client.config.max_retries {
                     break;
                 }
-                let backoff = Duration::from_millis(
-                    client
-                        .config
-                        .retry_base_delay_ms
-                        .saturating_mul(1 << retries.min(16)),
-                );
+                let backoff =
+                    Duration::from_millis(client.config.retry_base_delay_ms.saturating_mul(1 << retries.min(16)));
                 let wait = retry_after.unwrap_or(backoff);
                 if wait > Duration::from_secs(client.config.retry_max_wait_secs) {
-                    log::info!(
-                        "provider `{}` asks to wait {wait:?}; trying the next provider",
-                        client.name
-                    );
+                    log::info!("provider `{}` asks to wait {wait:?}; trying the next provider", client.name);
                     break;
                 }
                 if cancel.wait(wait) {
@@ -313,10 +264,6 @@ impl Provider for ModelRoute {
                 retries += 1;
             }
         }
-        Err(ProviderError::Failed(
-            failures
-                .pop()
-                .unwrap_or_else(|| "no provider could be reached".into()),
-        ))
+        Err(ProviderError::Failed(failures.pop().unwrap_or_else(|| "no provider could be reached".into())))
     }
 }

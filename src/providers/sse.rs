@@ -103,18 +103,9 @@ data: [DONE]\r\r";
 
     fn expected() -> Vec<SseEvent> {
         vec![
-            SseEvent {
-                event: Some("message_start".into()),
-                data: "{\"a\":\"h\u{e9}llo \u{1F980}\"}".into(),
-            },
-            SseEvent {
-                event: None,
-                data: "line one\nline two".into(),
-            },
-            SseEvent {
-                event: None,
-                data: "[DONE]".into(),
-            },
+            SseEvent { event: Some("message_start".into()), data: "{\"a\":\"h\u{e9}llo \u{1F980}\"}".into() },
+            SseEvent { event: None, data: "line one\nline two".into() },
+            SseEvent { event: None, data: "[DONE]".into() },
         ]
     }
 
@@ -145,13 +136,7 @@ data: [DONE]\r\r";
     fn an_unterminated_last_event_is_dispatched_at_the_end() {
         let mut parser = SseParser::default();
         assert!(parser.feed(b"data: tail").is_empty());
-        assert_eq!(
-            parser.finish(),
-            Some(SseEvent {
-                event: None,
-                data: "tail".into()
-            })
-        );
+        assert_eq!(parser.finish(), Some(SseEvent { event: None, data: "tail".into() }));
         assert_eq!(parser.finish(), None);
     }
 }

@@ -61,24 +61,12 @@ pub(super) fn stream(
     loop {
         let piece = next_piece(&pieces, cancel, idle, deadline)?;
         match piece {
-            Piece::Head {
-                status: 200..=299, ..
-            } => {}
-            Piece::Head {
-                status,
-                retry_after,
-                error_body,
-            } => {
-                let message = format!(
-                    "HTTP {status}: {}",
-                    error_message(error_body.as_deref().unwrap_or(""))
-                );
+            Piece::Head { status: 200..=299, .. } => {}
+            Piece::Head { status, retry_after, error_body } => {
+                let message = format!("HTTP {status}: {}", error_message(error_body.as_deref().unwrap_or("")));
                 let transient = status == 408 || status == 409 || status == 429 || status >= 500;
                 return Err(if transient {
-                    CallError::Transient {
-                        message,
-                        retry_after,
-                    }
+                    CallError::Transient { message, retry_after }
                 } else {
                     CallError::Fatal(message)
                 });
@@ -89,12 +77,7 @@ pub(super) fn stream(
                 }
             }
             Piece::End => return Ok(()),
-            Piece::Failed(message) => {
-                return Err(CallError::Transient {
-                    message,
-                    retry_after: None,
-                })
-            }
+            Piece::Failed(message) => return Err(CallError::Transient { message, retry_after: None }),
         }
     }
 }
@@ -132,56 +115,43 @@ fn next_piece(
 
 fn spawn_reader(agent: ureq::Agent, call: HttpCall) -> Result<Receiver<Piece>, CallError> {
     let (piece_tx, pieces) = bounded(32);
-    let spawned = std::thread::Builder::new()
-        .name("kestrel-upstream".into())
-        .spawn(move || {
-            let mut request = agent.post(&call.url);
-            for (name, value) in &call.headers {
-                request = request.set(name, value);
-            }
-            let response = match request.send_string(&call.body) {
-                Ok(response) => response,
-                Err(ureq::Error::Status(status, response)) => {
-                    let retry_after = retry_after(&response);
-                    let body = read_limited(response.into_reader(), 64 * 1024);
-                    let _ = piece_tx.send(Piece::Head {
-                        status,
-                        retry_after,
-                        error_body: Some(body),
-                    });
-                    return;
-                }
-                Err(ureq::Error::Transport(transport)) => {
-                    // The transport error names the URL and the cause, never a header.
-                    let _ = piece_tx.send(Piece::Failed(format!(
-                        "cannot reach the provider: {}",
-                        transport.kind()
-                    )));
-                    return;
-                }
-            };
-            let head = Piece::Head {
-                status: response.status(),
-                retry_after: None,
-                error_body: None,
-            };
-            if piece_tx.send(head).is_err() {
+    let spawned = std::thread::Builder::new().name("kestrel-upstream".into()).spawn(move || {
+        let mut request = agent.post(&call.url);
+        for (name, value) in &call.headers {
+            request = request.set(name, value);
+        }
+        let response = match request.send_string(&call.body) {
+            Ok(response) => response,
+            Err(ureq::Error::Status(status, response)) => {
+                let retry_after = retry_after(&response);
+                let body = read_limited(response.into_reader(), 64 * 1024);
+                let _ = piece_tx.send(Piece::Head { status, retry_after, error_body: Some(body) });
                 return;
             }
-            let mut reader = response.into_reader();
-            let mut buffer = vec![0; 16 * 1024];
-            loop {
-                let piece = match reader.read(&mut buffer) {
-                    Ok(0) => Piece::End,
-                    Ok(n) => Piece::Bytes(buffer[..n].to_vec()),
-                    Err(error) => Piece::Failed(format!("the stream broke: {}", error.kind())),
-                };
-                let last = !matches!(piece, Piece::Bytes(_));
-                if piece_tx.send(piece).is_err() || last {
-                    return;
-                }
+            Err(ureq::Error::Transport(transport)) => {
+                // The transport error names the URL and the cause, never a header.
+                let _ = piece_tx.send(Piece::Failed(format!("cannot reach the provider: {}", transport.kind())));
+                return;
             }
-        });
+        };
+        let head = Piece::Head { status: response.status(), retry_after: None, error_body: None };
+        if piece_tx.send(head).is_err() {
+            return;
+        }
+        let mut reader = response.into_reader();
+        let mut buffer = vec![0; 16 * 1024];
+        loop {
+            let piece = match reader.read(&mut buffer) {
+                Ok(0) => Piece::End,
+                Ok(n) => Piece::Bytes(buffer[..n].to_vec()),
+                Err(error) => Piece::Failed(format!("the stream broke: {}", error.kind())),
+            };
+            let last = !matches!(piece, Piece::Bytes(_));
+            if piece_tx.send(piece).is_err() || last {
+                return;
+            }
+        }
+    });
     spawned.map_err(|error| CallError::Fatal(format!("cannot start a reader thread: {error}")))?;
     Ok(pieces)
 }
@@ -194,10 +164,7 @@ fn read_limited(reader: impl Read, limit: u64) -> String {
 
 /// `retry-after-ms` (OpenAI) or `retry-after` in seconds; an HTTP date is ignored.
 fn retry_after(response: &ureq::Response) -> Option<Duration> {
-    if let Some(ms) = response
-        .header("retry-after-ms")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-    {
+    if let Some(ms) = response.header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
         return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
     }
     let seconds = response.header("retry-after")?.trim().parse::<f64>().ok()?;
@@ -209,11 +176,7 @@ pub(super) fn error_message(body: &str) -> String {
     let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
     let message = parsed
         .as_ref()
-        .and_then(|v| {
-            v.pointer("/error/message")
-                .or_else(|| v.get("message"))
-                .or_else(|| v.get("error"))
-        })
+        .and_then(|v| v.pointer("/error/message").or_else(|| v.get("message")).or_else(|| v.get("error")))
         .and_then(|m| m.as_str())
         .map(str::to_string)
         .unwrap_or_else(|| body.trim().to_string());

@@ -88,6 +88,13 @@ pub enum WriteOp {
     InterruptRunning {
         updated_at: String,
     },
+    /// Records that a tool call is about to execute. Committed before the tool runs, so a call
+    /// without this mark provably never ran.
+    MarkCallStarted {
+        session_id: String,
+        call_id: String,
+        at: String,
+    },
     /// Raises the highest event seq the bus may hand out.
     SetSeqCeiling(u64),
 }
@@ -95,10 +102,7 @@ pub enum WriteOp {
 type Reply = Sender<Result<(), StoreError>>;
 
 enum WriterMsg {
-    Write {
-        ops: Vec<WriteOp>,
-        reply: Option<Reply>,
-    },
+    Write { ops: Vec<WriteOp>, reply: Option<Reply> },
     Shutdown,
 }
 
@@ -124,31 +128,19 @@ impl Store {
 
     /// Commits `ops` in one transaction and returns once it is durable.
     pub fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        self.write_pending(ops)?
-            .recv()
-            .unwrap_or(Err(StoreError::Closed))
+        self.write_pending(ops)?.recv().unwrap_or(Err(StoreError::Closed))
     }
 
     /// Queues `ops` and returns a receiver for the commit's outcome without waiting for it.
-    pub fn write_pending(
-        &self,
-        ops: Vec<WriteOp>,
-    ) -> Result<Receiver<Result<(), StoreError>>, StoreError> {
+    pub fn write_pending(&self, ops: Vec<WriteOp>) -> Result<Receiver<Result<(), StoreError>>, StoreError> {
         let (reply, outcome) = bounded(1);
-        self.writer_tx
-            .send(WriterMsg::Write {
-                ops,
-                reply: Some(reply),
-            })
-            .map_err(|_| StoreError::Closed)?;
+        self.writer_tx.send(WriterMsg::Write { ops, reply: Some(reply) }).map_err(|_| StoreError::Closed)?;
         Ok(outcome)
     }
 
     /// Queues `ops` with nobody waiting; a failure is logged by the writer.
     pub fn write_detached(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        self.writer_tx
-            .send(WriterMsg::Write { ops, reply: None })
-            .map_err(|_| StoreError::Closed)
+        self.writer_tx.send(WriterMsg::Write { ops, reply: None }).map_err(|_| StoreError::Closed)
     }
 
     pub fn readers(&self) -> &ReaderPool {

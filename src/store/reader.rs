@@ -21,16 +21,10 @@ pub struct ReaderPool {
 
 impl ReaderPool {
     pub(super) fn new(path: PathBuf) -> ReaderPool {
-        ReaderPool {
-            path,
-            idle: Mutex::new(Vec::new()),
-        }
+        ReaderPool { path, idle: Mutex::new(Vec::new()) }
     }
 
-    fn with<T>(
-        &self,
-        query: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn with<T>(&self, query: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match pooled {
             Some(conn) => conn,
@@ -54,9 +48,7 @@ impl ReaderPool {
     pub fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
         self.with(|conn| {
             let record = conn
-                .prepare_cached(&format!(
-                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"
-                ))?
+                .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"))?
                 .query_row([id], session_from_row)
                 .optional()?;
             record.transpose()
@@ -80,38 +72,40 @@ impl ReaderPool {
 
     pub fn messages(&self, session_id: &str) -> Result<Vec<ChatMessage>, StoreError> {
         self.with(|conn| {
-            let mut statement = conn
-                .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY rowid")?;
+            let mut statement =
+                conn.prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY rowid")?;
             let rows = statement.query_map(params![session_id], |row| row.get::<_, String>(0))?;
             let mut messages = Vec::new();
             for body in rows {
                 let body = body?;
-                messages.push(
-                    serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                );
+                messages.push(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?);
             }
             Ok(messages)
         })
     }
 
-    pub fn session_count(&self) -> Result<u64, StoreError> {
+    /// The ids of the session's tool calls that were marked as started.
+    pub fn started_calls(&self, session_id: &str) -> Result<std::collections::HashSet<String>, StoreError> {
         self.with(|conn| {
-            Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| {
-                row.get::<_, i64>(0)
-            })? as u64)
+            let mut statement = conn.prepare_cached("SELECT call_id FROM tool_call_starts WHERE session_id = ?1")?;
+            let rows = statement.query_map([session_id], |row| row.get::<_, String>(0))?;
+            let mut started = std::collections::HashSet::new();
+            for id in rows {
+                started.insert(id?);
+            }
+            Ok(started)
         })
+    }
+
+    pub fn session_count(&self) -> Result<u64, StoreError> {
+        self.with(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| row.get::<_, i64>(0))? as u64))
     }
 
     /// The highest event seq ever reserved, 0 on a new database.
     pub fn seq_ceiling(&self) -> Result<u64, StoreError> {
         self.with(|conn| {
-            let value: Option<i64> = conn
-                .query_row(
-                    "SELECT value FROM meta WHERE key = 'seq_ceiling'",
-                    [],
-                    |row| row.get(0),
-                )
-                .optional()?;
+            let value: Option<i64> =
+                conn.query_row("SELECT value FROM meta WHERE key = 'seq_ceiling'", [], |row| row.get(0)).optional()?;
             Ok(value.unwrap_or(0) as u64)
         })
     }
@@ -123,9 +117,7 @@ const SESSION_COLUMNS: &str =
 fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SessionRecord, StoreError>> {
     let status: String = row.get(6)?;
     let Some(status) = SessionStatus::parse(&status) else {
-        return Ok(Err(StoreError::Corrupt(format!(
-            "session status {status:?}"
-        ))));
+        return Ok(Err(StoreError::Corrupt(format!("session status {status:?}"))));
     };
     Ok(Ok(SessionRecord {
         summary: SessionSummary {

@@ -18,7 +18,8 @@ use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
 
-const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] =
+    &[include_str!("migrations/0001_init.sql"), include_str!("migrations/0002_tool_call_starts.sql")];
 
 pub(super) struct Writer {
     conn: Connection,
@@ -62,10 +63,7 @@ impl Writer {
             .name("kestrel-store".into())
             .spawn(move || self.run(inbox))
             .map_err(StoreError::Io)?;
-        Ok(WriterHandle {
-            writer_tx,
-            thread: Some(thread),
-        })
+        Ok(WriterHandle { writer_tx, thread: Some(thread) })
     }
 
     fn run(mut self, inbox: Receiver<WriterMsg>) {
@@ -111,10 +109,7 @@ impl Writer {
                 }
             }
             Err(error) if batch.len() > 1 => {
-                log::warn!(
-                    "batch of {} writes failed ({error}); retrying one by one",
-                    batch.len()
-                );
+                log::warn!("batch of {} writes failed ({error}); retrying one by one", batch.len());
                 for (ops, reply) in batch.drain(..) {
                     let result = self.commit_one(&ops);
                     respond(reply, result);
@@ -178,37 +173,17 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
                 s.message_count as i64
             ])?;
         }
-        WriteOp::UpdateSession {
-            id,
-            patch,
-            updated_at,
-        } => update_session(tx, id, patch, updated_at)?,
+        WriteOp::UpdateSession { id, patch, updated_at } => update_session(tx, id, patch, updated_at)?,
         WriteOp::DeleteSession { id } => {
-            tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-                .execute([id])?;
+            tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?.execute([id])?;
         }
-        WriteOp::AppendMessage {
-            session_id,
-            message,
-            updated_at,
-        } => {
-            let body =
-                serde_json::to_string(message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let role = serde_json::to_value(message.role)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            tx.prepare_cached(
-                "INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![
-                message.id,
-                session_id,
-                role.as_str().unwrap_or(""),
-                body
-            ])?;
+        WriteOp::AppendMessage { session_id, message, updated_at } => {
+            let body = serde_json::to_string(message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let role = serde_json::to_value(message.role).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            tx.prepare_cached("INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)")?
+                .execute(params![message.id, session_id, role.as_str().unwrap_or(""), body])?;
             let changed = tx
-                .prepare_cached(
-                    "UPDATE sessions SET message_count = message_count + 1, updated_at = ?2 WHERE id = ?1",
-                )?
+                .prepare_cached("UPDATE sessions SET message_count = message_count + 1, updated_at = ?2 WHERE id = ?1")?
                 .execute(params![session_id, updated_at])?;
             if changed == 0 {
                 return Err(StoreError::Sqlite(format!("no session {session_id}")));
@@ -217,6 +192,12 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
         WriteOp::InterruptRunning { updated_at } => {
             tx.prepare_cached("UPDATE sessions SET status = 'interrupted', updated_at = ?1 WHERE status = 'running'")?
                 .execute([updated_at])?;
+        }
+        WriteOp::MarkCallStarted { session_id, call_id, at } => {
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO tool_call_starts (session_id, call_id, started_at) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![session_id, call_id, at])?;
         }
         WriteOp::SetSeqCeiling(ceiling) => {
             tx.prepare_cached(
@@ -229,12 +210,7 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn update_session(
-    tx: &Transaction<'_>,
-    id: &str,
-    patch: &SessionPatch,
-    updated_at: &str,
-) -> Result<(), StoreError> {
+fn update_session(tx: &Transaction<'_>, id: &str, patch: &SessionPatch, updated_at: &str) -> Result<(), StoreError> {
     let prompt_given = patch.system_prompt.is_some();
     let prompt = patch.system_prompt.clone().flatten();
     tx.prepare_cached(
@@ -312,14 +288,9 @@ mod tests {
         store.write(vec![session("s1")]).unwrap();
         // Queue many writes at once so they share a batch; one appends to a missing session.
         let pending: Vec<_> = (0..200)
-            .map(|i| {
-                store
-                    .write_pending(vec![append(if i == 100 { "missing" } else { "s1" })])
-                    .unwrap()
-            })
+            .map(|i| store.write_pending(vec![append(if i == 100 { "missing" } else { "s1" })]).unwrap())
             .collect();
-        let outcomes: Vec<Result<(), StoreError>> =
-            pending.into_iter().map(|rx| rx.recv().unwrap()).collect();
+        let outcomes: Vec<Result<(), StoreError>> = pending.into_iter().map(|rx| rx.recv().unwrap()).collect();
         assert!(outcomes[100].is_err());
         assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 199);
         let record = store.readers().session("s1").unwrap().unwrap();
@@ -336,11 +307,7 @@ mod tests {
         store.write_detached(vec![append("s1")]).unwrap();
         writer.shutdown(); // commits the detached write before stopping
         let (store, writer) = Store::open(dir.path()).unwrap();
-        store
-            .write(vec![WriteOp::InterruptRunning {
-                updated_at: "2026-01-02T00:00:00.000Z".into(),
-            }])
-            .unwrap();
+        store.write(vec![WriteOp::InterruptRunning { updated_at: "2026-01-02T00:00:00.000Z".into() }]).unwrap();
         let record = store.readers().session("s1").unwrap().unwrap();
         assert_eq!(record.summary.status, SessionStatus::Interrupted);
         assert_eq!(record.summary.message_count, 2);

@@ -10,10 +10,7 @@ fn a_stream_starts_with_retry_and_the_three_headers_then_pings() {
     let mut stream = server.events("/api/events");
     assert_eq!(stream.status, 200);
     assert_eq!(stream.header("content-type"), Some("text/event-stream"));
-    assert_eq!(
-        stream.header("cache-control"),
-        Some("no-cache, no-transform")
-    );
+    assert_eq!(stream.header("cache-control"), Some("no-cache, no-transform"));
     assert_eq!(stream.header("x-accel-buffering"), Some("no"));
     assert!(matches!(stream.next_item(WAIT), Some(SseItem::Retry(3000))));
     // The test config pings every 200 ms.
@@ -25,10 +22,7 @@ fn each_frame_is_one_envelope_with_its_seq_as_id() {
     let server = TestServer::start();
     let id = server.create_session(json!({}));
     let mut stream = server.events("/api/events");
-    server.post(
-        &format!("/api/sessions/{id}/messages"),
-        json!({ "content": "hi" }),
-    );
+    server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": "hi" }));
     let (frame_id, envelope) = stream.next_event(WAIT).unwrap();
     assert_eq!(envelope["seq"], frame_id);
     assert!(envelope["at"].as_str().unwrap().ends_with('Z'));
@@ -46,58 +40,25 @@ fn last_event_id_replays_what_came_after_scoped_to_the_session() {
     let second_run = server.run_to_end(&a, "second");
 
     // Header form, session scope: only session a's events after `last_seen`.
-    let mut replay = SseClient::open(
-        &server.base,
-        &format!("/api/sessions/{a}/events"),
-        None,
-        Some(last_seen),
-    );
-    let replayed = replay.collect_until(|e| {
-        is_run_end(e) && e["event"]["runId"] == second_run.last().unwrap()["event"]["runId"]
-    });
-    assert!(replayed
-        .iter()
-        .all(|e| e["event"]["sessionId"] == a.as_str()));
-    assert!(replayed
-        .iter()
-        .all(|e| e["seq"].as_u64().unwrap() > last_seen));
-    let want: Vec<u64> = second_run
-        .iter()
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
-    let got: Vec<u64> = replayed
-        .iter()
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
-    assert!(
-        want.iter().all(|seq| got.contains(seq)),
-        "every event of the second run is replayed"
-    );
+    let mut replay = SseClient::open(&server.base, &format!("/api/sessions/{a}/events"), None, Some(last_seen));
+    let replayed =
+        replay.collect_until(|e| is_run_end(e) && e["event"]["runId"] == second_run.last().unwrap()["event"]["runId"]);
+    assert!(replayed.iter().all(|e| e["event"]["sessionId"] == a.as_str()));
+    assert!(replayed.iter().all(|e| e["seq"].as_u64().unwrap() > last_seen));
+    let want: Vec<u64> = second_run.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let got: Vec<u64> = replayed.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(want.iter().all(|seq| got.contains(seq)), "every event of the second run is replayed");
 
     // Query form, all-sessions scope: session b's run is there too.
-    let mut all = SseClient::open(
-        &server.base,
-        &format!("/api/events?lastEventId={last_seen}"),
-        None,
-        None,
-    );
+    let mut all = SseClient::open(&server.base, &format!("/api/events?lastEventId={last_seen}"), None, None);
     let replayed = all.collect_until(|e| is_run_end(e) && e["event"]["sessionId"] == a.as_str());
-    assert!(replayed
-        .iter()
-        .any(|e| e["event"]["sessionId"] == b.as_str()));
-    assert!(replayed
-        .iter()
-        .all(|e| e["seq"].as_u64().unwrap() > last_seen));
+    assert!(replayed.iter().any(|e| e["event"]["sessionId"] == b.as_str()));
+    assert!(replayed.iter().all(|e| e["seq"].as_u64().unwrap() > last_seen));
 
     // Then live delivery follows on the same stream.
-    server.post(
-        &format!("/api/sessions/{a}/messages"),
-        json!({ "content": "live" }),
-    );
+    server.post(&format!("/api/sessions/{a}/messages"), json!({ "content": "live" }));
     let live = all.collect_until(is_run_end);
-    assert!(live
-        .iter()
-        .any(|e| e["event"]["message"]["content"] == "live"));
+    assert!(live.iter().any(|e| e["event"]["message"]["content"] == "live"));
 }
 
 #[test]
@@ -108,18 +69,9 @@ fn an_evicted_id_replays_what_remains() {
     assert!(run.len() > 8);
     let first = run[0]["seq"].as_u64().unwrap();
     let last = run.last().unwrap()["seq"].as_u64().unwrap();
-    let mut replay = SseClient::open(
-        &server.base,
-        &format!("/api/sessions/{id}/events"),
-        None,
-        Some(first),
-    );
+    let mut replay = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, Some(first));
     let seqs = replay.drain_seqs();
-    assert_eq!(
-        seqs,
-        ((last - 7)..=last).collect::<Vec<_>>(),
-        "the last 8 envelopes, no more"
-    );
+    assert_eq!(seqs, ((last - 7)..=last).collect::<Vec<_>>(), "the last 8 envelopes, no more");
 }
 
 #[test]
@@ -135,22 +87,14 @@ fn a_disconnected_client_leaves_no_thread_or_subscriber_behind() {
             }
         })
         .collect();
-    wait_until("five streams open", || {
-        server.stats().open_streams == 5 && server.stats().bus_subscribers == 5
-    });
+    wait_until("five streams open", || server.stats().open_streams == 5 && server.stats().bus_subscribers == 5);
     for stream in streams {
         stream.disconnect();
     }
     // A quiet stream notices at its next ping (200 ms here) and its thread ends.
-    wait_until("every stream thread to end", || {
-        server.stats().open_streams == 0
-    });
-    wait_until("every subscriber to go", || {
-        server.stats().bus_subscribers == 0
-    });
-    wait_until("every request thread to end", || {
-        server.stats().open_requests == 0
-    });
+    wait_until("every stream thread to end", || server.stats().open_streams == 0);
+    wait_until("every subscriber to go", || server.stats().bus_subscribers == 0);
+    wait_until("every request thread to end", || server.stats().open_requests == 0);
 }
 
 #[test]
@@ -168,10 +112,7 @@ fn session_events_cover_the_whole_lifecycle() {
     let mut all = server.events("/api/events");
     let id = server.create_session(json!({}));
     let created = all.collect_until(|e| event_type(e) == "session.updated");
-    assert_eq!(
-        created.last().unwrap()["event"]["session"]["id"],
-        id.as_str()
-    );
+    assert_eq!(created.last().unwrap()["event"]["session"]["id"], id.as_str());
 }
 
 #[test]
@@ -187,9 +128,7 @@ fn a_burst_of_stream_clients_is_served_promptly() {
             std::thread::spawn(move || {
                 use std::io::{Read, Write};
                 let mut socket = std::net::TcpStream::connect(&host).unwrap();
-                socket
-                    .write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    .unwrap();
+                socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
                 let mut answer = String::new();
                 socket.read_to_string(&mut answer).unwrap();
                 assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -205,9 +144,7 @@ fn a_burst_of_stream_clients_is_served_promptly() {
         .collect();
     let streams: Vec<SseClient> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     assert!(streams.iter().all(|s| s.status == 200));
-    wait_until("all 200 streams open", || {
-        server.stats().open_streams == 200
-    });
+    wait_until("all 200 streams open", || server.stats().open_streams == 200);
     // And a plain request still gets through beside them.
     assert_eq!(server.get("/api/health").status, 200);
 }
@@ -222,12 +159,7 @@ fn the_default_ring_keeps_the_last_ten_thousand_envelopes() {
     let last = run.last().unwrap()["seq"].as_u64().unwrap();
     assert!(last - first >= 10_000, "the run outgrew the ring");
     // The first envelope of the run was evicted; the replay is what remains, in order.
-    let mut replay = SseClient::open(
-        &server.base,
-        &format!("/api/sessions/{id}/events"),
-        None,
-        Some(first),
-    );
+    let mut replay = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, Some(first));
     let seqs = replay.drain_seqs();
     assert_eq!(seqs.len(), 10_000);
     assert_eq!(seqs.first().copied(), Some(last - 9_999));

@@ -32,15 +32,8 @@ impl Reply {
     /// A 200 event stream sent as `pieces` writes of roughly equal size.
     pub fn stream(body: &[u8], pieces: usize) -> Reply {
         let size = body.len().div_ceil(pieces.max(1)).max(1);
-        let steps = body
-            .chunks(size)
-            .map(|piece| Step::Write(piece.to_vec()))
-            .collect();
-        Reply {
-            status: 200,
-            headers: Vec::new(),
-            steps,
-        }
+        let steps = body.chunks(size).map(|piece| Step::Write(piece.to_vec())).collect();
+        Reply { status: 200, headers: Vec::new(), steps }
     }
 
     /// A 200 event stream written one byte at a time: every line, CRLF and UTF-8 character is
@@ -52,11 +45,7 @@ impl Reply {
     /// An error answer with a JSON body in the vendors' `{"error": {...}}` shape.
     pub fn error(status: u16, message: &str) -> Reply {
         let body = json!({ "error": { "type": "api_error", "message": message } }).to_string();
-        Reply {
-            status,
-            headers: Vec::new(),
-            steps: vec![Step::Write(body.into_bytes())],
-        }
+        Reply { status, headers: Vec::new(), steps: vec![Step::Write(body.into_bytes())] }
     }
 
     pub fn with_header(mut self, name: &str, value: &str) -> Reply {
@@ -80,10 +69,7 @@ pub struct Recorded {
 
 impl Recorded {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -106,22 +92,15 @@ impl FakeProvider {
             stopping: Arc::default(),
             server: Arc::clone(&server),
         };
-        let (script, requests, stopping) = (
-            Arc::clone(&fake.script),
-            Arc::clone(&fake.requests),
-            Arc::clone(&fake.stopping),
-        );
+        let (script, requests, stopping) =
+            (Arc::clone(&fake.script), Arc::clone(&fake.requests), Arc::clone(&fake.stopping));
         std::thread::spawn(move || {
             for mut request in server.incoming_requests() {
                 let mut body = String::new();
                 let _ = request.as_reader().read_to_string(&mut body);
                 let recorded = Recorded {
                     path: request.url().to_string(),
-                    headers: request
-                        .headers()
-                        .iter()
-                        .map(|h| (h.field.to_string(), h.value.to_string()))
-                        .collect(),
+                    headers: request.headers().iter().map(|h| (h.field.to_string(), h.value.to_string())).collect(),
                     body: serde_json::from_str(&body).unwrap_or(Value::Null),
                 };
                 requests.lock().unwrap().push(recorded);
@@ -162,40 +141,21 @@ fn send(request: tiny_http::Request, reply: Reply, stopping: &AtomicBool) {
         500 => "Internal Server Error",
         _ => "Status",
     };
-    let content_type = if reply.status == 200 {
-        "text/event-stream"
-    } else {
-        "application/json"
-    };
-    let mut head = format!(
-        "HTTP/1.1 {} {reason}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n",
-        reply.status
-    );
+    let content_type = if reply.status == 200 { "text/event-stream" } else { "application/json" };
+    let mut head =
+        format!("HTTP/1.1 {} {reason}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n", reply.status);
     for (name, value) in &reply.headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    if socket
-        .write_all(head.as_bytes())
-        .and_then(|_| socket.flush())
-        .is_err()
-    {
+    if socket.write_all(head.as_bytes()).and_then(|_| socket.flush()).is_err() {
         return;
     }
     for step in reply.steps {
         match step {
             Step::Write(bytes) => {
-                let chunk = [
-                    format!("{:x}\r\n", bytes.len()).into_bytes(),
-                    bytes,
-                    b"\r\n".to_vec(),
-                ]
-                .concat();
-                if socket
-                    .write_all(&chunk)
-                    .and_then(|_| socket.flush())
-                    .is_err()
-                {
+                let chunk = [format!("{:x}\r\n", bytes.len()).into_bytes(), bytes, b"\r\n".to_vec()].concat();
+                if socket.write_all(&chunk).and_then(|_| socket.flush()).is_err() {
                     return;
                 }
             }
@@ -276,24 +236,15 @@ pub mod anthropic {
     }
 
     pub fn block_start(index: u64, block: Value) -> String {
-        event(
-            "content_block_start",
-            json!({ "type": "content_block_start", "index": index, "content_block": block }),
-        )
+        event("content_block_start", json!({ "type": "content_block_start", "index": index, "content_block": block }))
     }
 
     pub fn block_delta(index: u64, delta: Value) -> String {
-        event(
-            "content_block_delta",
-            json!({ "type": "content_block_delta", "index": index, "delta": delta }),
-        )
+        event("content_block_delta", json!({ "type": "content_block_delta", "index": index, "delta": delta }))
     }
 
     pub fn block_stop(index: u64) -> String {
-        event(
-            "content_block_stop",
-            json!({ "type": "content_block_stop", "index": index }),
-        )
+        event("content_block_stop", json!({ "type": "content_block_stop", "index": index }))
     }
 
     pub fn message_end(stop_reason: &str, output: u64) -> String {
@@ -311,10 +262,7 @@ pub mod anthropic {
     pub fn text(index: u64, pieces: &[&str]) -> String {
         let mut body = block_start(index, json!({ "type": "text", "text": "" }));
         for piece in pieces {
-            body.push_str(&block_delta(
-                index,
-                json!({ "type": "text_delta", "text": piece }),
-            ));
+            body.push_str(&block_delta(index, json!({ "type": "text_delta", "text": piece })));
         }
         body + &block_stop(index)
     }

@@ -65,30 +65,17 @@ fn deltas(events: &[Value], channel: &str) -> String {
 
 fn assert_no_key(events: &[Value], server: &TestServer) {
     for event in events {
-        assert!(
-            !event.to_string().contains(KEY),
-            "the key leaked into {event}"
-        );
+        assert!(!event.to_string().contains(KEY), "the key leaked into {event}");
     }
-    assert!(
-        !server.get("/api/config").text.contains(KEY),
-        "the key leaked into /api/config"
-    );
+    assert!(!server.get("/api/config").text.contains(KEY), "the key leaked into /api/config");
 }
 
 #[test]
 fn openai_text_reasoning_and_usage_survive_a_byte_by_byte_stream() {
     let fake = FakeProvider::start();
-    let body = openai::text(
-        &["Thinking ", "hard…"],
-        &["Hé", "llo ", "🦀 world"],
-        &openai::usage(120, 7, 100, 3),
-    );
+    let body = openai::text(&["Thinking ", "hard…"], &["Hé", "llo ", "🦀 world"], &openai::usage(120, 7, 100, 3));
     fake.script([Reply::byte_by_byte(body.as_bytes())]);
-    let server = server_with(vec![(
-        "local",
-        provider(Wire::Openai, &fake, &["qwen-test"]),
-    )]);
+    let server = server_with(vec![("local", provider(Wire::Openai, &fake, &["qwen-test"]))]);
     let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG fake");
     let (id, events) = run(
         &server,
@@ -111,31 +98,16 @@ fn openai_text_reasoning_and_usage_survive_a_byte_by_byte_stream() {
 
     let request = &fake.requests()[0];
     assert_eq!(request.path, "/v1/chat/completions");
-    assert_eq!(
-        request.header("authorization"),
-        Some(format!("Bearer {KEY}").as_str())
-    );
+    assert_eq!(request.header("authorization"), Some(format!("Bearer {KEY}").as_str()));
     assert_eq!(request.body["model"], "qwen-test");
     assert_eq!(request.body["stream"], true);
     assert_eq!(request.body["stream_options"]["include_usage"], true);
-    assert_eq!(
-        request.body["messages"][0],
-        json!({ "role": "system", "content": "You are terse." })
-    );
+    assert_eq!(request.body["messages"][0], json!({ "role": "system", "content": "You are terse." }));
     let user = &request.body["messages"][1];
     assert_eq!(user["role"], "user");
-    assert_eq!(
-        user["content"][0],
-        json!({ "type": "text", "text": "describe" })
-    );
-    assert_eq!(
-        user["content"][1]["image_url"]["url"],
-        format!("data:image/png;base64,{png}")
-    );
-    assert!(
-        request.body["tools"].is_null(),
-        "no tools registered yet, none sent"
-    );
+    assert_eq!(user["content"][0], json!({ "type": "text", "text": "describe" }));
+    assert_eq!(user["content"][1]["image_url"]["url"], format!("data:image/png;base64,{png}"));
+    assert!(request.body["tools"].is_null(), "no tools registered yet, none sent");
     assert_no_key(&events, &server);
 }
 
@@ -161,24 +133,15 @@ fn openai_parallel_tool_calls_assemble_from_pieces_and_results_go_back() {
     first.push_str(&openai::usage(50, 20, 0, 0));
     first.push_str(openai::DONE);
     let second = openai::text(&[], &["All ", "done."], &openai::usage(80, 5, 40, 0));
-    fake.script([
-        Reply::stream(first.as_bytes(), 17),
-        Reply::stream(second.as_bytes(), 3),
-    ]);
+    fake.script([Reply::stream(first.as_bytes(), 17), Reply::stream(second.as_bytes(), 3)]);
     let server = server_with(vec![("local", provider(Wire::Openai, &fake, &["m"]))]);
     let (_, events) = run(&server, "local/m", json!({ "content": "use tools" }));
 
-    let calls: Vec<&Value> = events
-        .iter()
-        .filter(|e| event_type(e) == "tool.started")
-        .map(|e| &e["event"]["call"])
-        .collect();
+    let calls: Vec<&Value> =
+        events.iter().filter(|e| event_type(e) == "tool.started").map(|e| &e["event"]["call"]).collect();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0]["id"], "call_a");
-    assert_eq!(
-        calls[0]["arguments"],
-        json!({ "query": "rust", "limit": 3 })
-    );
+    assert_eq!(calls[0]["arguments"], json!({ "query": "rust", "limit": 3 }));
     assert_eq!(calls[1]["name"], "other");
     assert_eq!(deltas(&events, "text"), "All done.");
     let usage = &events.last().unwrap()["event"]["usage"];
@@ -191,19 +154,12 @@ fn openai_parallel_tool_calls_assemble_from_pieces_and_results_go_back() {
     assert_eq!(assistant["role"], "assistant");
     assert_eq!(assistant["tool_calls"][0]["id"], "call_a");
     assert_eq!(assistant["tool_calls"][0]["type"], "function");
-    let arguments: Value = serde_json::from_str(
-        assistant["tool_calls"][0]["function"]["arguments"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
+    let arguments: Value =
+        serde_json::from_str(assistant["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(arguments, json!({ "query": "rust", "limit": 3 }));
     assert_eq!(follow_up[3]["role"], "tool");
     assert_eq!(follow_up[3]["tool_call_id"], "call_a");
-    assert!(follow_up[3]["content"]
-        .as_str()
-        .unwrap()
-        .contains("Unknown tool"));
+    assert!(follow_up[3]["content"].as_str().unwrap().contains("Unknown tool"));
     assert_eq!(follow_up[4]["tool_call_id"], "call_b");
 }
 
@@ -212,18 +168,9 @@ fn anthropic_thinking_text_and_tool_use_with_cache_usage() {
     let fake = FakeProvider::start();
     let mut first = anthropic::message_start(10, 200, 30);
     first.push_str(&anthropic::ping());
-    first.push_str(&anthropic::block_start(
-        0,
-        json!({ "type": "thinking", "thinking": "" }),
-    ));
-    first.push_str(&anthropic::block_delta(
-        0,
-        json!({ "type": "thinking_delta", "thinking": "Let me look ✓" }),
-    ));
-    first.push_str(&anthropic::block_delta(
-        0,
-        json!({ "type": "signature_delta", "signature": "sig" }),
-    ));
+    first.push_str(&anthropic::block_start(0, json!({ "type": "thinking", "thinking": "" })));
+    first.push_str(&anthropic::block_delta(0, json!({ "type": "thinking_delta", "thinking": "Let me look ✓" })));
+    first.push_str(&anthropic::block_delta(0, json!({ "type": "signature_delta", "signature": "sig" })));
     first.push_str(&anthropic::block_stop(0));
     first.push_str(&anthropic::text(1, &["Checking ", "now."]));
     first.push_str(&anthropic::block_start(
@@ -231,20 +178,14 @@ fn anthropic_thinking_text_and_tool_use_with_cache_usage() {
         json!({ "type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {} }),
     ));
     for piece in ["{\"pa", "th\": \"src/", "main.rs\"}"] {
-        first.push_str(&anthropic::block_delta(
-            2,
-            json!({ "type": "input_json_delta", "partial_json": piece }),
-        ));
+        first.push_str(&anthropic::block_delta(2, json!({ "type": "input_json_delta", "partial_json": piece })));
     }
     first.push_str(&anthropic::block_stop(2));
     first.push_str(&anthropic::message_end("tool_use", 40));
     let mut second = anthropic::message_start(300, 0, 0);
     second.push_str(&anthropic::text(0, &["Fine."]));
     second.push_str(&anthropic::message_end("end_turn", 3));
-    fake.script([
-        Reply::byte_by_byte(first.as_bytes()),
-        Reply::stream(second.as_bytes(), 2),
-    ]);
+    fake.script([Reply::byte_by_byte(first.as_bytes()), Reply::stream(second.as_bytes(), 2)]);
     let mut config = provider(Wire::Anthropic, &fake, &["claude-test"]);
     config.models[0].max_tokens = Some(1234);
     let server = server_with(vec![("claude", config)]);
@@ -257,18 +198,11 @@ fn anthropic_thinking_text_and_tool_use_with_cache_usage() {
 
     assert_eq!(deltas(&events, "reasoning"), "Let me look ✓");
     assert_eq!(deltas(&events, "text"), "Checking now.Fine.");
-    let call = &events
-        .iter()
-        .find(|e| event_type(e) == "tool.started")
-        .unwrap()["event"]["call"];
+    let call = &events.iter().find(|e| event_type(e) == "tool.started").unwrap()["event"]["call"];
     assert_eq!(call["id"], "toolu_1");
     assert_eq!(call["arguments"], json!({ "path": "src/main.rs" }));
     let usage = &events.last().unwrap()["event"]["usage"];
-    assert_eq!(
-        usage["inputTokens"],
-        240 + 300,
-        "input counts cache reads and writes"
-    );
+    assert_eq!(usage["inputTokens"], 240 + 300, "input counts cache reads and writes");
     assert_eq!(usage["cachedInputTokens"], 200);
     assert_eq!(usage["outputTokens"], 43);
 
@@ -276,18 +210,12 @@ fn anthropic_thinking_text_and_tool_use_with_cache_usage() {
     let first_request = &requests[0];
     assert_eq!(first_request.path, "/v1/messages");
     assert_eq!(first_request.header("x-api-key"), Some(KEY));
-    assert_eq!(
-        first_request.header("anthropic-version"),
-        Some("2023-06-01")
-    );
+    assert_eq!(first_request.header("anthropic-version"), Some("2023-06-01"));
     assert_eq!(first_request.body["system"], "You are terse.");
     assert_eq!(first_request.body["max_tokens"], 1234);
     assert_eq!(first_request.body["model"], "claude-test");
     let content = &first_request.body["messages"][0]["content"];
-    assert_eq!(
-        content[0]["source"],
-        json!({ "type": "base64", "media_type": "image/jpeg", "data": jpeg })
-    );
+    assert_eq!(content[0]["source"], json!({ "type": "base64", "media_type": "image/jpeg", "data": jpeg }));
     assert_eq!(content[1], json!({ "type": "text", "text": "look" }));
     let follow_up = &requests[1].body["messages"];
     assert_eq!(follow_up[1]["role"], "assistant");
@@ -306,10 +234,7 @@ fn anthropic_thinking_text_and_tool_use_with_cache_usage() {
 fn a_429_is_retried_after_the_hinted_delay() {
     let fake = FakeProvider::start();
     let ok = openai::text(&[], &["second try"], &openai::usage(1, 2, 0, 0));
-    fake.script([
-        Reply::error(429, "slow down").with_header("retry-after-ms", "50"),
-        Reply::stream(ok.as_bytes(), 1),
-    ]);
+    fake.script([Reply::error(429, "slow down").with_header("retry-after-ms", "50"), Reply::stream(ok.as_bytes(), 1)]);
     let server = server_with(vec![("local", provider(Wire::Openai, &fake, &["m"]))]);
     let (_, events) = run(&server, "local/m", json!({ "content": "hi" }));
     assert_eq!(deltas(&events, "text"), "second try");
@@ -329,82 +254,53 @@ fn a_500_before_output_falls_back_to_the_next_provider() {
     let mut main = provider(Wire::Openai, &primary, &["shared-name"]);
     main.max_retries = 1;
     main.fallbacks = vec!["backup".into()];
-    let server = server_with(vec![
-        ("main", main),
-        (
-            "backup",
-            provider(Wire::Anthropic, &backup, &["other", "shared-name"]),
-        ),
-    ]);
+    let server =
+        server_with(vec![("main", main), ("backup", provider(Wire::Anthropic, &backup, &["other", "shared-name"]))]);
     let (_, events) = run(&server, "main/shared-name", json!({ "content": "hi" }));
     assert_eq!(deltas(&events, "text"), "from the backup");
     assert_eq!(event_type(events.last().unwrap()), "run.finished");
     assert_eq!(primary.requests().len(), 2, "one try and one retry");
-    assert_eq!(
-        backup.requests()[0].body["model"],
-        "shared-name",
-        "the fallback's model of the same name"
-    );
+    assert_eq!(backup.requests()[0].body["model"], "shared-name", "the fallback's model of the same name");
 }
 
 #[test]
 fn a_retry_after_past_the_cap_goes_straight_to_the_fallback() {
     let primary = FakeProvider::start();
     let backup = FakeProvider::start();
-    primary
-        .script([Reply::error(429, "come back in two minutes").with_header("retry-after", "120")]);
+    primary.script([Reply::error(429, "come back in two minutes").with_header("retry-after", "120")]);
     let ok = openai::text(&[], &["backup answered"], &openai::usage(1, 1, 0, 0));
     backup.script([Reply::stream(ok.as_bytes(), 1)]);
     let mut main = provider(Wire::Openai, &primary, &["m"]);
     main.fallbacks = vec!["backup".into()];
-    let server = server_with(vec![
-        ("main", main),
-        ("backup", provider(Wire::Openai, &backup, &["b"])),
-    ]);
+    let server = server_with(vec![("main", main), ("backup", provider(Wire::Openai, &backup, &["b"]))]);
     let started = Instant::now();
     let (_, events) = run(&server, "main/m", json!({ "content": "hi" }));
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "no two-minute wait"
-    );
+    assert!(started.elapsed() < Duration::from_secs(5), "no two-minute wait");
     assert_eq!(deltas(&events, "text"), "backup answered");
     assert_eq!(primary.requests().len(), 1);
-    assert_eq!(
-        backup.requests()[0].body["model"],
-        "b",
-        "the fallback's first model"
-    );
+    assert_eq!(backup.requests()[0].body["model"], "b", "the fallback's first model");
 }
 
 #[test]
 fn an_error_event_after_output_fails_the_run_with_the_providers_message() {
     let fake = FakeProvider::start();
     let mut body = anthropic::message_start(5, 0, 0);
-    body.push_str(&anthropic::block_start(
-        0,
-        json!({ "type": "text", "text": "" }),
+    body.push_str(&anthropic::block_start(0, json!({ "type": "text", "text": "" })));
+    body.push_str(&anthropic::block_delta(0, json!({ "type": "text_delta", "text": "partial" })));
+    body.push_str(&anthropic::event(
+        "error",
+        json!({ "type": "error", "error": { "type": "overloaded_error", "message": "Overloaded" } }),
     ));
-    body.push_str(&anthropic::block_delta(
-        0,
-        json!({ "type": "text_delta", "text": "partial" }),
-    ));
-    body.push_str(&anthropic::event("error", json!({ "type": "error", "error": { "type": "overloaded_error", "message": "Overloaded" } })));
     fake.script([Reply::stream(body.as_bytes(), 3)]);
     let server = server_with(vec![("claude", provider(Wire::Anthropic, &fake, &["c"]))]);
     let (id, events) = run(&server, "claude/c", json!({ "content": "hi" }));
     let failed = events.last().unwrap();
     assert_eq!(event_type(failed), "run.failed");
     let error = failed["event"]["error"].as_str().unwrap();
-    assert!(
-        error.contains("Overloaded") && error.contains("claude"),
-        "{error}"
-    );
+    assert!(error.contains("Overloaded") && error.contains("claude"), "{error}");
     assert_eq!(fake.requests().len(), 1, "no retry once output has started");
     assert_no_key(&events, &server);
-    assert_eq!(
-        server.get(&format!("/api/sessions/{id}")).json["session"]["status"],
-        "error"
-    );
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["status"], "error");
 }
 
 #[test]
@@ -419,13 +315,7 @@ fn a_stream_that_stalls_past_the_idle_timeout_fails() {
     let (_, events) = run(&server, "local/m", json!({ "content": "hi" }));
     let failed = events.last().unwrap();
     assert_eq!(event_type(failed), "run.failed");
-    assert!(
-        failed["event"]["error"]
-            .as_str()
-            .unwrap()
-            .contains("sent nothing for 1 s"),
-        "{failed}"
-    );
+    assert!(failed["event"]["error"].as_str().unwrap().contains("sent nothing for 1 s"), "{failed}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
@@ -436,57 +326,26 @@ fn cancel_ends_a_run_while_the_provider_is_silent() {
     let server = server_with(vec![("local", provider(Wire::Openai, &fake, &["m"]))]);
     let id = server.create_session(json!({ "model": "local/m" }));
     let mut stream = server.events(&format!("/api/sessions/{id}/events"));
-    assert_eq!(
-        server
-            .post(
-                &format!("/api/sessions/{id}/messages"),
-                json!({ "content": "hi" })
-            )
-            .status,
-        202
-    );
-    stream.collect_until(|e| {
-        event_type(e) == "message.started" && e["event"]["message"]["role"] == "assistant"
-    });
+    assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": "hi" })).status, 202);
+    stream.collect_until(|e| event_type(e) == "message.started" && e["event"]["message"]["role"] == "assistant");
     crate::support::wait_until("the provider to be called", || !fake.requests().is_empty());
     let asked = Instant::now();
-    assert_eq!(
-        server
-            .post(&format!("/api/sessions/{id}/cancel"), json!({}))
-            .json["cancelled"],
-        true
-    );
+    assert_eq!(server.post(&format!("/api/sessions/{id}/cancel"), json!({})).json["cancelled"], true);
     let events = stream.collect_until(is_run_end);
-    assert!(
-        asked.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        asked.elapsed()
-    );
+    assert!(asked.elapsed() < Duration::from_secs(1), "took {:?}", asked.elapsed());
     assert_eq!(events.last().unwrap()["event"]["status"], "cancelled");
 }
 
 #[test]
 fn bootstrap_lists_configured_models_and_a_missing_key_stops_start() {
     let fake = FakeProvider::start();
-    let server = server_with(vec![(
-        "local",
-        provider(Wire::Openai, &fake, &["one", "two"]),
-    )]);
+    let server = server_with(vec![("local", provider(Wire::Openai, &fake, &["one", "two"]))]);
     let models = server.get("/api/bootstrap").json["models"].clone();
-    let local: Vec<&Value> = models
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["provider"] == "local")
-        .collect();
+    let local: Vec<&Value> = models.as_array().unwrap().iter().filter(|m| m["provider"] == "local").collect();
     assert_eq!(local.len(), 2);
     assert_eq!(local[0]["id"], "local/one");
     assert_eq!(local[0]["contextWindow"], 32_768);
-    assert!(models
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|m| m["id"] == "builtin/echo"));
+    assert!(models.as_array().unwrap().iter().any(|m| m["id"] == "builtin/echo"));
 
     let data = tempfile::tempdir().unwrap();
     let mut config = crate::support::test_config(data.path(), data.path());
@@ -495,10 +354,7 @@ fn bootstrap_lists_configured_models_and_a_missing_key_stops_start() {
     keyless.api_key_env = Some("KESTREL_TEST_SURELY_UNSET_KEY".into());
     config.providers.insert("keyless".into(), keyless);
     let error = kestrel::Server::start(config).err().expect("refused");
-    assert!(
-        error.to_string().contains("KESTREL_TEST_SURELY_UNSET_KEY"),
-        "{error}"
-    );
+    assert!(error.to_string().contains("KESTREL_TEST_SURELY_UNSET_KEY"), "{error}");
 }
 
 #[test]
@@ -512,10 +368,7 @@ fn a_provider_that_cannot_be_reached_falls_back() {
     let mut main = provider(Wire::Openai, &backup, &["m"]);
     main.base_url = dead_url;
     main.fallbacks = vec!["backup".into()];
-    let server = server_with(vec![
-        ("main", main),
-        ("backup", provider(Wire::Openai, &backup, &["m"])),
-    ]);
+    let server = server_with(vec![("main", main), ("backup", provider(Wire::Openai, &backup, &["m"]))]);
     let (_, events) = run(&server, "main/m", json!({ "content": "hi" }));
     assert_eq!(deltas(&events, "text"), "reached");
     assert_eq!(backup.requests().len(), 1);
@@ -525,14 +378,9 @@ fn a_provider_that_cannot_be_reached_falls_back() {
 fn a_stream_that_trickles_past_the_request_timeout_fails() {
     let fake = FakeProvider::start();
     // Never silent for long, so only the whole-request timeout can end it.
-    let mut reply = Reply::stream(
-        openai::chunk(json!({ "content": "slow" }), None).as_bytes(),
-        1,
-    );
+    let mut reply = Reply::stream(openai::chunk(json!({ "content": "slow" }), None).as_bytes(), 1);
     for _ in 0..40 {
-        reply = reply
-            .then(Step::Sleep(Duration::from_millis(100)))
-            .then(Step::Write(b": keep-alive\n\n".to_vec()));
+        reply = reply.then(Step::Sleep(Duration::from_millis(100))).then(Step::Write(b": keep-alive\n\n".to_vec()));
     }
     fake.script([reply]);
     let mut config = provider(Wire::Openai, &fake, &["m"]);
@@ -542,12 +390,6 @@ fn a_stream_that_trickles_past_the_request_timeout_fails() {
     let (_, events) = run(&server, "local/m", json!({ "content": "hi" }));
     let failed = events.last().unwrap();
     assert_eq!(event_type(failed), "run.failed");
-    assert!(
-        failed["event"]["error"]
-            .as_str()
-            .unwrap()
-            .contains("longer than its timeout"),
-        "{failed}"
-    );
+    assert!(failed["event"]["error"].as_str().unwrap().contains("longer than its timeout"), "{failed}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }

@@ -16,10 +16,7 @@ fn a_message_streams_the_reply_and_stores_it() {
     let server = TestServer::start();
     let id = server.create_session(json!({}));
     let mut stream = server.events(&format!("/api/sessions/{id}/events"));
-    let response = server.post(
-        &format!("/api/sessions/{id}/messages"),
-        json!({ "content": "hello brave new world" }),
-    );
+    let response = server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": "hello brave new world" }));
     assert_eq!(response.status, 202, "{}", response.text);
     let run_id = response.json["runId"].as_str().unwrap().to_string();
     let events = stream.collect_until(is_run_end);
@@ -30,19 +27,11 @@ fn a_message_streams_the_reply_and_stores_it() {
     assert_eq!(events[1]["event"]["runId"], run_id.as_str());
     let started = events
         .iter()
-        .position(|e| {
-            event_type(e) == "message.started" && e["event"]["message"]["role"] == "assistant"
-        })
+        .position(|e| event_type(e) == "message.started" && e["event"]["message"]["role"] == "assistant")
         .unwrap();
     let assistant_id = events[started]["event"]["message"]["id"].as_str().unwrap();
-    let deltas: Vec<&Value> = events
-        .iter()
-        .filter(|e| event_type(e) == "message.delta")
-        .collect();
-    assert_eq!(
-        deltas[0]["event"]["channel"], "reasoning",
-        "a short reasoning delta comes first"
-    );
+    let deltas: Vec<&Value> = events.iter().filter(|e| event_type(e) == "message.delta").collect();
+    assert_eq!(deltas[0]["event"]["channel"], "reasoning", "a short reasoning delta comes first");
     let text: String = deltas
         .iter()
         .filter(|d| d["event"]["channel"] == "text")
@@ -52,24 +41,12 @@ fn a_message_streams_the_reply_and_stores_it() {
         })
         .collect();
     assert_eq!(text, "Echo: hello brave new world");
-    assert_eq!(
-        deltas
-            .iter()
-            .filter(|d| d["event"]["channel"] == "text")
-            .count(),
-        5,
-        "a word per delta"
-    );
+    assert_eq!(deltas.iter().filter(|d| d["event"]["channel"] == "text").count(), 5, "a word per delta");
     let completed = events
         .iter()
-        .find(|e| {
-            event_type(e) == "message.completed" && e["event"]["message"]["id"] == assistant_id
-        })
+        .find(|e| event_type(e) == "message.completed" && e["event"]["message"]["id"] == assistant_id)
         .unwrap();
-    assert_eq!(
-        completed["event"]["message"]["content"],
-        "Echo: hello brave new world"
-    );
+    assert_eq!(completed["event"]["message"]["content"], "Echo: hello brave new world");
 
     let finished = events.last().unwrap();
     assert_eq!(event_type(finished), "run.finished");
@@ -91,10 +68,7 @@ fn a_message_streams_the_reply_and_stores_it() {
     assert_eq!(session["messageCount"], 2);
     assert_eq!(session["messages"][0]["role"], "user");
     assert_eq!(session["messages"][1]["role"], "assistant");
-    assert_eq!(
-        session["messages"][1]["content"],
-        "Echo: hello brave new world"
-    );
+    assert_eq!(session["messages"][1]["content"], "Echo: hello brave new world");
     assert_eq!(session["messages"][1]["model"], "builtin/echo");
 }
 
@@ -103,63 +77,39 @@ fn message_validation_follows_the_limits() {
     let server = TestServer::start();
     let id = server.create_session(json!({}));
     let path = format!("/api/sessions/{id}/messages");
-    server
-        .post(&path, json!({ "content": "" }))
-        .assert_error(400, "invalid_message");
-    server
-        .post(&path, json!({}))
-        .assert_error(400, "invalid_message");
-    server
-        .post(&path, json!({ "content": 5 }))
-        .assert_error(400, "invalid_message");
-    server
-        .post(&path, json!({ "content": "x".repeat(200_001) }))
-        .assert_error(413, "message_too_large");
+    server.post(&path, json!({ "content": "" })).assert_error(400, "invalid_message");
+    server.post(&path, json!({})).assert_error(400, "invalid_message");
+    server.post(&path, json!({ "content": 5 })).assert_error(400, "invalid_message");
+    server.post(&path, json!({ "content": "x".repeat(200_001) })).assert_error(413, "message_too_large");
 
     let png = base64::engine::general_purpose::STANDARD.encode([0x89, b'P', b'N', b'G', 1, 2, 3]);
     let image = |mime: &str, data: &str| json!({ "mimeType": mime, "data": data });
     server
-        .post(
-            &path,
-            json!({ "content": "", "images": [image("image/bmp", &png)] }),
-        )
+        .post(&path, json!({ "content": "", "images": [image("image/bmp", &png)] }))
         .assert_error(400, "invalid_images");
     server
-        .post(
-            &path,
-            json!({ "content": "", "images": [image("image/png", "!!not base64!!")] }),
-        )
+        .post(&path, json!({ "content": "", "images": [image("image/png", "!!not base64!!")] }))
         .assert_error(400, "invalid_images");
-    server
-        .post(&path, json!({ "content": "x", "images": "nope" }))
-        .assert_error(400, "invalid_images");
+    server.post(&path, json!({ "content": "x", "images": "nope" })).assert_error(400, "invalid_images");
     let seven: Vec<Value> = (0..7).map(|_| image("image/png", &png)).collect();
-    server
-        .post(&path, json!({ "content": "x", "images": seven }))
-        .assert_error(413, "message_too_large");
+    server.post(&path, json!({ "content": "x", "images": seven })).assert_error(413, "message_too_large");
     let big = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 4_000_001]);
     server
-        .post(
-            &path,
-            json!({ "content": "x", "images": [image("image/png", &big)] }),
-        )
+        .post(&path, json!({ "content": "x", "images": [image("image/png", &big)] }))
         .assert_error(413, "message_too_large");
     // Each under 4 MB, together over 12 MB, the body still under the 16 MiB limit.
     let part = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 3_030_000]);
     let too_much: Vec<Value> = (0..4).map(|_| image("image/png", &part)).collect();
-    server
-        .post(&path, json!({ "content": "x", "images": too_much }))
-        .assert_error(413, "message_too_large");
-    assert_eq!(
-        server.get(&format!("/api/sessions/{id}")).json["session"]["messageCount"],
-        0,
-        "nothing stored"
-    );
+    server.post(&path, json!({ "content": "x", "images": too_much })).assert_error(413, "message_too_large");
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["messageCount"], 0, "nothing stored");
 
     // Empty text is fine with an image, and a data: prefix is stripped.
     let mut stream = server.events(&format!("/api/sessions/{id}/events"));
     let with_prefix = format!("data:image/png;base64,{png}");
-    let response = server.post(&path, json!({ "content": "", "images": [{ "mimeType": "image/png", "data": with_prefix, "name": "dot.png" }] }));
+    let response = server.post(
+        &path,
+        json!({ "content": "", "images": [{ "mimeType": "image/png", "data": with_prefix, "name": "dot.png" }] }),
+    );
     assert_eq!(response.status, 202, "{}", response.text);
     stream.collect_until(is_run_end);
     let stored = &server.get(&format!("/api/sessions/{id}")).json["session"]["messages"][0];
@@ -173,25 +123,11 @@ fn a_second_message_during_a_run_is_session_busy() {
     let id = server.create_session(json!({}));
     let path = format!("/api/sessions/{id}/messages");
     let mut stream = server.events(&format!("/api/sessions/{id}/events"));
-    assert_eq!(
-        server
-            .post(&path, json!({ "content": "one two three four" }))
-            .status,
-        202
-    );
-    server
-        .post(&path, json!({ "content": "again" }))
-        .assert_error(409, "session_busy");
+    assert_eq!(server.post(&path, json!({ "content": "one two three four" })).status, 202);
+    server.post(&path, json!({ "content": "again" })).assert_error(409, "session_busy");
     stream.collect_until(is_run_end);
-    crate::support::wait_until("the run to release the session", || {
-        server.stats().active_runs == 0
-    });
-    assert_eq!(
-        server
-            .post(&path, json!({ "content": "now it is free" }))
-            .status,
-        202
-    );
+    crate::support::wait_until("the run to release the session", || server.stats().active_runs == 0);
+    assert_eq!(server.post(&path, json!({ "content": "now it is free" })).status, 202);
     stream.collect_until(is_run_end);
 }
 
@@ -201,15 +137,7 @@ fn cancel_ends_a_streaming_run_within_a_second() {
     let id = server.create_session(json!({}));
     let mut stream = server.events(&format!("/api/sessions/{id}/events"));
     let words = "word ".repeat(100);
-    assert_eq!(
-        server
-            .post(
-                &format!("/api/sessions/{id}/messages"),
-                json!({ "content": words })
-            )
-            .status,
-        202
-    );
+    assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": words })).status, 202);
     // Wait for the first text delta, then cancel mid-stream.
     stream.collect_until(|e| event_type(e) == "message.delta" && e["event"]["channel"] == "text");
     let asked = Instant::now();
@@ -217,23 +145,13 @@ fn cancel_ends_a_streaming_run_within_a_second() {
     assert_eq!(response.status, 200);
     assert_eq!(response.json["cancelled"], true);
     let events = stream.collect_until(is_run_end);
-    assert!(
-        asked.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        asked.elapsed()
-    );
+    assert!(asked.elapsed() < Duration::from_secs(1), "took {:?}", asked.elapsed());
     let finished = events.last().unwrap();
     assert_eq!(event_type(finished), "run.finished");
     assert_eq!(finished["event"]["status"], "cancelled");
     // What was streamed before the cancel is kept.
-    let completed = events
-        .iter()
-        .find(|e| event_type(e) == "message.completed")
-        .unwrap();
-    assert!(completed["event"]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .starts_with("Echo:"));
+    let completed = events.iter().find(|e| event_type(e) == "message.completed").unwrap();
+    assert!(completed["event"]["message"]["content"].as_str().unwrap().starts_with("Echo:"));
 
     // Idempotent: a second cancel is fine and cancels nothing.
     let again = server.post(&format!("/api/sessions/{id}/cancel"), json!({}));
@@ -248,31 +166,16 @@ fn cancel_ends_a_streaming_run_within_a_second() {
 fn tool_lines_drive_the_whole_loop() {
     let server = TestServer::start();
     let id = server.create_session(json!({}));
-    let events = server.run_to_end(
-        &id,
-        "look around\n/tool first_tool {\"path\":\".\"}\n/tool second_tool",
-    );
+    let events = server.run_to_end(&id, "look around\n/tool first_tool {\"path\":\".\"}\n/tool second_tool");
     let kinds = types(&events);
-    let tool_started: Vec<&Value> = events
-        .iter()
-        .filter(|e| event_type(e) == "tool.started")
-        .collect();
+    let tool_started: Vec<&Value> = events.iter().filter(|e| event_type(e) == "tool.started").collect();
     assert_eq!(tool_started.len(), 2);
     assert_eq!(tool_started[0]["event"]["call"]["name"], "first_tool");
     assert_eq!(tool_started[0]["event"]["call"]["arguments"]["path"], ".");
-    let finished: Vec<&Value> = events
-        .iter()
-        .filter(|e| event_type(e) == "tool.finished")
-        .collect();
+    let finished: Vec<&Value> = events.iter().filter(|e| event_type(e) == "tool.finished").collect();
     assert_eq!(finished.len(), 2);
-    assert_eq!(
-        finished[0]["event"]["result"]["ok"], false,
-        "no such tool yet: an error result"
-    );
-    assert_eq!(
-        finished[0]["event"]["result"]["callId"],
-        tool_started[0]["event"]["call"]["id"]
-    );
+    assert_eq!(finished[0]["event"]["result"]["ok"], false, "no such tool yet: an error result");
+    assert_eq!(finished[0]["event"]["result"]["callId"], tool_started[0]["event"]["call"]["id"]);
     // Order for each call: tool.started, tool.finished, then the tool message.
     let first_started = kinds.iter().position(|k| *k == "tool.started").unwrap();
     assert_eq!(kinds[first_started + 1], "tool.finished");
@@ -281,20 +184,12 @@ fn tool_lines_drive_the_whole_loop() {
     assert_eq!(events.last().unwrap()["event"]["status"], "completed");
 
     let messages = server.get(&format!("/api/sessions/{id}")).json["session"]["messages"].clone();
-    let roles: Vec<&str> = messages
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["role"].as_str().unwrap())
-        .collect();
+    let roles: Vec<&str> = messages.as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["user", "assistant", "tool", "tool", "assistant"]);
     assert_eq!(messages[1]["toolCalls"].as_array().unwrap().len(), 2);
     assert_eq!(messages[2]["toolName"], "first_tool");
     assert_eq!(messages[2]["toolCallId"], messages[1]["toolCalls"][0]["id"]);
-    assert!(messages[4]["content"]
-        .as_str()
-        .unwrap()
-        .starts_with("Tool results: first_tool failed"));
+    assert!(messages[4]["content"].as_str().unwrap().starts_with("Tool results: first_tool failed"));
 }
 
 #[test]
@@ -306,24 +201,14 @@ fn max_steps_bounds_the_provider_calls() {
     let finished = events.last().unwrap();
     assert_eq!(event_type(finished), "run.finished");
     assert_eq!(finished["event"]["status"], "max_steps");
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| event_type(e) == "tool.started")
-            .count(),
-        1
-    );
+    assert_eq!(events.iter().filter(|e| event_type(e) == "tool.started").count(), 1);
 }
 
 #[test]
 fn resume_is_refused_unless_interrupted_or_failed() {
     let server = TestServer::start();
     let id = server.create_session(json!({}));
-    server
-        .post(&format!("/api/sessions/{id}/resume"), json!({}))
-        .assert_error(409, "not_resumable");
+    server.post(&format!("/api/sessions/{id}/resume"), json!({})).assert_error(409, "not_resumable");
     server.run_to_end(&id, "hi");
-    server
-        .post(&format!("/api/sessions/{id}/resume"), json!({}))
-        .assert_error(409, "not_resumable");
+    server.post(&format!("/api/sessions/{id}/resume"), json!({})).assert_error(409, "not_resumable");
 }

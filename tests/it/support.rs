@@ -55,14 +55,7 @@ impl TestServer {
         let workspace = config.agent.workspace.clone().unwrap();
         let server = Server::start(config).expect("server starts");
         let base = format!("http://{}", server.addr());
-        TestServer {
-            server: Some(server),
-            base,
-            token,
-            data_dir,
-            workspace,
-            _dirs: None,
-        }
+        TestServer { server: Some(server), base, token, data_dir, workspace, _dirs: None }
     }
 
     /// Stops the server but keeps its directories, so a new one can start on them.
@@ -87,10 +80,7 @@ impl TestServer {
     }
 
     pub fn client(&self) -> Client {
-        Client {
-            base: self.base.clone(),
-            token: self.token.clone(),
-        }
+        Client { base: self.base.clone(), token: self.token.clone() }
     }
 
     pub fn get(&self, path: &str) -> Response {
@@ -102,8 +92,7 @@ impl TestServer {
     }
 
     pub fn patch(&self, path: &str, body: Value) -> Response {
-        self.client()
-            .send("PATCH", path, Some(body.to_string().as_bytes()))
+        self.client().send("PATCH", path, Some(body.to_string().as_bytes()))
     }
 
     pub fn delete(&self, path: &str) -> Response {
@@ -124,20 +113,15 @@ impl TestServer {
     /// Sends a message and waits for the run to end; returns the run's events.
     pub fn run_to_end(&self, session: &str, content: &str) -> Vec<Value> {
         let mut stream = self.events(&format!("/api/sessions/{session}/events"));
-        let response = self.post(
-            &format!("/api/sessions/{session}/messages"),
-            serde_json::json!({ "content": content }),
-        );
+        let response =
+            self.post(&format!("/api/sessions/{session}/messages"), serde_json::json!({ "content": content }));
         assert_eq!(response.status, 202, "{}", response.text);
         stream.collect_until(is_run_end)
     }
 }
 
 pub fn is_run_end(event: &Value) -> bool {
-    matches!(
-        event["event"]["type"].as_str(),
-        Some("run.finished" | "run.failed")
-    )
+    matches!(event["event"]["type"].as_str(), Some("run.finished" | "run.failed"))
 }
 
 pub fn event_type(event: &Value) -> &str {
@@ -160,29 +144,15 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(name))
-            .map(|(_, value)| value.as_str())
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
     }
 
     /// Asserts an `ApiErrorBody` with this status and code.
     pub fn assert_error(&self, status: u16, code: &str) {
         assert_eq!(self.status, status, "{}", self.text);
         assert_eq!(self.json["error"]["code"], code, "{}", self.text);
-        assert!(
-            self.json["error"]["message"]
-                .as_str()
-                .is_some_and(|m| !m.is_empty()),
-            "{}",
-            self.text
-        );
-        assert_eq!(
-            self.header("cache-control"),
-            Some("no-store"),
-            "{}",
-            self.text
-        );
+        assert!(self.json["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", self.text);
+        assert_eq!(self.header("cache-control"), Some("no-store"), "{}", self.text);
     }
 }
 
@@ -191,35 +161,20 @@ impl Client {
     pub fn assert_session_hidden(&self, id: &str) {
         let path = format!("/api/sessions/{id}");
         self.get(&path).assert_error(404, "session_not_found");
-        self.patch_json(&path, serde_json::json!({ "title": "stolen" }))
+        self.patch_json(&path, serde_json::json!({ "title": "stolen" })).assert_error(404, "session_not_found");
+        self.post(&format!("{path}/messages"), serde_json::json!({ "content": "hi" }))
             .assert_error(404, "session_not_found");
-        self.post(
-            &format!("{path}/messages"),
-            serde_json::json!({ "content": "hi" }),
-        )
-        .assert_error(404, "session_not_found");
         for action in ["cancel", "resume"] {
-            self.post(&format!("{path}/{action}"), serde_json::json!({}))
-                .assert_error(404, "session_not_found");
+            self.post(&format!("{path}/{action}"), serde_json::json!({})).assert_error(404, "session_not_found");
         }
-        self.get(&format!("{path}/files"))
-            .assert_error(404, "session_not_found");
-        self.send("DELETE", &path, None)
-            .assert_error(404, "session_not_found");
-        let stream = SseClient::open(
-            &self.base,
-            &format!("{path}/events"),
-            self.token.as_deref(),
-            None,
-        );
+        self.get(&format!("{path}/files")).assert_error(404, "session_not_found");
+        self.send("DELETE", &path, None).assert_error(404, "session_not_found");
+        let stream = SseClient::open(&self.base, &format!("{path}/events"), self.token.as_deref(), None);
         assert_eq!(stream.status, 404);
     }
 
     pub fn with_token(&self, token: Option<&str>) -> Client {
-        Client {
-            base: self.base.clone(),
-            token: token.map(str::to_string),
-        }
+        Client { base: self.base.clone(), token: token.map(str::to_string) }
     }
 
     pub fn get(&self, path: &str) -> Response {
@@ -244,9 +199,7 @@ impl Client {
             request = request.set("Authorization", &format!("Bearer {token}"));
         }
         let result = match body {
-            Some(body) => request
-                .set("Content-Type", "application/json")
-                .send_bytes(body),
+            Some(body) => request.set("Content-Type", "application/json").send_bytes(body),
             None => request.call(),
         };
         let response = match result {
@@ -258,21 +211,11 @@ impl Client {
         let headers = response
             .headers_names()
             .into_iter()
-            .map(|name| {
-                (
-                    name.clone(),
-                    response.header(&name).unwrap_or("").to_string(),
-                )
-            })
+            .map(|name| (name.clone(), response.header(&name).unwrap_or("").to_string()))
             .collect();
         let text = response.into_string().unwrap_or_default();
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Response {
-            status,
-            text,
-            json,
-            headers,
-        }
+        Response { status, text, json, headers }
     }
 }
 
@@ -296,16 +239,10 @@ pub struct SseClient {
 }
 
 impl SseClient {
-    pub fn open(
-        base: &str,
-        path: &str,
-        token: Option<&str>,
-        last_event_id: Option<u64>,
-    ) -> SseClient {
+    pub fn open(base: &str, path: &str, token: Option<&str>, last_event_id: Option<u64>) -> SseClient {
         let host = base.trim_start_matches("http://");
         let mut socket = TcpStream::connect(host).unwrap();
-        let mut request =
-            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n");
+        let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n");
         if let Some(token) = token {
             request.push_str(&format!("Authorization: Bearer {token}\r\n"));
         }
@@ -318,15 +255,8 @@ impl SseClient {
         socket.set_read_timeout(Some(WAIT)).unwrap();
         let mut reader = BufReader::new(socket.try_clone().unwrap());
         let mut status_line = String::new();
-        reader
-            .read_line(&mut status_line)
-            .expect("the stream's head within the wait");
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
+        reader.read_line(&mut status_line).expect("the stream's head within the wait");
+        let status: u16 = status_line.split_whitespace().nth(1).unwrap().parse().unwrap();
         let mut headers = Vec::new();
         loop {
             let mut line = String::new();
@@ -347,20 +277,11 @@ impl SseClient {
                 drop(ended_tx);
             });
         }
-        SseClient {
-            status,
-            headers,
-            items,
-            socket,
-            ended,
-        }
+        SseClient { status, headers, items, socket, ended }
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(name))
-            .map(|(_, value)| value.as_str())
+        self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
     }
 
     /// The next item, or `None` after `timeout` or at the end of the stream.
@@ -387,9 +308,7 @@ impl SseClient {
         let mut events = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let (_, event) = self
-                .next_event(left)
-                .unwrap_or_else(|| panic!("timed out; got {events:#?}"));
+            let (_, event) = self.next_event(left).unwrap_or_else(|| panic!("timed out; got {events:#?}"));
             let finished = done(&event);
             events.push(event);
             if finished {
@@ -409,10 +328,7 @@ impl SseClient {
 
     /// Waits for the server to end the stream.
     pub fn wait_closed(&self, timeout: Duration) -> bool {
-        matches!(
-            self.ended.recv_timeout(timeout),
-            Err(RecvTimeoutError::Disconnected)
-        )
+        matches!(self.ended.recv_timeout(timeout), Err(RecvTimeoutError::Disconnected))
     }
 
     /// Hangs up, as a browser tab closing would.
@@ -421,10 +337,7 @@ impl SseClient {
     }
 }
 
-fn read_stream(
-    mut reader: BufReader<TcpStream>,
-    items: &crossbeam_channel::Sender<SseItem>,
-) -> std::io::Result<()> {
+fn read_stream(mut reader: BufReader<TcpStream>, items: &crossbeam_channel::Sender<SseItem>) -> std::io::Result<()> {
     let mut pending = String::new();
     loop {
         let mut size_line = String::new();

@@ -18,12 +18,8 @@ impl JsonBody {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(JsonBody { fields: Map::new() });
         }
-        let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
-            ApiError::bad_request(
-                "invalid_json",
-                format!("the body is not valid JSON: {error}"),
-            )
-        })?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|error| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {error}")))?;
         match value {
             Value::Object(fields) => Ok(JsonBody { fields }),
             _ => Err(ApiError::invalid_body("the body must be a JSON object")),
@@ -39,18 +35,11 @@ impl JsonBody {
     }
 
     /// An optional string field; `null` counts as absent. A wrong type is `code`.
-    pub fn optional_string(
-        &self,
-        field: &str,
-        code: &'static str,
-    ) -> Result<Option<String>, ApiError> {
+    pub fn optional_string(&self, field: &str, code: &'static str) -> Result<Option<String>, ApiError> {
         match self.fields.get(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(text)) => Ok(Some(text.clone())),
-            Some(_) => Err(ApiError::bad_request(
-                code,
-                format!("`{field}` must be a string"),
-            )),
+            Some(_) => Err(ApiError::bad_request(code, format!("`{field}` must be a string"))),
         }
     }
 }

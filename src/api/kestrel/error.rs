@@ -4,6 +4,7 @@ use serde_json::json;
 
 use crate::engine::EngineError;
 use crate::http::{BodyError, Reply};
+use crate::tools::workspace::PathError;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -16,12 +17,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            allow: None,
-        }
+        ApiError { status, code, message: message.into(), allow: None }
     }
 
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -38,10 +34,7 @@ impl ApiError {
 
     pub fn method_not_allowed(allowed: &[&str]) -> ApiError {
         let allow = allowed.join(", ");
-        ApiError {
-            allow: Some(allow.clone()),
-            ..ApiError::new(405, "method_not_allowed", format!("allowed: {allow}"))
-        }
+        ApiError { allow: Some(allow.clone()), ..ApiError::new(405, "method_not_allowed", format!("allowed: {allow}")) }
     }
 
     pub fn unauthorized() -> ApiError {
@@ -60,11 +53,7 @@ impl ApiError {
         if let Some(allow) = self.allow {
             headers.push(("Allow", allow));
         }
-        Reply::Json {
-            status: self.status,
-            body: body.to_string().into_bytes(),
-            headers,
-        }
+        Reply::Json { status: self.status, body: body.to_string().into_bytes(), headers }
     }
 }
 
@@ -78,7 +67,21 @@ impl From<EngineError> for ApiError {
             EngineError::SessionBusy => ApiError::new(409, "session_busy", message),
             EngineError::NotResumable(_) => ApiError::new(409, "not_resumable", message),
             EngineError::ShuttingDown => ApiError::new(503, "unavailable", message),
+            EngineError::ApprovalNotFound => ApiError::new(404, "approval_not_found", message),
+            EngineError::Workspace(path_error) => ApiError::from(path_error),
             EngineError::Provider(_) | EngineError::Store(_) => ApiError::internal(&error),
+        }
+    }
+}
+
+impl From<PathError> for ApiError {
+    fn from(error: PathError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            PathError::Invalid(_) => ApiError::bad_request("invalid_path", message),
+            PathError::Outside(_) => ApiError::new(403, "outside_workspace", message),
+            PathError::NotFound(_) => ApiError::new(404, "not_found", message),
+            PathError::Io(_) => ApiError::internal(&message),
         }
     }
 }
@@ -86,15 +89,12 @@ impl From<EngineError> for ApiError {
 impl From<BodyError> for ApiError {
     fn from(error: BodyError) -> ApiError {
         match error {
-            BodyError::TooLarge { limit } => ApiError::new(
-                413,
-                "payload_too_large",
-                format!("the request body is larger than {limit} bytes"),
-            ),
-            BodyError::Io(error) => ApiError::bad_request(
-                "invalid_body",
-                format!("the body could not be read: {error}"),
-            ),
+            BodyError::TooLarge { limit } => {
+                ApiError::new(413, "payload_too_large", format!("the request body is larger than {limit} bytes"))
+            }
+            BodyError::Io(error) => {
+                ApiError::bad_request("invalid_body", format!("the body could not be read: {error}"))
+            }
         }
     }
 }

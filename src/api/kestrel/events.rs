@@ -5,31 +5,12 @@ use crate::bus::Filter;
 use crate::http::{event_stream, Reply, Request};
 
 pub fn all(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply, ApiError> {
-    subscribe(
-        api,
-        Filter {
-            tenant: caller.tenant.clone(),
-            session_id: None,
-        },
-        request,
-    )
+    subscribe(api, Filter { tenant: caller.tenant.clone(), session_id: None }, request)
 }
 
-pub fn session(
-    api: &KestrelApi,
-    caller: &Caller,
-    id: &str,
-    request: &Request,
-) -> Result<Reply, ApiError> {
+pub fn session(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
     api.engine.session(&caller.tenant, id)?;
-    subscribe(
-        api,
-        Filter {
-            tenant: caller.tenant.clone(),
-            session_id: Some(id.to_string()),
-        },
-        request,
-    )
+    subscribe(api, Filter { tenant: caller.tenant.clone(), session_id: Some(id.to_string()) }, request)
 }
 
 fn subscribe(api: &KestrelApi, filter: Filter, request: &Request) -> Result<Reply, ApiError> {
@@ -44,20 +25,14 @@ fn subscribe(api: &KestrelApi, filter: Filter, request: &Request) -> Result<Repl
 
 /// `Last-Event-ID` or `?lastEventId=`; the header wins when both are sent.
 fn last_event_id(request: &Request) -> Result<Option<u64>, ApiError> {
-    let Some(raw) = request
-        .header("Last-Event-ID")
-        .or_else(|| request.query("lastEventId"))
-    else {
+    let Some(raw) = request.header("Last-Event-ID").or_else(|| request.query("lastEventId")) else {
         return Ok(None);
     };
     let raw = raw.trim();
     if raw.is_empty() {
         return Ok(None);
     }
-    raw.parse().map(Some).map_err(|_| {
-        ApiError::bad_request(
-            "invalid_body",
-            format!("Last-Event-ID {raw:?} is not a sequence number"),
-        )
-    })
+    raw.parse()
+        .map(Some)
+        .map_err(|_| ApiError::bad_request("invalid_body", format!("Last-Event-ID {raw:?} is not a sequence number")))
 }

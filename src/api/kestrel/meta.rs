@@ -36,8 +36,7 @@ pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
             "plugins": [],
             "features": {
                 "streaming": true,
-                // Approvals arrive with the workspace tools; until then no tool asks.
-                "approvals": false,
+                "approvals": true,
                 "persistence": true,
                 "multiSession": true,
             },

@@ -4,9 +4,11 @@
 //! handler turns a request into an `Engine` call and the result into JSON. Errors from the
 //! engine are mapped in one place (`error.rs`).
 
+mod approvals;
 mod body;
 mod error;
 mod events;
+mod files;
 mod meta;
 mod runs;
 mod sessions;
@@ -26,6 +28,8 @@ pub struct KestrelApi {
     tokens: TokenSet,
     /// `GET /api/config`: the effective config, secrets removed, computed once.
     config_view: serde_json::Value,
+    /// Bytes `GET /file` reads at most.
+    file_read_limit: usize,
     started: Instant,
 }
 
@@ -82,9 +86,7 @@ impl<'a> Route<'a> {
             ["sessions", id, "files"] => Route::Files(id),
             ["sessions", id, "file"] => Route::File(id),
             ["sessions", id, "checkpoints"] => Route::Checkpoints(id),
-            ["sessions", id, "checkpoints", checkpoint, "restore"] => {
-                Route::CheckpointRestore(id, checkpoint)
-            }
+            ["sessions", id, "checkpoints", checkpoint, "restore"] => Route::CheckpointRestore(id, checkpoint),
             _ => return None,
         })
     }
@@ -109,34 +111,22 @@ impl KestrelApi {
         engine: Engine,
         tokens: TokenSet,
         config_view: serde_json::Value,
+        file_read_limit: usize,
     ) -> Arc<KestrelApi> {
-        Arc::new(KestrelApi {
-            engine,
-            tokens,
-            config_view,
-            started: Instant::now(),
-        })
+        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started: Instant::now() })
     }
 
     fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {
         if self.tokens.is_open() {
-            return Ok(Caller {
-                tenant: DEFAULT_TENANT.to_string(),
-            });
+            return Ok(Caller { tenant: DEFAULT_TENANT.to_string() });
         }
         let presented = request
             .header("Authorization")
-            .and_then(|value| {
-                value
-                    .strip_prefix("Bearer ")
-                    .or_else(|| value.strip_prefix("bearer "))
-            })
+            .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
             .map(str::trim)
             .or_else(|| request.query("token"));
         match presented.and_then(|token| self.tokens.tenant_for(token)) {
-            Some(tenant) => Ok(Caller {
-                tenant: tenant.to_string(),
-            }),
+            Some(tenant) => Ok(Caller { tenant: tenant.to_string() }),
             None => Err(ApiError::unauthorized()),
         }
     }
@@ -166,25 +156,17 @@ impl KestrelApi {
             (Route::Resume(id), _) => runs::resume(self, &caller, id),
             (Route::Events, _) => events::all(self, &caller, request),
             (Route::SessionEvents(id), _) => events::session(self, &caller, id, request),
-            (Route::Rewind(id), _)
-            | (Route::Approval(id, _), _)
-            | (Route::Files(id), _)
-            | (Route::File(id), _)
-            | (Route::Checkpoints(id), _)
-            | (Route::CheckpointRestore(id, _), _) => {
+            (Route::Approval(id, approval), _) => approvals::resolve(self, &caller, id, approval, request),
+            (Route::Files(id), _) => files::list(self, &caller, id, request),
+            (Route::File(id), _) => files::read(self, &caller, id, request, self.file_read_limit),
+            (Route::Rewind(id), _) | (Route::Checkpoints(id), _) | (Route::CheckpointRestore(id, _), _) => {
                 // The session is checked first, so another tenant's id is still a 404.
                 self.engine.session(&caller.tenant, id)?;
-                Err(ApiError::new(
-                    501,
-                    "not_implemented",
-                    format!("{path} is not implemented by this server yet"),
-                ))
+                Err(ApiError::new(501, "not_implemented", format!("{path} is not implemented by this server yet")))
             }
-            (Route::PluginEvents, _) => Err(ApiError::new(
-                501,
-                "not_implemented",
-                "plugins are not implemented by this server yet",
-            )),
+            (Route::PluginEvents, _) => {
+                Err(ApiError::new(501, "not_implemented", "plugins are not implemented by this server yet"))
+            }
             (Route::Health, _) => unreachable!("answered before authentication"),
         }
     }
@@ -203,11 +185,7 @@ impl Handler for KestrelApi {
 /// A JSON reply from any serializable value.
 fn json(status: u16, value: &impl serde::Serialize) -> Reply {
     match serde_json::to_vec(value) {
-        Ok(body) => Reply::Json {
-            status,
-            body,
-            headers: Vec::new(),
-        },
+        Ok(body) => Reply::Json { status, body, headers: Vec::new() },
         Err(error) => ApiError::internal(&error).into_reply(),
     }
 }
@@ -218,14 +196,8 @@ mod tests {
 
     #[test]
     fn parses_the_route_table() {
-        assert_eq!(
-            Route::parse("/api/sessions/abc/events"),
-            Some(Route::SessionEvents("abc"))
-        );
-        assert_eq!(
-            Route::parse("/api/sessions/a/approvals/b"),
-            Some(Route::Approval("a", "b"))
-        );
+        assert_eq!(Route::parse("/api/sessions/abc/events"), Some(Route::SessionEvents("abc")));
+        assert_eq!(Route::parse("/api/sessions/a/approvals/b"), Some(Route::Approval("a", "b")));
         assert_eq!(Route::parse("/api/sessions/"), Some(Route::Sessions));
         assert_eq!(Route::parse("/api/sessions//messages"), None);
         assert_eq!(Route::parse("/api/nope"), None);

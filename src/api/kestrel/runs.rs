@@ -19,12 +19,7 @@ const MAX_TOTAL_IMAGE_BYTES: usize = 12_000_000;
 const MAX_IMAGE_NAME_CHARS: usize = 120;
 const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/webp", "image/gif"];
 
-pub fn send(
-    api: &KestrelApi,
-    caller: &Caller,
-    id: &str,
-    request: &mut Request,
-) -> Result<Reply, ApiError> {
+pub fn send(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
     let body = JsonBody::read(request)?;
     let message = validate_message(&body)?;
     let run_id = api.engine.send_message(&caller.tenant, id, message)?;
@@ -45,12 +40,7 @@ fn validate_message(body: &JsonBody) -> Result<NewMessage, ApiError> {
     let content = match body.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(content)) => content.clone(),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "invalid_message",
-                "`content` must be a string",
-            ))
-        }
+        Some(_) => return Err(ApiError::bad_request("invalid_message", "`content` must be a string")),
     };
     if content.chars().count() > MAX_CONTENT_CHARS {
         return Err(ApiError::new(
@@ -65,39 +55,30 @@ fn validate_message(body: &JsonBody) -> Result<NewMessage, ApiError> {
         Some(_) => return Err(invalid_images("`images` must be an array")),
     };
     if content.trim().is_empty() && images.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid_message",
-            "a message needs text, images or both",
-        ));
+        return Err(ApiError::bad_request("invalid_message", "a message needs text, images or both"));
     }
     Ok(NewMessage { content, images })
 }
 
 fn validate_images(images: &[Value]) -> Result<Vec<ImageAttachment>, ApiError> {
     if images.len() > MAX_IMAGES {
-        return Err(too_large(format!(
-            "at most {MAX_IMAGES} images per message"
-        )));
+        return Err(too_large(format!("at most {MAX_IMAGES} images per message")));
     }
     let mut total = 0;
     let mut attachments = Vec::with_capacity(images.len());
     for (index, image) in images.iter().enumerate() {
         let field = |name: &str| image.get(name).and_then(Value::as_str);
-        let mime_type = field("mimeType")
-            .ok_or_else(|| invalid_images(format!("`images[{index}].mimeType` is missing")))?;
+        let mime_type =
+            field("mimeType").ok_or_else(|| invalid_images(format!("`images[{index}].mimeType` is missing")))?;
         if !IMAGE_TYPES.contains(&mime_type) {
             return Err(invalid_images(format!(
                 "`images[{index}].mimeType` {mime_type:?} is not one of {IMAGE_TYPES:?}"
             )));
         }
-        let data = field("data")
-            .ok_or_else(|| invalid_images(format!("`images[{index}].data` is missing")))?;
+        let data = field("data").ok_or_else(|| invalid_images(format!("`images[{index}].data` is missing")))?;
         // A browser's FileReader output (`data:image/png;base64,...`) is accepted unchanged.
         let data = match data.strip_prefix("data:") {
-            Some(rest) => rest
-                .split_once(',')
-                .map(|(_, payload)| payload)
-                .unwrap_or(""),
+            Some(rest) => rest.split_once(',').map(|(_, payload)| payload).unwrap_or(""),
             None => data,
         };
         let decoded = base64::engine::general_purpose::STANDARD
@@ -108,9 +89,7 @@ fn validate_images(images: &[Value]) -> Result<Vec<ImageAttachment>, ApiError> {
         }
         total += decoded.len();
         if total > MAX_TOTAL_IMAGE_BYTES {
-            return Err(too_large(
-                "the images are larger than 12 MB in total".to_string(),
-            ));
+            return Err(too_large("the images are larger than 12 MB in total".to_string()));
         }
         let name = match image.get("name") {
             None | Some(Value::Null) => None,
@@ -121,11 +100,7 @@ fn validate_images(images: &[Value]) -> Result<Vec<ImageAttachment>, ApiError> {
                 )))
             }
         };
-        attachments.push(ImageAttachment {
-            mime_type: mime_type.to_string(),
-            data: data.to_string(),
-            name,
-        });
+        attachments.push(ImageAttachment { mime_type: mime_type.to_string(), data: data.to_string(), name });
     }
     Ok(attachments)
 }

@@ -33,35 +33,17 @@ pub fn get(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiErro
     Ok(json(200, &json!({ "session": session })))
 }
 
-pub fn patch(
-    api: &KestrelApi,
-    caller: &Caller,
-    id: &str,
-    request: &mut Request,
-) -> Result<Reply, ApiError> {
+pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
     let body = JsonBody::read(request)?;
     let model = match body.get("model") {
         None => None,
         Some(Value::String(model)) => Some(model.clone()),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "invalid_model",
-                "`model` must be a string",
-            ))
-        }
+        Some(_) => return Err(ApiError::bad_request("invalid_model", "`model` must be a string")),
     };
     if body.get("title") == Some(&Value::Null) {
-        return Err(ApiError::bad_request(
-            "invalid_title",
-            "`title` cannot be null",
-        ));
+        return Err(ApiError::bad_request("invalid_title", "`title` cannot be null"));
     }
-    let patch = SessionPatch {
-        title: title(&body)?,
-        model,
-        system_prompt: prompt(&body)?,
-        status: None,
-    };
+    let patch = SessionPatch { title: title(&body)?, model, system_prompt: prompt(&body)?, status: None };
     let session = api.engine.patch_session(&caller.tenant, id, patch)?;
     Ok(json(200, &json!({ "session": session })))
 }
@@ -78,10 +60,7 @@ fn title(body: &JsonBody) -> Result<Option<String>, ApiError> {
     };
     let title = title.trim();
     if title.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid_title",
-            "`title` cannot be blank",
-        ));
+        return Err(ApiError::bad_request("invalid_title", "`title` cannot be blank"));
     }
     if title.chars().count() > MAX_TITLE_CHARS {
         return Err(ApiError::bad_request(
@@ -98,10 +77,7 @@ fn prompt(body: &JsonBody) -> Result<Option<Option<String>>, ApiError> {
         return Ok(None);
     }
     let prompt = body.optional_string("systemPrompt", "invalid_prompt")?;
-    if prompt
-        .as_ref()
-        .is_some_and(|p| p.chars().count() > MAX_PROMPT_CHARS)
-    {
+    if prompt.as_ref().is_some_and(|p| p.chars().count() > MAX_PROMPT_CHARS) {
         return Err(ApiError::bad_request(
             "invalid_prompt",
             format!("`systemPrompt` is longer than {MAX_PROMPT_CHARS} characters"),

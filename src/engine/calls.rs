@@ -1,0 +1,203 @@
+//! A run's tool calls: permissions, approvals, execution, and the resume rules.
+//!
+//! Runs on the run's worker thread. Each call is announced (`tool.started`); an `ask` tool
+//! then waits for a person (`approval.requested` … `approval.resolved`) or for the cancel;
+//! before a tool executes, a start mark is committed to the store. That mark is what resume
+//! trusts: a call with a mark and no result may have had side effects, so the model is told
+//! to verify; a call without one provably never ran, so it is dispatched again (and an `ask`
+//! tool is asked again) instead of being failed.
+
+use std::collections::HashSet;
+
+use crossbeam_channel::{bounded, select, Sender};
+use serde_json::{json, Map, Value};
+
+use super::run::{Run, Stop};
+use super::tools::{Permission, ToolContext};
+use super::EngineError;
+use crate::cancel::CancelReason;
+use crate::domain::{new_id, ApprovalRequest, ChatMessage, Event, Role, SessionRecord, ToolCall, ToolResult};
+use crate::store::WriteOp;
+use crate::tools::workspace::Workspace;
+
+/// What the model is told for a call that started but whose result was never recorded.
+pub(crate) const INTERRUPTED_TOOL_RESULT: &str = "This tool call was interrupted: the server stopped \
+before its result was recorded, and it was not run again. Its side effects may or may not have \
+happened. Verify the state of the workspace before retrying.";
+
+/// What the model is told for calls the user cancelled before they ran.
+const CANCELLED_TOOL_RESULT: &str = "The user cancelled the run before this tool call ran; it did not run.";
+
+/// A person's answer to an approval request.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub approved: bool,
+    pub note: Option<String>,
+}
+
+/// An approval the engine is waiting on, found by its id.
+pub(super) struct PendingApproval {
+    pub session_id: String,
+    pub decision_tx: Sender<Decision>,
+}
+
+/// What resume found in the transcript.
+pub(super) enum Repair {
+    /// The transcript ends in a complete answer; nothing is left to do.
+    Complete,
+    /// Calls that provably never ran, to dispatch before the next model call.
+    Dispatch(Vec<ToolCall>),
+}
+
+enum CallEnd {
+    Done,
+    Cancelled,
+}
+
+impl Run {
+    /// Runs `calls` in order. `Some(Stop::Cancelled)` when a cancel stopped them; the calls that
+    /// did not run are then answered (on a user's cancel) so the transcript stays well formed.
+    pub(super) fn run_calls(&self, calls: &[ToolCall], session: &SessionRecord) -> Result<Option<Stop>, EngineError> {
+        let workspace = Workspace::new(std::path::Path::new(&session.summary.workspace));
+        for (index, call) in calls.iter().enumerate() {
+            // No call of a cancelled response starts after the cancel.
+            let end = if self.cancel.is_cancelled() { CallEnd::Cancelled } else { self.run_call(call, &workspace)? };
+            if let CallEnd::Cancelled = end {
+                self.abandon(&calls[index..])?;
+                return Ok(Some(Stop::Cancelled));
+            }
+        }
+        Ok(None)
+    }
+
+    fn run_call(
+        &self,
+        call: &ToolCall,
+        workspace: &Result<Workspace, crate::tools::workspace::PathError>,
+    ) -> Result<CallEnd, EngineError> {
+        self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone() });
+        if self.shared.tools.permission(&call.name) == Some(Permission::Ask) {
+            match self.ask(call) {
+                Some(decision) if decision.approved => {}
+                Some(decision) => {
+                    let mut content = "The user denied this tool call; it did not run.".to_string();
+                    if let Some(note) = decision.note.filter(|n| !n.trim().is_empty()) {
+                        content.push_str(&format!(" Their note: {note}"));
+                    }
+                    self.finish_call(failed_result(call, content, "denied"))?;
+                    return Ok(CallEnd::Done);
+                }
+                None => return Ok(CallEnd::Cancelled),
+            }
+        }
+        // Durable before the tool runs: see the module doc.
+        self.shared.store.write(vec![WriteOp::MarkCallStarted {
+            session_id: self.session_id.clone(),
+            call_id: call.id.clone(),
+            at: crate::time::now_rfc3339(),
+        }])?;
+        let result = match workspace {
+            Ok(workspace) => {
+                let context = ToolContext { workspace, cancel: &self.cancel };
+                self.shared.tools.execute(call, &context)
+            }
+            Err(error) => failed_result(call, format!("The session's workspace is unavailable: {error}"), "workspace"),
+        };
+        self.finish_call(result)?;
+        Ok(CallEnd::Done)
+    }
+
+    /// Asks a person; `None` when the run was cancelled while waiting.
+    fn ask(&self, call: &ToolCall) -> Option<Decision> {
+        let approval = ApprovalRequest {
+            id: new_id("apr"),
+            call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            created_at: crate::time::now_rfc3339(),
+        };
+        let (decision_tx, decisions) = bounded(1);
+        let pending = PendingApproval { session_id: self.session_id.clone(), decision_tx };
+        self.shared.lock_approvals().insert(approval.id.clone(), pending);
+        let approval_id = approval.id.clone();
+        self.publish(Event::ApprovalRequested { session_id: self.session_id.clone(), approval });
+        let decision = select! {
+            recv(decisions) -> decision => decision.ok(),
+            recv(self.cancel.receiver()) -> _ => None,
+        };
+        self.shared.lock_approvals().remove(&approval_id);
+        let approved = decision.as_ref().is_some_and(|d| d.approved);
+        self.publish(Event::ApprovalResolved { session_id: self.session_id.clone(), approval_id, approved });
+        decision
+    }
+
+    /// Announces a result and stores it as a `tool` message.
+    fn finish_call(&self, result: ToolResult) -> Result<(), EngineError> {
+        self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone() });
+        let message = tool_message(&result);
+        self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
+        self.append(message)
+    }
+
+    /// Answers calls that will not run because the user cancelled. After a shutdown they are
+    /// left unanswered: resume decides their fate from the start marks.
+    fn abandon(&self, calls: &[ToolCall]) -> Result<(), EngineError> {
+        if self.cancel.reason() != Some(CancelReason::User) {
+            return Ok(());
+        }
+        for call in calls {
+            self.finish_call(failed_result(call, CANCELLED_TOOL_RESULT.into(), "cancelled"))?;
+        }
+        Ok(())
+    }
+
+    /// Settles every call without a recorded result before a resumed run continues.
+    pub(super) fn repair_transcript(&self) -> Result<Repair, EngineError> {
+        let history = self.shared.store.readers().messages(&self.session_id)?;
+        let started = self.shared.store.readers().started_calls(&self.session_id)?;
+        let answered: HashSet<&str> = history.iter().filter_map(|m| m.tool_call_id.as_deref()).collect();
+        let unanswered: Vec<&ToolCall> = history
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .flat_map(|m| m.tool_calls.iter())
+            .filter(|call| !answered.contains(call.id.as_str()))
+            .collect();
+        let mut never_ran = Vec::new();
+        for call in &unanswered {
+            if !started.contains(&call.id) {
+                never_ran.push((*call).clone());
+                continue;
+            }
+            let mut result = failed_result(call, INTERRUPTED_TOOL_RESULT.into(), "interrupted");
+            result.duration_ms = None;
+            let mut message = tool_message(&result);
+            message.meta.get_or_insert_with(Map::new).insert("interrupted".into(), Value::Bool(true));
+            self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
+            self.append(message)?;
+        }
+        let complete = unanswered.is_empty()
+            && history.last().is_some_and(|m| m.role == Role::Assistant && m.tool_calls.is_empty());
+        Ok(if complete { Repair::Complete } else { Repair::Dispatch(never_ran) })
+    }
+}
+
+fn failed_result(call: &ToolCall, content: String, error: &str) -> ToolResult {
+    ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        ok: false,
+        content,
+        duration_ms: Some(0),
+        error: Some(error.to_string()),
+        data: None,
+    }
+}
+
+/// The `tool` message that carries a result back to the model.
+fn tool_message(result: &ToolResult) -> ChatMessage {
+    let mut message = ChatMessage::new(Role::Tool, result.content.clone());
+    message.tool_call_id = Some(result.call_id.clone());
+    message.tool_name = Some(result.name.clone());
+    message.meta = json!({ "ok": result.ok }).as_object().cloned();
+    message
+}

@@ -1,0 +1,41 @@
+//! The built-in tools of a Kestrel session and the workspace they are confined to.
+//!
+//! Tools run on a run's worker thread. Each implements `engine::tools::Tool`; this module
+//! only builds them from the config. Every path goes through `workspace.rs`.
+
+mod args;
+mod command;
+mod files;
+mod search;
+pub mod workspace;
+
+use std::time::Duration;
+
+use crate::engine::tools::ToolRegistry;
+
+pub use files::unified_diff;
+
+/// What the built-in tools are configured with.
+#[derive(Debug, Clone)]
+pub struct ToolSettings {
+    pub read_limit: usize,
+    pub command_timeout: Duration,
+    pub command_max_timeout: Duration,
+    /// Environment variables a command must not see.
+    pub hidden_env: Vec<String>,
+}
+
+/// Registers every built-in tool.
+pub fn register_builtins(registry: &mut ToolRegistry, settings: &ToolSettings) {
+    registry.register(Box::new(files::ReadFile { read_limit: settings.read_limit }));
+    registry.register(Box::new(files::ListDirectory));
+    registry.register(Box::new(search::FindFiles));
+    registry.register(Box::new(search::SearchText));
+    registry.register(Box::new(files::WriteFile));
+    registry.register(Box::new(files::EditFile { read_limit: settings.read_limit }));
+    registry.register(Box::new(command::RunCommand {
+        default_timeout: settings.command_timeout,
+        max_timeout: settings.command_max_timeout,
+        hidden_env: settings.hidden_env.clone(),
+    }));
+}

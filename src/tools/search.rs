@@ -1,0 +1,223 @@
+//! The search tools: find_files (globs) and search_text (a regular expression over the tree).
+//!
+//! Both walk the workspace without following symlinked directories (a link could lead outside
+//! or into a loop) and skip the directories in `SKIPPED_DIRS`.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobSetBuilder};
+use regex::RegexBuilder;
+use serde_json::{json, Map, Value};
+
+use super::args::Args;
+use super::workspace::{is_text, Workspace, SKIPPED_DIRS};
+use crate::domain::ToolSchema;
+use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
+
+const MAX_FILES: usize = 1000;
+const MAX_MATCHES: usize = 200;
+const MAX_LINE_CHARS: usize = 300;
+/// Files larger than this are not searched.
+const MAX_SEARCHED_BYTES: u64 = 2 * 1024 * 1024;
+
+/// Every file under `start` (a file or a directory), in sorted order, skipping ignored
+/// directories and symlinked directories. `visit` returns false to stop the walk.
+fn walk(start: &Path, visit: &mut dyn FnMut(&Path) -> bool) {
+    if start.is_file() {
+        visit(start);
+        return;
+    }
+    let mut stack = vec![start.to_path_buf()];
+    while let Some(directory) = stack.pop() {
+        let Ok(reader) = fs::read_dir(&directory) else { continue };
+        let mut entries: Vec<(PathBuf, fs::FileType)> =
+            reader.filter_map(Result::ok).filter_map(|e| Some((e.path(), e.file_type().ok()?))).collect();
+        entries.sort_by(|a, b| b.0.cmp(&a.0)); // reversed: the stack pops them in order
+        let mut subdirectories = Vec::new();
+        for (path, kind) in entries.into_iter().rev() {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if kind.is_dir() {
+                if !SKIPPED_DIRS.contains(&name.as_str()) {
+                    subdirectories.push(path);
+                }
+            } else if kind.is_file() && !visit(&path) {
+                return;
+            }
+        }
+        stack.extend(subdirectories.into_iter().rev());
+    }
+}
+
+fn start_of(workspace: &Workspace, path: Option<&str>) -> Result<PathBuf, String> {
+    let start = workspace.resolve(path.unwrap_or(".")).map_err(|e| e.to_string())?;
+    if !start.exists() {
+        return Err(format!("{} does not exist", path.unwrap_or(".")));
+    }
+    Ok(start)
+}
+
+pub struct FindFiles;
+
+impl Tool for FindFiles {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "find_files".into(),
+            description:
+                "Find files in the workspace whose paths match glob patterns such as `**/*.rs` or `src/*.toml`.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {
+                        "description": "A glob, or an array of globs, matched against paths relative to the workspace.",
+                        "anyOf": [{ "type": "string" }, { "type": "array", "items": { "type": "string" } }]
+                    },
+                    "path": { "type": "string", "description": "Directory to search in; default the whole workspace." }
+                },
+                "required": ["pattern"]
+            }),
+            permission: None,
+            category: Some("search".into()),
+        }
+    }
+
+    fn default_permission(&self) -> Permission {
+        Permission::Auto
+    }
+
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+        let args = Args::new(arguments);
+        let (patterns, path) = match (args.strings("pattern"), args.optional_string("path")) {
+            (Ok(patterns), Ok(path)) => (patterns, path),
+            (Err(e), _) | (_, Err(e)) => return ToolOutput::failure(e),
+        };
+        let mut builder = GlobSetBuilder::new();
+        for pattern in &patterns {
+            match Glob::new(pattern) {
+                Ok(glob) => builder.add(glob),
+                Err(error) => return ToolOutput::failure(format!("bad glob {pattern:?}: {error}")),
+            };
+        }
+        let globs = match builder.build() {
+            Ok(globs) => globs,
+            Err(error) => return ToolOutput::failure(format!("bad globs: {error}")),
+        };
+        let start = match start_of(context.workspace, path) {
+            Ok(start) => start,
+            Err(error) => return ToolOutput::failure(error),
+        };
+        let mut found = Vec::new();
+        let mut more = false;
+        walk(&start, &mut |file| {
+            let relative = context.workspace.relative(file);
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if globs.is_match(&relative) || globs.is_match(&name) {
+                if found.len() == MAX_FILES {
+                    more = true;
+                    return false;
+                }
+                found.push(relative);
+            }
+            !context.cancel.is_cancelled()
+        });
+        let mut content = if found.is_empty() { "No files match.".to_string() } else { found.join("\n") };
+        if more {
+            content.push_str(&format!("\n[only the first {MAX_FILES} matches are shown]"));
+        }
+        ToolOutput::success(content, Some(json!({ "files": found.len(), "truncated": more })))
+    }
+}
+
+pub struct SearchText;
+
+impl Tool for SearchText {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "search_text".into(),
+            description: "Search the workspace's text files for a regular expression; prints `path:line: text` for each match. Binary files and directories like .git, target and node_modules are skipped.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": { "type": "string", "description": "A regular expression (Rust regex syntax)." },
+                    "path": { "type": "string", "description": "File or directory to search; default the whole workspace." },
+                    "glob": { "type": "string", "description": "Only search files whose path matches this glob, e.g. `*.rs`." },
+                    "caseInsensitive": { "type": "boolean" }
+                },
+                "required": ["pattern"]
+            }),
+            permission: None,
+            category: Some("search".into()),
+        }
+    }
+
+    fn default_permission(&self) -> Permission {
+        Permission::Auto
+    }
+
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+        let args = Args::new(arguments);
+        let parsed = (
+            args.string("pattern"),
+            args.optional_string("path"),
+            args.optional_string("glob"),
+            args.flag("caseInsensitive"),
+        );
+        let (pattern, path, glob, insensitive) = match parsed {
+            (Ok(p), Ok(path), Ok(glob), Ok(i)) => (p, path, glob, i),
+            (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => return ToolOutput::failure(e),
+        };
+        let regex = match RegexBuilder::new(pattern).case_insensitive(insensitive).size_limit(1 << 20).build() {
+            Ok(regex) => regex,
+            Err(error) => return ToolOutput::failure(format!("bad regular expression: {error}")),
+        };
+        let filter = match glob.map(Glob::new).transpose() {
+            Ok(glob) => glob.map(|g| g.compile_matcher()),
+            Err(error) => return ToolOutput::failure(format!("bad glob: {error}")),
+        };
+        let start = match start_of(context.workspace, path) {
+            Ok(start) => start,
+            Err(error) => return ToolOutput::failure(error),
+        };
+        let mut matches = Vec::new();
+        let mut more = false;
+        walk(&start, &mut |file| {
+            let relative = context.workspace.relative(file);
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if filter.as_ref().is_some_and(|f| !f.is_match(&relative) && !f.is_match(&name)) {
+                return true;
+            }
+            let Some(text) = read_text(file) else { return true };
+            for (index, line) in text.lines().enumerate() {
+                if regex.is_match(line) {
+                    if matches.len() == MAX_MATCHES {
+                        more = true;
+                        return false;
+                    }
+                    let shown: String = line.chars().take(MAX_LINE_CHARS).collect();
+                    matches.push(format!("{relative}:{}: {shown}", index + 1));
+                }
+            }
+            !context.cancel.is_cancelled()
+        });
+        let mut content = if matches.is_empty() { "No matches.".to_string() } else { matches.join("\n") };
+        if more {
+            content.push_str(&format!("\n[stopped at {MAX_MATCHES} matches; narrow the pattern or the path]"));
+        }
+        ToolOutput::success(content, Some(json!({ "matches": matches.len(), "truncated": more })))
+    }
+}
+
+/// A file's text, or `None` for binary and oversized files.
+fn read_text(path: &Path) -> Option<String> {
+    let meta = fs::metadata(path).ok()?;
+    if meta.len() > MAX_SEARCHED_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    fs::File::open(path).ok()?.read_to_end(&mut bytes).ok()?;
+    if !is_text(&bytes, false) {
+        return None;
+    }
+    String::from_utf8(bytes).ok()
+}

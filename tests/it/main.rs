@@ -9,3 +9,4 @@ mod restart;
 mod runs;
 mod sessions;
 mod support;
+mod tools;

@@ -107,7 +107,10 @@ fn openai_text_reasoning_and_usage_survive_a_byte_by_byte_stream() {
     assert_eq!(user["role"], "user");
     assert_eq!(user["content"][0], json!({ "type": "text", "text": "describe" }));
     assert_eq!(user["content"][1]["image_url"]["url"], format!("data:image/png;base64,{png}"));
-    assert!(request.body["tools"].is_null(), "no tools registered yet, none sent");
+    let tools = request.body["tools"].as_array().unwrap();
+    let read_file = tools.iter().find(|t| t["function"]["name"] == "read_file").expect("read_file is offered");
+    assert_eq!(read_file["type"], "function");
+    assert_eq!(read_file["function"]["parameters"]["required"], json!(["path"]));
     assert_no_key(&events, &server);
 }
 

@@ -85,6 +85,12 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
         )
         .unwrap();
     }
+    // The call had begun executing: its start mark was committed before it ran.
+    db.execute(
+        "INSERT INTO tool_call_starts (session_id, call_id, started_at) VALUES (?1, 'call_pending', 'x')",
+        [&id],
+    )
+    .unwrap();
     db.execute("UPDATE sessions SET status = 'running', message_count = 2 WHERE id = ?1", [&id]).unwrap();
     drop(db);
 

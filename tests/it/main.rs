@@ -3,6 +3,7 @@
 mod auth;
 mod events;
 mod fake_provider;
+mod files;
 mod http;
 mod providers;
 mod restart;

@@ -1,11 +1,32 @@
 //! Durability: restarts on the same data dir, a kill -9 mid-run, and the resume rules.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 
 use serde_json::{json, Value};
 
 use crate::support::{event_type, is_run_end, test_config, TestServer};
+
+/// Starts the real binary on a data dir with a config file; returns it and its base URL.
+fn spawn_binary(data: &Path, workspace: &Path, config: &str) -> (Child, String) {
+    let config_path = data.join("kestrel.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .arg("--config")
+        .arg(&config_path)
+        .env("KESTREL_ADDR", "127.0.0.1:0")
+        .env("KESTREL_DATA_DIR", data)
+        .env("KESTREL_WORKSPACE", workspace)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    (child, base)
+}
 
 #[test]
 fn sessions_and_transcripts_survive_a_restart_and_seqs_keep_rising() {
@@ -31,18 +52,7 @@ fn sessions_and_transcripts_survive_a_restart_and_seqs_keep_rising() {
 fn a_run_killed_mid_stream_is_interrupted_on_boot_and_resumes() {
     let data = tempfile::tempdir().unwrap();
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .env("KESTREL_ADDR", "127.0.0.1:0")
-        .env("KESTREL_DATA_DIR", data.path())
-        .env("KESTREL_WORKSPACE", workspace.path())
-        .env("KESTREL_BUILTIN_DELAY_MS", "200")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    let (mut child, base) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 200\n");
     let client = crate::support::Client { base: base.clone(), token: None };
     let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
     let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
@@ -109,4 +119,94 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
     assert_eq!(result["meta"]["ok"], false);
     assert_eq!(messages[3]["role"], "assistant");
     assert!(messages[3]["content"].as_str().unwrap().contains("dangerous_tool failed"));
+}
+
+#[test]
+fn a_command_in_flight_at_kill_9_is_not_run_again_and_the_model_is_told_to_verify() {
+    let data = tempfile::tempdir().unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let config = "[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n";
+    let (mut child, base) = spawn_binary(data.path(), workspace.path(), config);
+    let client = crate::support::Client { base: base.clone(), token: None };
+    let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
+    let command = json!({ "command": "echo started >> runs.log; sleep 3; echo finished >> runs.log" });
+    let line = format!("/tool run_command {command}");
+    assert_eq!(client.post(&format!("/api/sessions/{id}/messages"), json!({ "content": line })).status, 202);
+    stream.collect_until(|e| event_type(e) == "tool.started");
+    let log = workspace.path().join("runs.log");
+    crate::support::wait_until("the command to start", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("started"))
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let server = TestServer::from_config(test_config(data.path(), workspace.path()));
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["status"], "interrupted");
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    assert_eq!(server.post(&format!("/api/sessions/{id}/resume"), json!({})).status, 202);
+    let events = stream.collect_until(is_run_end);
+    assert!(!events.iter().any(|e| event_type(e) == "tool.started"), "not executed again");
+    let messages: Vec<Value> =
+        server.get(&format!("/api/sessions/{id}")).json["session"]["messages"].as_array().unwrap().clone();
+    let result = messages.iter().find(|m| m["role"] == "tool").unwrap();
+    assert!(result["content"].as_str().unwrap().contains("Verify the state of the workspace"));
+    assert_eq!(result["meta"]["interrupted"], true);
+    // The orphaned command may still finish on its own; it was started exactly once.
+    let runs = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(runs.matches("started").count(), 1, "{runs}");
+}
+
+#[test]
+fn an_approval_pending_at_kill_9_is_asked_again_on_resume_and_runs_once() {
+    let data = tempfile::tempdir().unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let (mut child, base) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 1\n");
+    let client = crate::support::Client { base: base.clone(), token: None };
+    let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
+    let line = format!("/tool run_command {}", json!({ "command": "echo ran >> approved.log" }));
+    assert_eq!(client.post(&format!("/api/sessions/{id}/messages"), json!({ "content": line })).status, 202);
+    let before = stream.collect_until(|e| event_type(e) == "approval.requested");
+    let old_approval = before.last().unwrap()["event"]["approval"]["id"].as_str().unwrap().to_string();
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let server = TestServer::from_config(test_config(data.path(), workspace.path()));
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    assert_eq!(server.post(&format!("/api/sessions/{id}/resume"), json!({})).status, 202);
+    let asked = stream.collect_until(|e| event_type(e) == "approval.requested");
+    let approval = asked.last().unwrap()["event"]["approval"].clone();
+    assert_ne!(approval["id"], old_approval.as_str(), "a new request for the same call");
+    assert_eq!(approval["toolName"], "run_command");
+    server
+        .post(&format!("/api/sessions/{id}/approvals/{old_approval}"), json!({ "approved": true }))
+        .assert_error(404, "approval_not_found");
+    let answer = server.post(
+        &format!("/api/sessions/{id}/approvals/{}", approval["id"].as_str().unwrap()),
+        json!({ "approved": true }),
+    );
+    assert_eq!(answer.status, 200);
+    let events = stream.collect_until(is_run_end);
+    assert_eq!(events.last().unwrap()["event"]["status"], "completed");
+    assert_eq!(std::fs::read_to_string(workspace.path().join("approved.log")).unwrap(), "ran\n", "ran exactly once");
+}
+
+#[test]
+fn a_graceful_shutdown_during_an_approval_leaves_a_resumable_session() {
+    let mut server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let line = format!("/tool write_file {}", json!({ "path": "later.txt", "content": "ok" }));
+    server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": line }));
+    stream.collect_until(|e| event_type(e) == "approval.requested");
+    server.restart(|_| {});
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["status"], "interrupted");
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    assert_eq!(server.post(&format!("/api/sessions/{id}/resume"), json!({})).status, 202);
+    let asked = stream.collect_until(|e| event_type(e) == "approval.requested");
+    let approval_id = asked.last().unwrap()["event"]["approval"]["id"].as_str().unwrap().to_string();
+    server.post(&format!("/api/sessions/{id}/approvals/{approval_id}"), json!({ "approved": true }));
+    stream.collect_until(is_run_end);
+    assert_eq!(std::fs::read_to_string(server.workspace.join("later.txt")).unwrap(), "ok");
 }

@@ -385,3 +385,58 @@ fn tools_refuse_paths_outside_the_workspace() {
     assert_eq!(written["ok"], true, "{written}");
     assert_eq!(content(&call(&server, &session, "read_file", json!({ "path": odd }))), "     1\tfine");
 }
+
+#[test]
+fn a_provider_driven_edit_is_approved_and_only_its_content_reaches_the_model() {
+    use crate::fake_provider::{openai, FakeProvider, Reply};
+    let fake = FakeProvider::start();
+    let arguments = json!({ "path": "lib.rs", "oldString": "old_name", "newString": "new_name" }).to_string();
+    let mut first = openai::chunk(
+        json!({ "tool_calls": [{ "index": 0, "id": "call_edit", "type": "function", "function": { "name": "edit_file", "arguments": arguments } }] }),
+        None,
+    );
+    first.push_str(&openai::chunk(json!({}), Some("tool_calls")));
+    first.push_str(openai::DONE);
+    let second = openai::text(&[], &["Renamed."], &openai::usage(1, 1, 0, 0));
+    fake.script([Reply::stream(first.as_bytes(), 2), Reply::stream(second.as_bytes(), 1)]);
+    let base_url = fake.base_url.clone();
+    let server = TestServer::start_with(move |config| {
+        config.providers.insert(
+            "fake".into(),
+            kestrel::config::ProviderConfig {
+                wire: kestrel::config::Wire::Openai,
+                base_url,
+                api_key_env: None,
+                api_key: None,
+                fallbacks: Vec::new(),
+                timeout_secs: 10,
+                idle_timeout_secs: 5,
+                max_retries: 0,
+                retry_base_delay_ms: 10,
+                retry_max_wait_secs: 1,
+                models: vec![kestrel::config::ModelConfig {
+                    name: "m".into(),
+                    label: None,
+                    context_window: None,
+                    supports_tools: true,
+                    supports_reasoning: false,
+                    max_tokens: None,
+                }],
+            },
+        );
+    });
+    fs::write(server.workspace.join("lib.rs"), "fn old_name() {}\n").unwrap();
+    let session = server.create_session(json!({ "model": "fake/m" }));
+    let (mut stream, approval) = start_asking(&server, &session, "rename it");
+    assert_eq!(approval["callId"], "call_edit");
+    server.post(&approval_path(&session, &approval), json!({ "approved": true }));
+    let events = stream.collect_until(is_run_end);
+    let result = result_of(&events);
+    assert!(result["data"]["diff"].as_str().unwrap().contains("+fn new_name() {}"));
+    assert_eq!(fs::read_to_string(server.workspace.join("lib.rs")).unwrap(), "fn new_name() {}\n");
+    let follow_up = &fake.requests()[1].body;
+    let tool_message = follow_up["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(tool_message["content"], "Edited lib.rs: 1 replacement(s).");
+    assert!(!follow_up.to_string().contains("+++"), "the diff never reaches the model");
+    assert_eq!(events.last().unwrap()["event"]["status"], "completed");
+}

@@ -85,6 +85,39 @@ pub struct ModelConfig {
     pub max_tokens: Option<u32>,
 }
 
+impl ProviderConfig {
+    /// A provider with every optional setting at its default and no models yet.
+    pub fn new(wire: Wire, base_url: impl Into<String>) -> ProviderConfig {
+        ProviderConfig {
+            wire,
+            base_url: base_url.into(),
+            api_key_env: None,
+            api_key: None,
+            fallbacks: Vec::new(),
+            timeout_secs: defaults::timeout_secs(),
+            idle_timeout_secs: defaults::idle_timeout_secs(),
+            max_retries: defaults::max_retries(),
+            retry_base_delay_ms: defaults::retry_base_delay_ms(),
+            retry_max_wait_secs: defaults::retry_max_wait_secs(),
+            models: Vec::new(),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// A model with tools on, reasoning off, and no label, window or token limit.
+    pub fn named(name: impl Into<String>) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            label: None,
+            context_window: None,
+            supports_tools: true,
+            supports_reasoning: false,
+            max_tokens: None,
+        }
+    }
+}
+
 mod defaults {
     pub fn timeout_secs() -> u64 {
         600
@@ -311,33 +344,17 @@ impl Config {
                 continue;
             }
             let base_url = env(&format!("{prefix}_BASE_URL")).unwrap_or_else(|| default_url.to_string());
-            let models = models
+            let mut provider = ProviderConfig::new(wire, base_url);
+            provider.api_key_env = Some(format!("{prefix}_API_KEY"));
+            provider.api_key = Some(key);
+            provider.models = models
                 .iter()
                 .map(|model| ModelConfig {
-                    name: model.to_string(),
-                    label: None,
-                    context_window: None,
-                    supports_tools: true,
                     supports_reasoning: wire == Wire::Anthropic || model.starts_with("gpt-5"),
-                    max_tokens: None,
+                    ..ModelConfig::named(*model)
                 })
                 .collect();
-            self.providers.insert(
-                name.to_string(),
-                ProviderConfig {
-                    wire,
-                    base_url,
-                    api_key_env: Some(format!("{prefix}_API_KEY")),
-                    api_key: Some(key),
-                    fallbacks: Vec::new(),
-                    timeout_secs: defaults::timeout_secs(),
-                    idle_timeout_secs: defaults::idle_timeout_secs(),
-                    max_retries: defaults::max_retries(),
-                    retry_base_delay_ms: defaults::retry_base_delay_ms(),
-                    retry_max_wait_secs: defaults::retry_max_wait_secs(),
-                    models,
-                },
-            );
+            self.providers.insert(name.to_string(), provider);
         }
     }
 

@@ -12,29 +12,17 @@ use crate::support::{event_type, is_run_end, TestServer};
 const KEY: &str = "sk-test-very-secret-key";
 
 fn provider(wire: Wire, fake: &FakeProvider, models: &[&str]) -> ProviderConfig {
-    ProviderConfig {
-        wire,
-        base_url: fake.base_url.clone(),
-        api_key_env: None,
-        api_key: Some(KEY.into()),
-        fallbacks: Vec::new(),
-        timeout_secs: 30,
-        idle_timeout_secs: 5,
-        max_retries: 2,
-        retry_base_delay_ms: 10,
-        retry_max_wait_secs: 5,
-        models: models
-            .iter()
-            .map(|name| ModelConfig {
-                name: name.to_string(),
-                label: None,
-                context_window: Some(32_768),
-                supports_tools: true,
-                supports_reasoning: true,
-                max_tokens: None,
-            })
-            .collect(),
-    }
+    let mut provider = ProviderConfig::new(wire, fake.base_url.clone());
+    provider.api_key = Some(KEY.into());
+    provider.timeout_secs = 30;
+    provider.idle_timeout_secs = 5;
+    provider.retry_base_delay_ms = 10;
+    provider.retry_max_wait_secs = 5;
+    provider.models = models
+        .iter()
+        .map(|name| ModelConfig { context_window: Some(32_768), supports_reasoning: true, ..ModelConfig::named(*name) })
+        .collect();
+    provider
 }
 
 fn server_with(providers: Vec<(&str, ProviderConfig)>) -> TestServer {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::time::{Duration, Instant};
 
+use kestrel::config::{ModelConfig, ProviderConfig, Wire};
 use kestrel::engine::tools::Permission;
 use serde_json::{json, Value};
 
@@ -163,26 +164,9 @@ fn run_command_reports_exit_codes_interleaves_output_and_hides_secrets() {
     let server = TestServer::start_with(|config| {
         config.agent.permissions.insert("run_command".into(), Permission::Auto);
         config.agent.tool_output_limit_chars = 2_000;
-        let provider = kestrel::config::ProviderConfig {
-            wire: kestrel::config::Wire::Openai,
-            base_url: "http://127.0.0.1:9/v1".into(),
-            api_key_env: Some("KESTREL_IT_PROVIDER_KEY".into()),
-            api_key: None,
-            fallbacks: Vec::new(),
-            timeout_secs: 5,
-            idle_timeout_secs: 5,
-            max_retries: 0,
-            retry_base_delay_ms: 10,
-            retry_max_wait_secs: 1,
-            models: vec![kestrel::config::ModelConfig {
-                name: "m".into(),
-                label: None,
-                context_window: None,
-                supports_tools: true,
-                supports_reasoning: false,
-                max_tokens: None,
-            }],
-        };
+        let mut provider = ProviderConfig::new(Wire::Openai, "http://127.0.0.1:9/v1");
+        provider.api_key_env = Some("KESTREL_IT_PROVIDER_KEY".into());
+        provider.models.push(ModelConfig::named("m"));
         config.providers.insert("hidden".into(), provider);
     });
     let session = server.create_session(json!({}));
@@ -401,29 +385,9 @@ fn a_provider_driven_edit_is_approved_and_only_its_content_reaches_the_model() {
     fake.script([Reply::stream(first.as_bytes(), 2), Reply::stream(second.as_bytes(), 1)]);
     let base_url = fake.base_url.clone();
     let server = TestServer::start_with(move |config| {
-        config.providers.insert(
-            "fake".into(),
-            kestrel::config::ProviderConfig {
-                wire: kestrel::config::Wire::Openai,
-                base_url,
-                api_key_env: None,
-                api_key: None,
-                fallbacks: Vec::new(),
-                timeout_secs: 10,
-                idle_timeout_secs: 5,
-                max_retries: 0,
-                retry_base_delay_ms: 10,
-                retry_max_wait_secs: 1,
-                models: vec![kestrel::config::ModelConfig {
-                    name: "m".into(),
-                    label: None,
-                    context_window: None,
-                    supports_tools: true,
-                    supports_reasoning: false,
-                    max_tokens: None,
-                }],
-            },
-        );
+        let mut provider = ProviderConfig::new(Wire::Openai, base_url);
+        provider.models.push(ModelConfig::named("m"));
+        config.providers.insert("fake".into(), provider);
     });
     fs::write(server.workspace.join("lib.rs"), "fn old_name() {}\n").unwrap();
     let session = server.create_session(json!({ "model": "fake/m" }));

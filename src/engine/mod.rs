@@ -312,7 +312,7 @@ impl Engine {
         }
         let run = run::Run {
             shared: Arc::clone(&self.shared),
-            tenant: record.tenant,
+            tenant: Arc::from(record.tenant),
             session_id: id.clone(),
             run_id: run_id.clone(),
             cancel: canceller.token(),

@@ -19,7 +19,7 @@ use crate::store::{SessionPatch, WriteOp};
 
 pub(super) struct Run {
     pub shared: Arc<Shared>,
-    pub tenant: String,
+    pub tenant: Arc<str>,
     pub session_id: String,
     pub run_id: String,
     pub cancel: CancelToken,
@@ -212,6 +212,6 @@ impl Run {
     }
 
     pub(super) fn publish(&self, event: Event) {
-        self.shared.bus.publish(Some(&self.tenant), event);
+        self.shared.bus.publish_shared(Some(Arc::clone(&self.tenant)), event);
     }
 }

@@ -3,7 +3,10 @@
 //! Also spoken by vLLM, llama.cpp's server, Ollama's `/v1`, LM Studio and most gateways, which
 //! is why reasoning is read from both `reasoning_content` and `reasoning`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+use serde::Deserialize;
 
 use serde_json::{json, Map, Value};
 
@@ -92,6 +95,44 @@ fn message(message: &ChatMessage) -> Option<Value> {
     })
 }
 
+/// One `chat.completion.chunk`, read without copying its strings where JSON allows: a stream
+/// carries thousands of these, and this is the hot path of every OpenAI-style answer.
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    delta: Option<ChunkDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    /// vLLM, DeepSeek.
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    /// llama.cpp, Ollama, OpenRouter.
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    tool_calls: Vec<Value>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Value>, D::Error> {
+    Ok(Option::<Vec<Value>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
 #[derive(Default)]
 struct PartialCall {
     id: Option<String>,
@@ -120,33 +161,33 @@ impl OpenAiStream {
         if data.is_empty() {
             return Ok(true);
         }
-        let chunk: Value = serde_json::from_str(data)
+        let chunk: Chunk<'_> = serde_json::from_str(data)
             .map_err(|e| CallError::Fatal(format!("the provider sent a chunk that is not JSON: {e}")))?;
-        if let Some(error) = chunk.get("error") {
+        if let Some(error) = chunk.error {
             let message = error.get("message").and_then(Value::as_str).unwrap_or("unknown error");
             return Err(CallError::Transient { message: format!("stream error: {message}"), retry_after: None });
         }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.state.usage = Some(usage_from(usage));
+        if let Some(usage) = chunk.usage.filter(|u| u.is_object()) {
+            self.state.usage = Some(usage_from(&usage));
         }
-        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
+        let Some(choice) = chunk.choices.into_iter().next() else {
             return Ok(true);
         };
-        if let Some(delta) = choice.get("delta") {
-            for field in ["reasoning_content", "reasoning"] {
-                if let Some(piece) = delta.get(field).and_then(Value::as_str).filter(|p| !p.is_empty()) {
-                    self.state.reasoning(piece, on_delta);
+        if let Some(delta) = choice.delta {
+            for piece in [delta.reasoning_content, delta.reasoning].into_iter().flatten() {
+                if !piece.is_empty() {
+                    self.state.reasoning(&piece, on_delta);
                 }
             }
-            if let Some(piece) = delta.get("content").and_then(Value::as_str).filter(|p| !p.is_empty()) {
-                self.state.text(piece, on_delta);
+            if let Some(piece) = delta.content.filter(|p| !p.is_empty()) {
+                self.state.text(&piece, on_delta);
             }
-            for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            for call in &delta.tool_calls {
                 self.add_call_piece(call);
             }
         }
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.state.finish = Some(match reason {
+        if let Some(reason) = choice.finish_reason {
+            self.state.finish = Some(match reason.as_ref() {
                 "stop" => Finish::Stop,
                 "length" => Finish::Length,
                 "tool_calls" | "function_call" => Finish::ToolCalls,

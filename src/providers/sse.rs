@@ -26,23 +26,31 @@ pub struct SseParser {
 
 impl SseParser {
     /// Feeds bytes; returns the events completed by them, in order.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
-        for &byte in bytes {
-            match byte {
-                b'\n' if self.after_cr => self.after_cr = false,
-                b'\n' | b'\r' => {
-                    self.after_cr = byte == b'\r';
-                    let line = std::mem::take(&mut self.line);
-                    if let Some(event) = self.line_done(&line) {
-                        events.push(event);
-                    }
-                }
-                _ => {
-                    self.after_cr = false;
-                    self.line.push(byte);
-                }
+        while !bytes.is_empty() {
+            if self.after_cr && bytes[0] == b'\n' {
+                bytes = &bytes[1..];
             }
+            self.after_cr = false;
+            // Copy whole runs of line content at once; only line ends are looked at one by one.
+            let Some(end) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') else {
+                self.line.extend_from_slice(bytes);
+                break;
+            };
+            self.after_cr = bytes[end] == b'\r';
+            let event = if self.line.is_empty() {
+                self.line_done(&bytes[..end])
+            } else {
+                self.line.extend_from_slice(&bytes[..end]);
+                let line = std::mem::take(&mut self.line);
+                let event = self.line_done(&line);
+                self.line = line;
+                self.line.clear();
+                event
+            };
+            events.extend(event);
+            bytes = &bytes[end + 1..];
         }
         events
     }

@@ -69,11 +69,6 @@ impl Default for Canceller {
 }
 
 impl CancelToken {
-    /// A token that is never cancelled, for callers with nothing to cancel.
-    pub fn never() -> CancelToken {
-        Canceller::new().token()
-    }
-
     pub fn is_cancelled(&self) -> bool {
         matches!(self.rx.try_recv(), Err(TryRecvError::Disconnected))
     }

@@ -222,9 +222,6 @@ impl ModelRegistry {
         self.models.iter().map(|model| &model.info)
     }
 
-    pub fn info(&self, id: &str) -> Option<&ModelInfo> {
-        Some(&self.models[*self.by_id.get(id)?].info)
-    }
 
     /// The provider that runs a model.
     pub fn resolve(&self, id: &str) -> Option<Arc<dyn Provider>> {

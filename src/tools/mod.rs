@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use crate::engine::tools::ToolRegistry;
 
-pub use files::unified_diff;
-
 /// What the built-in tools are configured with.
 #[derive(Debug, Clone)]
 pub struct ToolSettings {

@@ -131,7 +131,8 @@ impl Server {
             EngineConfig { default_workspace: workspace, max_steps: config.agent.max_steps.max(1) },
         );
 
-        let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
+        let write_timeout = Duration::from_millis(config.server.write_timeout_ms.max(1));
+        let listener = crate::http::bind(addr, write_timeout).map_err(|e| StartError::Bind(addr, e))?;
         let api = KestrelApi::new(
             engine.clone(),
             TokenSet::new(tokens),

@@ -153,6 +153,8 @@ pub struct ServerConfig {
     pub replay_buffer: usize,
     /// Envelopes queued for one stream before it is dropped as too slow.
     pub subscriber_buffer: usize,
+    /// A write to a client that makes no progress for this long fails and ends its thread.
+    pub write_timeout_ms: u64,
     /// Serve a non-loopback address with no token configured.
     pub allow_unauthenticated: bool,
 }
@@ -213,6 +215,7 @@ impl Default for ServerConfig {
             sse_ping_interval_ms: 15_000,
             replay_buffer: 10_000,
             subscriber_buffer: 4096,
+            write_timeout_ms: 30_000,
             allow_unauthenticated: false,
         }
     }

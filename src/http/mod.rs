@@ -87,14 +87,20 @@ impl Request {
     }
 }
 
-/// Binds a listener whose accepted sockets have Nagle's algorithm off. Without it, a response
-/// that tiny_http writes in two pieces waits for the client's delayed ACK: 40 ms per request on
-/// a keep-alive connection.
-pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// Binds the listener. Linux copies these options to every accepted socket, which is the only
+/// way to set them: tiny_http offers no hook for its sockets.
+///
+/// - `TCP_NODELAY`: without it, a response that tiny_http writes in two pieces waits for the
+///   client's delayed ACK, 40 ms per request on a keep-alive connection.
+/// - a send timeout (`write_timeout`): a client that stops reading (a stalled network, a
+///   frozen tab) fills its socket buffer and would block the thread writing to it forever;
+///   with the timeout the write fails and the thread ends.
+pub fn bind(addr: SocketAddr, write_timeout: Duration) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_nodelay(true)?;
+    socket.set_write_timeout(Some(write_timeout))?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     Ok(socket.into())

@@ -222,7 +222,6 @@ impl ModelRegistry {
         self.models.iter().map(|model| &model.info)
     }
 
-
     /// The provider that runs a model.
     pub fn resolve(&self, id: &str) -> Option<Arc<dyn Provider>> {
         Some(Arc::clone(&self.models[*self.by_id.get(id)?].provider))

@@ -165,3 +165,33 @@ fn the_default_ring_keeps_the_last_ten_thousand_envelopes() {
     assert_eq!(seqs.first().copied(), Some(last - 9_999));
     assert_eq!(seqs.last().copied(), Some(last));
 }
+
+#[test]
+fn a_client_that_stops_reading_is_cut_off_without_slowing_the_run_or_others() {
+    let server = TestServer::start_with(|config| {
+        config.builtin.delay_ms = 0;
+        config.server.write_timeout_ms = 500;
+        config.server.subscriber_buffer = 100_000;
+    });
+    let id = server.create_session(json!({}));
+    // A raw client that sends its request and then never reads a byte.
+    let host = server.base.trim_start_matches("http://").to_string();
+    let mut stalled = std::net::TcpStream::connect(&host).unwrap();
+    std::io::Write::write_all(
+        &mut stalled,
+        format!("GET /api/sessions/{id}/events HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    wait_until("the stalled stream to open", || server.stats().open_streams == 1);
+    let mut reader = server.events(&format!("/api/sessions/{id}/events"));
+    // About 18 MB of frames: more than the socket buffers on both ends hold.
+    let words = "w ".repeat(90_000);
+    let started = std::time::Instant::now();
+    server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": words.trim_end() }));
+    let events = reader.collect_until(is_run_end);
+    assert_eq!(event_type(events.last().unwrap()), "run.finished");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "the run was not held back");
+    // The stalled client's thread gave up on its write; the reading client's stream remains.
+    wait_until("the stalled stream's thread to end", || server.stats().open_streams == 1);
+    drop(stalled);
+}

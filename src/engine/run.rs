@@ -195,7 +195,13 @@ impl Run {
             }
             Err(error) => {
                 log::warn!("run {} failed: {error}", self.run_id);
-                Event::RunFailed { session_id, run_id, error: error.to_string() }
+                // A provider's message is written for the user; anything else stays in the log.
+                let error = match error {
+                    EngineError::Provider(message) => message,
+                    EngineError::InvalidModel(_) => error.to_string(),
+                    _ => "internal error; the server log has the details".to_string(),
+                };
+                Event::RunFailed { session_id, run_id, error }
             }
         };
         self.publish(event);

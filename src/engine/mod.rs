@@ -216,16 +216,16 @@ impl Engine {
     /// Deletes a session and its transcript, cancelling its run first if it has one.
     pub fn delete_session(&self, tenant: &str, id: &str) -> Result<(), EngineError> {
         self.shared.owned_session(tenant, id)?;
-        {
-            let mut runs = self.shared.lock_runs();
-            if let Some(run) = runs.get(id) {
-                run.canceller.cancel(CancelReason::User);
-            }
-            while runs.contains_key(id) {
-                runs = self.shared.run_ended.wait(runs).unwrap_or_else(|e| e.into_inner());
-            }
+        let mut runs = self.shared.lock_runs();
+        if let Some(run) = runs.get(id) {
+            run.canceller.cancel(CancelReason::User);
         }
+        while runs.contains_key(id) {
+            runs = self.shared.run_ended.wait(runs).unwrap_or_else(|e| e.into_inner());
+        }
+        // Still holding the run table, so no new run can claim the session before it is gone.
         self.shared.store.write(vec![WriteOp::DeleteSession { id: id.to_string() }])?;
+        drop(runs);
         self.shared.bus.publish(Some(tenant), Event::SessionDeleted { session_id: id.to_string() });
         Ok(())
     }

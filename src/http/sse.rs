@@ -46,16 +46,24 @@ impl EventStream {
             }
         }
         write_chunk(&mut socket, &burst)?;
-        let live = &self.subscription.live;
+        let live = &self.subscription;
         loop {
             burst.clear();
             match live.recv_timeout(ping) {
-                Ok(envelope) => {
-                    push_frame(&mut burst, &envelope);
-                    while burst.len() < BURST_BYTES {
-                        match live.try_recv() {
-                            Ok(envelope) => push_frame(&mut burst, &envelope),
-                            Err(_) => break,
+                Ok(batch) => {
+                    // One chunk per batch, and whatever else is already queued, up to a limit;
+                    // a large batch goes out in several chunks.
+                    let mut next = Some(batch);
+                    while let Some(batch) = next.take() {
+                        for envelope in batch.iter() {
+                            push_frame(&mut burst, envelope);
+                            if burst.len() >= BURST_BYTES {
+                                write_chunk(&mut socket, &burst)?;
+                                burst.clear();
+                            }
+                        }
+                        if burst.len() < BURST_BYTES {
+                            next = live.try_recv();
                         }
                     }
                 }

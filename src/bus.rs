@@ -56,17 +56,29 @@ pub struct Envelope {
 #[derive(Debug, Clone)]
 pub struct Filter {
     pub tenant: String,
-    pub session_id: Option<String>,
+    pub scope: Scope,
+}
+
+/// Which of a tenant's envelopes a subscriber wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every session's events, and notices.
+    AllSessions,
+    /// One session's events.
+    Session(String),
+    /// Plugin asset changes. This server publishes none, so such a stream stays idle.
+    Plugins,
 }
 
 impl Filter {
     fn matches(&self, envelope: &Envelope) -> bool {
         let tenant_ok = envelope.tenant.as_deref().is_none_or(|t| t == self.tenant);
-        let session_ok = match &self.session_id {
-            Some(wanted) => envelope.session_id.as_deref() == Some(wanted.as_str()),
-            None => true,
+        let scope_ok = match &self.scope {
+            Scope::AllSessions => true,
+            Scope::Session(wanted) => envelope.session_id.as_deref() == Some(wanted.as_str()),
+            Scope::Plugins => false,
         };
-        tenant_ok && session_ok
+        tenant_ok && scope_ok
     }
 }
 
@@ -390,7 +402,7 @@ mod tests {
     }
 
     fn filter() -> Filter {
-        Filter { tenant: "t".into(), session_id: None }
+        Filter { tenant: "t".into(), scope: Scope::AllSessions }
     }
 
     #[test]
@@ -457,7 +469,7 @@ mod tests {
         let all = bus.subscribe(filter(), Some(0)).unwrap();
         let sessions: Vec<Option<&str>> = all.replay.iter().map(|e| e.session_id.as_deref()).collect();
         assert_eq!(sessions, [Some("a"), Some("c"), None]);
-        let one = bus.subscribe(Filter { tenant: "t".into(), session_id: Some("c".into()) }, Some(0)).unwrap();
+        let one = bus.subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()) }, Some(0)).unwrap();
         assert_eq!(one.replay.len(), 1);
         let after_first = bus.subscribe(filter(), Some(all.replay[0].seq)).unwrap();
         assert_eq!(after_first.replay.len(), 2);

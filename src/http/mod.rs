@@ -17,8 +17,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::bus::Subscription;
-
 pub use sse::EventStream;
 
 /// What a handler answers.
@@ -286,11 +284,6 @@ fn percent_decode(text: &str) -> String {
 
 fn hex_value(digit: u8) -> Option<u8> {
     (digit as char).to_digit(16).map(|value| value as u8)
-}
-
-/// Builds an event stream reply from a bus subscription.
-pub fn event_stream(subscription: Subscription) -> Reply {
-    Reply::Events(EventStream::new(subscription))
 }
 
 #[cfg(test)]

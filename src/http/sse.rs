@@ -26,11 +26,19 @@ const BURST_BYTES: usize = 64 * 1024;
 
 pub struct EventStream {
     subscription: Subscription,
+    /// Frames sent right after `retry`, before any replay.
+    preamble: String,
 }
 
 impl EventStream {
     pub fn new(subscription: Subscription) -> EventStream {
-        EventStream { subscription }
+        EventStream { subscription, preamble: String::new() }
+    }
+
+    /// Frames to send first, already in SSE form (`event: …\ndata: …\n\n`).
+    pub fn with_preamble(mut self, frames: String) -> EventStream {
+        self.preamble = frames;
+        self
     }
 
     /// Writes the stream until the client leaves or the subscription closes.
@@ -38,6 +46,7 @@ impl EventStream {
         socket.write_all(HEAD.as_bytes())?;
         let mut burst = String::with_capacity(4096);
         burst.push_str("retry: 3000\n\n");
+        burst.push_str(&self.preamble);
         for envelope in &self.subscription.replay {
             push_frame(&mut burst, envelope);
             if burst.len() >= BURST_BYTES {

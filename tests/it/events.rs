@@ -195,3 +195,24 @@ fn a_client_that_stops_reading_is_cut_off_without_slowing_the_run_or_others() {
     wait_until("the stalled stream's thread to end", || server.stats().open_streams == 1);
     drop(stalled);
 }
+
+#[test]
+fn the_plugin_stream_reports_hot_reload_off_and_stays_idle() {
+    let server = TestServer::start();
+    let mut stream = server.events("/api/plugins/events");
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.header("content-type"), Some("text/event-stream"));
+    assert!(matches!(stream.next_item(WAIT), Some(SseItem::Retry(3000))));
+    match stream.next_item(WAIT) {
+        Some(SseItem::Named(name, data)) => {
+            assert_eq!(name, "ready");
+            assert_eq!(data, json!({ "enabled": false, "plugins": [] }));
+        }
+        other => panic!("expected the ready frame, got {other:?}"),
+    }
+    // Session activity does not reach it; only pings do.
+    let id = server.create_session(json!({}));
+    server.run_to_end(&id, "hello");
+    assert!(matches!(stream.next_item(WAIT), Some(SseItem::Comment(ref c)) if c == "ping"));
+    assert_eq!(server.get("/api/plugins").json, json!({ "plugins": [] }));
+}

@@ -226,6 +226,8 @@ pub enum SseItem {
     Comment(String),
     /// `id:` and the parsed `data:` envelope.
     Event(u64, Value),
+    /// A frame with an `event:` name and no id (the plugin stream's `ready`).
+    Named(String, Value),
 }
 
 /// A real SSE client: a socket, a reader thread that decodes chunked framing and SSE, and a
@@ -354,6 +356,7 @@ fn read_stream(mut reader: BufReader<TcpStream>, items: &crossbeam_channel::Send
         while let Some(end) = pending.find("\n\n") {
             let frame: String = pending.drain(..end + 2).collect();
             let mut id = None;
+            let mut name = None;
             let mut data = String::new();
             for line in frame.lines() {
                 if let Some(comment) = line.strip_prefix(':') {
@@ -364,10 +367,14 @@ fn read_stream(mut reader: BufReader<TcpStream>, items: &crossbeam_channel::Send
                     id = Some(value.parse().unwrap());
                 } else if let Some(value) = line.strip_prefix("data: ") {
                     data.push_str(value);
+                } else if let Some(value) = line.strip_prefix("event: ") {
+                    name = Some(value.to_string());
                 }
             }
             if let Some(id) = id {
                 let _ = items.send(SseItem::Event(id, serde_json::from_str(&data).unwrap()));
+            } else if let Some(name) = name {
+                let _ = items.send(SseItem::Named(name, serde_json::from_str(&data).unwrap()));
             }
         }
     }

@@ -1,26 +1,38 @@
 //! The two SSE routes: every session of the caller's tenant, or one session.
 
 use super::{ApiError, Caller, KestrelApi};
-use crate::bus::Filter;
-use crate::http::{event_stream, Reply, Request};
+use serde_json::json;
+
+use crate::bus::{Filter, Scope, Subscription};
+use crate::http::{EventStream, Reply, Request};
 
 pub fn all(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply, ApiError> {
-    subscribe(api, Filter { tenant: caller.tenant.clone(), session_id: None }, request)
+    subscribe(api, Filter { tenant: caller.tenant.clone(), scope: Scope::AllSessions }, request)
 }
 
 pub fn session(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
     api.engine.session(&caller.tenant, id)?;
-    subscribe(api, Filter { tenant: caller.tenant.clone(), session_id: Some(id.to_string()) }, request)
+    subscribe(api, Filter { tenant: caller.tenant.clone(), scope: Scope::Session(id.to_string()) }, request)
+}
+
+/// `/api/plugins/events`: a `ready` frame saying hot reload is off and no plugins are loaded,
+/// then pings until the client leaves. `plugins.changed` would come through the bus.
+pub fn plugins(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
+    let subscription = bus_subscription(api, Filter { tenant: caller.tenant.clone(), scope: Scope::Plugins }, None)?;
+    let ready = json!({ "enabled": false, "plugins": [] });
+    Ok(Reply::Events(EventStream::new(subscription).with_preamble(format!("event: ready\ndata: {ready}\n\n"))))
 }
 
 fn subscribe(api: &KestrelApi, filter: Filter, request: &Request) -> Result<Reply, ApiError> {
     let after = last_event_id(request)?;
-    let subscription = api
-        .engine
+    Ok(Reply::Events(EventStream::new(bus_subscription(api, filter, after)?)))
+}
+
+fn bus_subscription(api: &KestrelApi, filter: Filter, after: Option<u64>) -> Result<Subscription, ApiError> {
+    api.engine
         .bus()
         .subscribe(filter, after)
-        .ok_or_else(|| ApiError::new(503, "unavailable", "the server is shutting down"))?;
-    Ok(event_stream(subscription))
+        .ok_or_else(|| ApiError::new(503, "unavailable", "the server is shutting down"))
 }
 
 /// `Last-Event-ID` or `?lastEventId=`; the header wins when both are sent.

@@ -164,9 +164,7 @@ impl KestrelApi {
                 self.engine.session(&caller.tenant, id)?;
                 Err(ApiError::new(501, "not_implemented", format!("{path} is not implemented by this server yet")))
             }
-            (Route::PluginEvents, _) => {
-                Err(ApiError::new(501, "not_implemented", "plugins are not implemented by this server yet"))
-            }
+            (Route::PluginEvents, _) => events::plugins(self, &caller),
             (Route::Health, _) => unreachable!("answered before authentication"),
         }
     }

@@ -1,0 +1,58 @@
+//! The `kestrel` binary itself: arguments, the refusal to serve unauthenticated, clean exits.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn kestrel(data: &std::path::Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kestrel"));
+    command
+        .env("KESTREL_DATA_DIR", data)
+        .env("KESTREL_WORKSPACE", data)
+        .env_remove("KESTREL_TOKEN")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+#[test]
+fn a_public_address_without_a_token_is_refused_with_a_reason() {
+    let data = tempfile::tempdir().unwrap();
+    let output = kestrel(data.path()).env("KESTREL_ADDR", "0.0.0.0:0").output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("without a token") && stderr.contains("--allow-unauthenticated"), "{stderr}");
+}
+
+#[test]
+fn allow_unauthenticated_serves_and_sigterm_stops_cleanly() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child =
+        kestrel(data.path()).env("KESTREL_ADDR", "0.0.0.0:0").arg("--allow-unauthenticated").spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_string();
+    let health = crate::support::Client { base: format!("http://127.0.0.1:{port}"), token: None }.get("/api/health");
+    assert_eq!(health.status, 200);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "a clean shutdown exits 0: {status:?}");
+}
+
+#[test]
+fn bad_arguments_and_bad_config_files_exit_with_a_message() {
+    let data = tempfile::tempdir().unwrap();
+    let output = kestrel(data.path()).arg("--frobnicate").output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown argument --frobnicate"));
+
+    let config = data.path().join("bad.toml");
+    std::fs::write(&config, "[server]\naddres = \"x\"\n").unwrap();
+    let output = kestrel(data.path()).arg("--config").arg(&config).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("addres"), "the unknown key is named: {stderr}");
+
+    let version = kestrel(data.path()).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("kestrel "));
+}

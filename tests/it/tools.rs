@@ -160,12 +160,18 @@ fn write_and_edit_change_files_and_report_a_diff() {
 
 #[test]
 fn run_command_reports_exit_codes_interleaves_output_and_hides_secrets() {
-    std::env::set_var("KESTREL_IT_PROVIDER_KEY", "do-not-leak");
-    let server = TestServer::start_with(|config| {
+    // A provider key named by a variable the test process already has (setting one here would
+    // race with the other tests' threads): the command must not see it. Cargo sets the first
+    // for every test process.
+    let secret = ["CARGO_MANIFEST_DIR", "HOME", "PWD"]
+        .into_iter()
+        .find(|name| std::env::var(name).is_ok_and(|value| !value.is_empty()))
+        .expect("some variable is set");
+    let server = TestServer::start_with(move |config| {
         config.agent.permissions.insert("run_command".into(), Permission::Auto);
         config.agent.tool_output_limit_chars = 2_000;
         let mut provider = ProviderConfig::new(Wire::Openai, "http://127.0.0.1:9/v1");
-        provider.api_key_env = Some("KESTREL_IT_PROVIDER_KEY".into());
+        provider.api_key_env = Some(secret.into());
         provider.models.push(ModelConfig::named("m"));
         config.providers.insert("hidden".into(), provider);
     });
@@ -175,8 +181,7 @@ fn run_command_reports_exit_codes_interleaves_output_and_hides_secrets() {
     assert_eq!(result["ok"], false);
     assert_eq!(result["data"]["exitCode"], 3);
     assert_eq!(content(&result), "exit code 3\nout\nerr\nout2\n");
-    let env =
-        call(&server, &session, "run_command", json!({ "command": "echo \"key=[$KESTREL_IT_PROVIDER_KEY]\"; pwd" }));
+    let env = call(&server, &session, "run_command", json!({ "command": format!("echo \"key=[${secret}]\"; pwd") }));
     assert_eq!(env["ok"], true);
     assert!(content(&env).contains("key=[]"), "{}", content(&env));
     assert!(content(&env).contains(server.workspace.canonicalize().unwrap().to_str().unwrap()));

@@ -1,12 +1,30 @@
 //! The read-only workspace routes: `GET /files` (a listing) and `GET /file` (one file).
 
 use base64::Engine as _;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{json, ApiError, Caller, KestrelApi};
 use crate::http::{Reply, Request};
 use crate::time::rfc3339_from_millis;
 use crate::tools::workspace::LISTING_CAP;
+
+/// The protocol's `WorkspaceFile`, serialized without copying the content again.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkspaceFile<'a> {
+    path: &'a str,
+    name: &'a str,
+    size: u64,
+    modified_at: String,
+    mime_type: &'a str,
+    encoding: &'static str,
+    content: &'a str,
+    truncated: bool,
+    binary: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lines: Option<usize>,
+}
 
 pub fn list(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
     let workspace = api.engine.workspace(&caller.tenant, id)?;
@@ -49,19 +67,17 @@ pub fn read(api: &KestrelApi, caller: &Caller, id: &str, request: &Request, limi
     } else {
         ("base64", base64::engine::general_purpose::STANDARD.encode(&file.bytes))
     };
-    let mut body = json!({
-        "path": file.path,
-        "name": file.name,
-        "size": file.size,
-        "modifiedAt": rfc3339_from_millis(file.modified_ms),
-        "mimeType": file.mime_type,
-        "encoding": encoding,
-        "content": content,
-        "truncated": file.truncated,
-        "binary": !file.text,
-    });
-    if file.text {
-        body["lines"] = json!(content.lines().count());
-    }
+    let body = WorkspaceFile {
+        path: &file.path,
+        name: &file.name,
+        size: file.size,
+        modified_at: rfc3339_from_millis(file.modified_ms),
+        mime_type: &file.mime_type,
+        encoding,
+        lines: file.text.then(|| content.lines().count()),
+        content: &content,
+        truncated: file.truncated,
+        binary: !file.text,
+    };
     Ok(json(200, &body))
 }

@@ -1,19 +1,33 @@
 //! Session routes: list, create, get, patch, delete.
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::body::JsonBody;
 use super::{json, ApiError, Caller, KestrelApi};
+use crate::domain::{SessionDetail, SessionSummary};
 use crate::engine::NewSession;
 use crate::http::{Reply, Request};
 use crate::store::SessionPatch;
 
 const MAX_TITLE_CHARS: usize = 200;
+
+// Bodies are serialized straight from the engine's types: going through `json!` would first
+// copy a whole transcript (images included) into a `Value` tree.
+#[derive(Serialize)]
+struct SessionList<'a> {
+    sessions: &'a [SessionSummary],
+}
+
+#[derive(Serialize)]
+struct OneSession<'a> {
+    session: &'a SessionDetail,
+}
 const MAX_PROMPT_CHARS: usize = 100_000;
 
 pub fn list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
     let sessions = api.engine.list_sessions(&caller.tenant)?;
-    Ok(json(200, &json!({ "sessions": sessions })))
+    Ok(json(200, &SessionList { sessions: &sessions }))
 }
 
 pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Result<Reply, ApiError> {
@@ -25,12 +39,12 @@ pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Resul
         workspace: body.optional_string("workspace", "invalid_body")?,
     };
     let session = api.engine.create_session(&caller.tenant, new)?;
-    Ok(json(201, &json!({ "session": session })))
+    Ok(json(201, &OneSession { session: &session }))
 }
 
 pub fn get(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
     let session = api.engine.session(&caller.tenant, id)?;
-    Ok(json(200, &json!({ "session": session })))
+    Ok(json(200, &OneSession { session: &session }))
 }
 
 pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
@@ -45,7 +59,7 @@ pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request)
     }
     let patch = SessionPatch { title: title(&body)?, model, system_prompt: prompt(&body)?, status: None };
     let session = api.engine.patch_session(&caller.tenant, id, patch)?;
-    Ok(json(200, &json!({ "session": session })))
+    Ok(json(200, &OneSession { session: &session }))
 }
 
 pub fn delete(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {

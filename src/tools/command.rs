@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
+use super::schema;
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
 
@@ -32,14 +33,15 @@ pub struct RunCommand {
 
 impl Tool for RunCommand {
     fn schema(&self) -> ToolSchema {
-        ToolSchema {
-            name: "run_command".into(),
-            description: format!(
+        schema(
+            "run_command",
+            &format!(
                 "Run a shell command (/bin/sh -c) in the workspace. Output (stdout and stderr together) is capped at {OUTPUT_CAP} characters; the exit code is reported. Default timeout {} s, at most {} s.",
                 self.default_timeout.as_secs(),
                 self.max_timeout.as_secs()
             ),
-            parameters: json!({
+            "shell",
+            json!({
                 "type": "object",
                 "properties": {
                     "command": { "type": "string", "description": "The command line." },
@@ -47,9 +49,7 @@ impl Tool for RunCommand {
                 },
                 "required": ["command"]
             }),
-            permission: None,
-            category: Some("shell".into()),
-        }
+        )
     }
 
     fn default_permission(&self) -> Permission {

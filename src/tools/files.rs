@@ -5,22 +5,13 @@ use std::fs;
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
+use super::schema;
 use super::workspace::{PathError, LISTING_CAP};
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
 
 /// Lines `read_file` returns when the call gives no limit.
 const DEFAULT_LINE_LIMIT: u64 = 2000;
-
-fn schema(name: &str, description: &str, category: &str, parameters: Value) -> ToolSchema {
-    ToolSchema {
-        name: name.into(),
-        description: description.into(),
-        parameters,
-        permission: None,
-        category: Some(category.into()),
-    }
-}
 
 fn path_failure(error: PathError) -> ToolOutput {
     ToolOutput::failure(error.to_string())

@@ -11,7 +11,19 @@ pub mod workspace;
 
 use std::time::Duration;
 
+use crate::domain::ToolSchema;
 use crate::engine::tools::ToolRegistry;
+
+/// A built-in tool's schema; the registry fills in the permission.
+fn schema(name: &str, description: &str, category: &str, parameters: serde_json::Value) -> ToolSchema {
+    ToolSchema {
+        name: name.into(),
+        description: description.into(),
+        parameters,
+        permission: None,
+        category: Some(category.into()),
+    }
+}
 
 /// What the built-in tools are configured with.
 #[derive(Debug, Clone)]

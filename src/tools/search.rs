@@ -12,6 +12,7 @@ use regex::RegexBuilder;
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
+use super::schema;
 use super::workspace::{is_text, Workspace, SKIPPED_DIRS};
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
@@ -62,11 +63,11 @@ pub struct FindFiles;
 
 impl Tool for FindFiles {
     fn schema(&self) -> ToolSchema {
-        ToolSchema {
-            name: "find_files".into(),
-            description:
-                "Find files in the workspace whose paths match glob patterns such as `**/*.rs` or `src/*.toml`.".into(),
-            parameters: json!({
+        schema(
+            "find_files",
+            "Find files in the workspace whose paths match glob patterns such as `**/*.rs` or `src/*.toml`.",
+            "search",
+            json!({
                 "type": "object",
                 "properties": {
                     "pattern": {
@@ -77,9 +78,7 @@ impl Tool for FindFiles {
                 },
                 "required": ["pattern"]
             }),
-            permission: None,
-            category: Some("search".into()),
-        }
+        )
     }
 
     fn default_permission(&self) -> Permission {
@@ -133,10 +132,11 @@ pub struct SearchText;
 
 impl Tool for SearchText {
     fn schema(&self) -> ToolSchema {
-        ToolSchema {
-            name: "search_text".into(),
-            description: "Search the workspace's text files for a regular expression; prints `path:line: text` for each match. Binary files and directories like .git, target and node_modules are skipped.".into(),
-            parameters: json!({
+        schema(
+            "search_text",
+            "Search the workspace's text files for a regular expression; prints `path:line: text` for each match. Binary files and directories like .git, target and node_modules are skipped.",
+            "search",
+            json!({
                 "type": "object",
                 "properties": {
                     "pattern": { "type": "string", "description": "A regular expression (Rust regex syntax)." },
@@ -146,9 +146,7 @@ impl Tool for SearchText {
                 },
                 "required": ["pattern"]
             }),
-            permission: None,
-            category: Some("search".into()),
-        }
+        )
     }
 
     fn default_permission(&self) -> Permission {

@@ -67,7 +67,9 @@ impl ToolOutput {
 pub trait Tool: Send + Sync {
     fn schema(&self) -> ToolSchema;
     fn default_permission(&self) -> Permission;
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput;
+    /// Runs the tool. An `Err` is a failure the model reads, the same as `ToolOutput::failure`,
+    /// so tools can use `?` on bad arguments and refused paths.
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String>;
 }
 
 struct Registered {
@@ -116,7 +118,7 @@ impl ToolRegistry {
             Some(registered) if registered.permission == Permission::Deny => {
                 ToolOutput::failure(format!("`{}` is disabled on this server.", call.name))
             }
-            Some(registered) => registered.tool.run(&call.arguments, context),
+            Some(registered) => registered.tool.run(&call.arguments, context).unwrap_or_else(ToolOutput::failure),
             None => ToolOutput::failure(format!("Unknown tool `{}`: this server has no tool by that name.", call.name)),
         };
         ToolResult {

@@ -56,17 +56,12 @@ impl Tool for RunCommand {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
         let args = Args::new(arguments);
-        let (command, timeout) = match (args.string("command"), args.optional_u64("timeoutSecs")) {
-            (Ok(command), Ok(timeout)) => (command, timeout),
-            (Err(e), _) | (_, Err(e)) => return ToolOutput::failure(e),
-        };
-        let timeout = timeout.map(Duration::from_secs).unwrap_or(self.default_timeout).min(self.max_timeout);
-        match self.execute(command, timeout, context) {
-            Ok(output) => output,
-            Err(error) => ToolOutput::failure(format!("cannot run the command: {error}")),
-        }
+        let command = args.string("command")?;
+        let timeout = args.optional_u64("timeoutSecs")?.map(Duration::from_secs).unwrap_or(self.default_timeout);
+        self.execute(command, timeout.min(self.max_timeout), context)
+            .map_err(|error| format!("cannot run the command: {error}"))
     }
 }
 

@@ -6,16 +6,12 @@ use serde_json::{json, Map, Value};
 
 use super::args::Args;
 use super::schema;
-use super::workspace::{PathError, LISTING_CAP};
+use super::workspace::LISTING_CAP;
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
 
 /// Lines `read_file` returns when the call gives no limit.
 const DEFAULT_LINE_LIMIT: u64 = 2000;
-
-fn path_failure(error: PathError) -> ToolOutput {
-    ToolOutput::failure(error.to_string())
-}
 
 pub struct ReadFile {
     /// Bytes read at most from one file.
@@ -44,22 +40,18 @@ impl Tool for ReadFile {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
         let args = Args::new(arguments);
-        let (path, offset, limit) = match (args.string("path"), args.optional_u64("offset"), args.optional_u64("limit"))
-        {
-            (Ok(path), Ok(offset), Ok(limit)) => {
-                (path, offset.unwrap_or(1).max(1), limit.unwrap_or(DEFAULT_LINE_LIMIT).max(1))
-            }
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return ToolOutput::failure(e),
-        };
-        let file = match context.workspace.read(path, self.read_limit) {
-            Ok(file) => file,
-            Err(error) => return path_failure(error),
-        };
+        let path = args.string("path")?;
+        let offset = args.optional_u64("offset")?.unwrap_or(1).max(1);
+        let limit = args.optional_u64("limit")?.unwrap_or(DEFAULT_LINE_LIMIT).max(1);
+        let file = context.workspace.read(path, self.read_limit)?;
         if !file.text {
             let content = format!("{}: binary file ({}, {} bytes); not shown.", file.path, file.mime_type, file.size);
-            return ToolOutput::success(content, Some(json!({ "path": file.path, "binary": true, "size": file.size })));
+            return Ok(ToolOutput::success(
+                content,
+                Some(json!({ "path": file.path, "binary": true, "size": file.size })),
+            ));
         }
         let text = String::from_utf8_lossy(&file.bytes);
         let lines: Vec<&str> = text.lines().collect();
@@ -85,10 +77,10 @@ impl Tool for ReadFile {
                 file.bytes.len()
             ));
         }
-        ToolOutput::success(
+        Ok(ToolOutput::success(
             content,
             Some(json!({ "path": file.path, "lines": lines.len(), "truncated": file.truncated })),
-        )
+        ))
     }
 }
 
@@ -111,15 +103,9 @@ impl Tool for ListDirectory {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
-        let path = match Args::new(arguments).optional_string("path") {
-            Ok(path) => path.unwrap_or("."),
-            Err(e) => return ToolOutput::failure(e),
-        };
-        let listing = match context.workspace.list(path, LISTING_CAP) {
-            Ok(listing) => listing,
-            Err(error) => return path_failure(error),
-        };
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+        let path = Args::new(arguments).optional_string("path")?.unwrap_or(".");
+        let listing = context.workspace.list(path, LISTING_CAP)?;
         let mut lines: Vec<String> = listing
             .entries
             .iter()
@@ -135,7 +121,10 @@ impl Tool for ListDirectory {
         if listing.truncated {
             lines.push(format!("[only the first {LISTING_CAP} entries are shown]"));
         }
-        ToolOutput::success(lines.join("\n"), Some(json!({ "path": listing.path, "entries": listing.entries.len() })))
+        Ok(ToolOutput::success(
+            lines.join("\n"),
+            Some(json!({ "path": listing.path, "entries": listing.entries.len() })),
+        ))
     }
 }
 
@@ -162,34 +151,28 @@ impl Tool for WriteFile {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
         let args = Args::new(arguments);
-        let (path, content) = match (args.string("path"), args.string("content")) {
-            (Ok(path), Ok(content)) => (path, content),
-            (Err(e), _) | (_, Err(e)) => return ToolOutput::failure(e),
-        };
-        let target = match context.workspace.resolve(path) {
-            Ok(target) => target,
-            Err(error) => return path_failure(error),
-        };
+        let (path, content) = (args.string("path")?, args.string("content")?);
+        let target = context.workspace.resolve(path)?;
         if target == context.workspace.root() || target.is_dir() {
-            return ToolOutput::failure(format!("{path} is a directory"));
+            return Err(format!("{path} is a directory"));
         }
         let created = !target.exists();
         if let Some(parent) = target.parent() {
             if let Err(error) = fs::create_dir_all(parent) {
-                return ToolOutput::failure(format!("cannot create the directories of {path}: {error}"));
+                return Err(format!("cannot create the directories of {path}: {error}"));
             }
         }
         if let Err(error) = fs::write(&target, content) {
-            return ToolOutput::failure(format!("cannot write {path}: {error}"));
+            return Err(format!("cannot write {path}: {error}"));
         }
         let relative = context.workspace.relative(&target);
         let verb = if created { "Created" } else { "Overwrote" };
-        ToolOutput::success(
+        Ok(ToolOutput::success(
             format!("{verb} {relative} ({} bytes).", content.len()),
             Some(json!({ "path": relative, "bytes": content.len(), "created": created })),
-        )
+        ))
     }
 }
 
@@ -220,48 +203,37 @@ impl Tool for EditFile {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
         let args = Args::new(arguments);
-        let parsed = (args.string("path"), args.string("oldString"), args.string("newString"), args.flag("replaceAll"));
-        let (path, old, new, replace_all) = match parsed {
-            (Ok(p), Ok(o), Ok(n), Ok(all)) => (p, o, n, all),
-            (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => return ToolOutput::failure(e),
-        };
+        let (path, old, new) = (args.string("path")?, args.string("oldString")?, args.string("newString")?);
+        let replace_all = args.flag("replaceAll")?;
         if old.is_empty() {
-            return ToolOutput::failure("`oldString` cannot be empty; use write_file to create a file");
+            return Err("`oldString` cannot be empty; use write_file to create a file".into());
         }
-        let file = match context.workspace.read(path, self.read_limit) {
-            Ok(file) => file,
-            Err(error) => return path_failure(error),
-        };
+        let file = context.workspace.read(path, self.read_limit)?;
         if !file.text || file.truncated {
-            return ToolOutput::failure(format!("{path} is binary or too large to edit"));
+            return Err(format!("{path} is binary or too large to edit"));
         }
         let before = String::from_utf8_lossy(&file.bytes).into_owned();
         let count = before.matches(old).count();
         if count == 0 {
-            return ToolOutput::failure(format!(
-                "`oldString` was not found in {path}; read the file and copy the text exactly"
-            ));
+            return Err(format!("`oldString` was not found in {path}; read the file and copy the text exactly"));
         }
         if count > 1 && !replace_all {
-            return ToolOutput::failure(format!(
+            return Err(format!(
                 "`oldString` appears {count} times in {path}; include more surrounding text to make it unique, or set replaceAll"
             ));
         }
         let after = if replace_all { before.replace(old, new) } else { before.replacen(old, new, 1) };
-        let target = match context.workspace.resolve(path) {
-            Ok(target) => target,
-            Err(error) => return path_failure(error),
-        };
+        let target = context.workspace.resolve(path)?;
         if let Err(error) = fs::write(&target, &after) {
-            return ToolOutput::failure(format!("cannot write {path}: {error}"));
+            return Err(format!("cannot write {path}: {error}"));
         }
         let diff = unified_diff(&file.path, &before, &after);
-        ToolOutput::success(
+        Ok(ToolOutput::success(
             format!("Edited {}: {count} replacement(s).", file.path),
             Some(json!({ "path": file.path, "replacements": count, "diff": diff })),
-        )
+        ))
     }
 }
 

@@ -23,9 +23,29 @@ const MAX_LINE_CHARS: usize = 300;
 /// Files larger than this are not searched.
 const MAX_SEARCHED_BYTES: u64 = 2 * 1024 * 1024;
 
+/// A file a walk reached.
+struct Found<'a> {
+    path: &'a Path,
+    /// POSIX path relative to the workspace.
+    relative: String,
+    name: String,
+}
+
+impl Found<'_> {
+    /// Whether a glob matches the relative path or the bare name (`lib.rs` finds `src/lib.rs`).
+    fn matches(&self, glob: impl Fn(&str) -> bool) -> bool {
+        glob(&self.relative) || glob(&self.name)
+    }
+}
+
 /// Every file under `start` (a file or a directory), in sorted order, skipping ignored
-/// directories and symlinked directories. `visit` returns false to stop the walk.
-fn walk(start: &Path, visit: &mut dyn FnMut(&Path) -> bool) {
+/// directories and symlinked directories. `visit` returns false to stop the walk, and the walk
+/// stops on cancel too.
+fn walk(context: &ToolContext<'_>, start: &Path, visit: &mut dyn FnMut(&Found<'_>) -> bool) {
+    let mut visit = |path: &Path| {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        visit(&Found { path, relative: context.workspace.relative(path), name }) && !context.cancel.is_cancelled()
+    };
     if start.is_file() {
         visit(start);
         return;
@@ -85,46 +105,32 @@ impl Tool for FindFiles {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
         let args = Args::new(arguments);
-        let (patterns, path) = match (args.strings("pattern"), args.optional_string("path")) {
-            (Ok(patterns), Ok(path)) => (patterns, path),
-            (Err(e), _) | (_, Err(e)) => return ToolOutput::failure(e),
-        };
+        let (patterns, path) = (args.strings("pattern")?, args.optional_string("path")?);
         let mut builder = GlobSetBuilder::new();
         for pattern in &patterns {
-            match Glob::new(pattern) {
-                Ok(glob) => builder.add(glob),
-                Err(error) => return ToolOutput::failure(format!("bad glob {pattern:?}: {error}")),
-            };
+            builder.add(Glob::new(pattern).map_err(|error| format!("bad glob {pattern:?}: {error}"))?);
         }
-        let globs = match builder.build() {
-            Ok(globs) => globs,
-            Err(error) => return ToolOutput::failure(format!("bad globs: {error}")),
-        };
-        let start = match start_of(context.workspace, path) {
-            Ok(start) => start,
-            Err(error) => return ToolOutput::failure(error),
-        };
+        let globs = builder.build().map_err(|error| format!("bad globs: {error}"))?;
+        let start = start_of(context.workspace, path)?;
         let mut found = Vec::new();
         let mut more = false;
-        walk(&start, &mut |file| {
-            let relative = context.workspace.relative(file);
-            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if globs.is_match(&relative) || globs.is_match(&name) {
+        walk(context, &start, &mut |file| {
+            if file.matches(|path| globs.is_match(path)) {
                 if found.len() == MAX_FILES {
                     more = true;
                     return false;
                 }
-                found.push(relative);
+                found.push(file.relative.clone());
             }
-            !context.cancel.is_cancelled()
+            true
         });
         let mut content = if found.is_empty() { "No files match.".to_string() } else { found.join("\n") };
         if more {
             content.push_str(&format!("\n[only the first {MAX_FILES} matches are shown]"));
         }
-        ToolOutput::success(content, Some(json!({ "files": found.len(), "truncated": more })))
+        Ok(ToolOutput::success(content, Some(json!({ "files": found.len(), "truncated": more }))))
     }
 }
 
@@ -153,39 +159,28 @@ impl Tool for SearchText {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> ToolOutput {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
         let args = Args::new(arguments);
-        let parsed = (
-            args.string("pattern"),
-            args.optional_string("path"),
-            args.optional_string("glob"),
-            args.flag("caseInsensitive"),
-        );
-        let (pattern, path, glob, insensitive) = match parsed {
-            (Ok(p), Ok(path), Ok(glob), Ok(i)) => (p, path, glob, i),
-            (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => return ToolOutput::failure(e),
-        };
-        let regex = match RegexBuilder::new(pattern).case_insensitive(insensitive).size_limit(1 << 20).build() {
-            Ok(regex) => regex,
-            Err(error) => return ToolOutput::failure(format!("bad regular expression: {error}")),
-        };
-        let filter = match glob.map(Glob::new).transpose() {
-            Ok(glob) => glob.map(|g| g.compile_matcher()),
-            Err(error) => return ToolOutput::failure(format!("bad glob: {error}")),
-        };
-        let start = match start_of(context.workspace, path) {
-            Ok(start) => start,
-            Err(error) => return ToolOutput::failure(error),
-        };
+        let (pattern, path, glob) =
+            (args.string("pattern")?, args.optional_string("path")?, args.optional_string("glob")?);
+        let regex = RegexBuilder::new(pattern)
+            .case_insensitive(args.flag("caseInsensitive")?)
+            .size_limit(1 << 20)
+            .build()
+            .map_err(|error| format!("bad regular expression: {error}"))?;
+        let filter = glob
+            .map(Glob::new)
+            .transpose()
+            .map_err(|error| format!("bad glob: {error}"))?
+            .map(|glob| glob.compile_matcher());
+        let start = start_of(context.workspace, path)?;
         let mut matches = Vec::new();
         let mut more = false;
-        walk(&start, &mut |file| {
-            let relative = context.workspace.relative(file);
-            let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if filter.as_ref().is_some_and(|f| !f.is_match(&relative) && !f.is_match(&name)) {
+        walk(context, &start, &mut |file| {
+            if filter.as_ref().is_some_and(|f| !file.matches(|path| f.is_match(path))) {
                 return true;
             }
-            let Some(text) = read_text(file) else { return true };
+            let Some(text) = read_text(file.path) else { return true };
             for (index, line) in text.lines().enumerate() {
                 if regex.is_match(line) {
                     if matches.len() == MAX_MATCHES {
@@ -193,16 +188,16 @@ impl Tool for SearchText {
                         return false;
                     }
                     let shown: String = line.chars().take(MAX_LINE_CHARS).collect();
-                    matches.push(format!("{relative}:{}: {shown}", index + 1));
+                    matches.push(format!("{}:{}: {shown}", file.relative, index + 1));
                 }
             }
-            !context.cancel.is_cancelled()
+            true
         });
         let mut content = if matches.is_empty() { "No matches.".to_string() } else { matches.join("\n") };
         if more {
             content.push_str(&format!("\n[stopped at {MAX_MATCHES} matches; narrow the pattern or the path]"));
         }
-        ToolOutput::success(content, Some(json!({ "matches": matches.len(), "truncated": more })))
+        Ok(ToolOutput::success(content, Some(json!({ "matches": matches.len(), "truncated": more }))))
     }
 }
 

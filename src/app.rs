@@ -64,6 +64,26 @@ impl From<StoreError> for StartError {
     }
 }
 
+/// The edge's settings; `max_connections` 0 means what the open-file limit allows.
+fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
+    let server = &config.server;
+    let millis = |ms: u64| Duration::from_millis(ms.max(1));
+    HttpConfig {
+        body_limit: server.body_limit_bytes,
+        ping_interval: millis(server.sse_ping_interval_ms),
+        write_timeout: millis(server.write_timeout_ms),
+        header_timeout: millis(server.header_timeout_ms),
+        body_timeout: millis(server.body_timeout_ms),
+        keep_alive_timeout: millis(server.keep_alive_timeout_ms),
+        max_head_bytes: server.max_header_bytes.max(256),
+        max_connections: match server.max_connections {
+            0 => files.connection_budget(),
+            n => n,
+        },
+        runtime_dir: server.data_dir.join("run"),
+    }
+}
+
 /// A running server. Dropping it shuts it down.
 pub struct Server {
     http: Option<HttpServer>,
@@ -131,18 +151,14 @@ impl Server {
             EngineConfig { default_workspace: workspace, max_steps: config.agent.max_steps.max(1) },
         );
 
-        let write_timeout = Duration::from_millis(config.server.write_timeout_ms.max(1));
-        let listener = crate::http::bind(addr, write_timeout).map_err(|e| StartError::Bind(addr, e))?;
+        let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
         let api = KestrelApi::new(
             engine.clone(),
             TokenSet::new(tokens),
             config.sanitized(),
             config.agent.file_read_limit_bytes.max(1),
         );
-        let http_config = HttpConfig {
-            body_limit: config.server.body_limit_bytes,
-            ping_interval: Duration::from_millis(config.server.sse_ping_interval_ms.max(1)),
-        };
+        let http_config = http_config(&config, crate::http::raise_open_file_limit());
         let http = HttpServer::start(listener, api, http_config).map_err(|e| StartError::Bind(addr, e))?;
         log::info!("listening on http://{}", http.addr());
         Ok(Server { http: Some(http), engine, bus: Some(bus_handle), store_writer: Some(store_writer) })

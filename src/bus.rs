@@ -85,6 +85,17 @@ impl Filter {
 /// Envelopes fanned out together, in seq order.
 pub type Batch = Arc<[Arc<Envelope>]>;
 
+/// What a stream's wait for live envelopes ended with.
+pub enum Live {
+    Batch(Batch),
+    /// Nothing arrived within the timeout.
+    Idle,
+    /// The bus dropped this subscriber (it fell behind) or stopped.
+    Closed,
+    /// The stop channel disconnected.
+    Stopped,
+}
+
 /// What a new subscriber gets: the buffered envelopes after its `Last-Event-ID`, then live.
 /// Replay and live are cut at the same instant on the bus thread, so nothing is missed or
 /// repeated between them.
@@ -105,6 +116,21 @@ impl Subscription {
         let batch = self.live.recv_timeout(timeout)?;
         self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
         Ok(batch)
+    }
+
+    /// Like `recv_timeout`, but also ends when `stop` disconnects (the client left).
+    pub fn recv_or_stop(&self, timeout: std::time::Duration, stop: &Receiver<()>) -> Live {
+        crossbeam_channel::select! {
+            recv(self.live) -> batch => match batch {
+                Ok(batch) => {
+                    self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+                    Live::Batch(batch)
+                }
+                Err(_) => Live::Closed,
+            },
+            recv(stop) -> _ => Live::Stopped,
+            default(timeout) => Live::Idle,
+        }
     }
 
     /// A batch if one is waiting.

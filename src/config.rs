@@ -155,6 +155,17 @@ pub struct ServerConfig {
     pub subscriber_buffer: usize,
     /// A write to a client that makes no progress for this long fails and ends its thread.
     pub write_timeout_ms: u64,
+    /// A request head must arrive whole within this, from its first byte (else 408, closed).
+    pub header_timeout_ms: u64,
+    /// A request body must arrive whole within this, from the end of its head (else 408).
+    pub body_timeout_ms: u64,
+    /// An idle keep-alive connection is closed after this long without a new request.
+    pub keep_alive_timeout_ms: u64,
+    /// Request heads (request line and headers) larger than this are refused with 431.
+    pub max_header_bytes: usize,
+    /// Connections open at once; 0 derives it from the open-file limit. Past it, a new
+    /// connection is answered 503 and closed.
+    pub max_connections: usize,
     /// Serve a non-loopback address with no token configured.
     pub allow_unauthenticated: bool,
 }
@@ -216,6 +227,11 @@ impl Default for ServerConfig {
             replay_buffer: 10_000,
             subscriber_buffer: 4096,
             write_timeout_ms: 30_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 60_000,
+            keep_alive_timeout_ms: 30_000,
+            max_header_bytes: 16 * 1024,
+            max_connections: 0,
             allow_unauthenticated: false,
         }
     }

@@ -1,22 +1,39 @@
-//! The HTTP edge: tiny_http's accept loop, one thread per request or stream.
+//! The HTTP edge: Kestrel's own accept loop and connection gate in front of tiny_http.
 //!
-//! Owns the only `tiny_http` import. The `kestrel-http` thread takes requests from tiny_http
-//! and spawns a `kestrel-req` thread for each; that thread asks the `Handler` for a `Reply`
-//! and writes it. An event stream keeps its thread until the client leaves or the bus closes.
-//! This module knows nothing of routes or JSON shapes: the handler decides those.
+//! Owns the only `tiny_http` import. tiny_http 0.12 parses requests and serializes responses,
+//! but left alone it lets one request abort the process (it drains an unread body with
+//! `vec![0; declared_length]`), lets slow clients hold threads forever (no read deadlines) and
+//! stops accepting for good when file descriptors run out. So Kestrel owns the sockets:
+//!
+//! - `listen.rs` (`kestrel-accept`): accepts TCP connections, caps how many are open, and never
+//!   dies on an accept error.
+//! - `gate.rs` (`kestrel-conn`, one per connection): reads each request head under a deadline,
+//!   screens it (`head.rs`), refuses what tiny_http would mishandle, forwards the rest to
+//!   tiny_http over a private Unix socket, runs the handler on the request tiny_http parsed,
+//!   and writes the reply straight to the client's socket.
+//! - `backend.rs` (`kestrel-http`): the tiny_http server on that Unix socket and the
+//!   dispatcher that hands each parsed request back to its gate; restarted if it ever dies.
+//! - `sse.rs`: event-stream bodies. `auth.rs`: constant-time token checks.
+//!
+//! This module knows nothing of routes or JSON shapes: the handler decides those, error
+//! bodies included (`Handler::edge_error`).
 
 pub mod auth;
-mod kick;
+mod backend;
+mod gate;
+mod head;
+mod listen;
+mod respond;
 mod sse;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use listen::{bind, raise_open_file_limit, FileLimit};
 pub use sse::EventStream;
 
 /// What a handler answers.
@@ -33,13 +50,72 @@ pub enum BodyError {
     Io(std::io::Error),
 }
 
+/// A request the edge refused before any handler saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EdgeError {
+    /// Not well-formed HTTP/1.x, or not ASCII where tiny_http needs ASCII.
+    BadRequest(String),
+    /// The head passed `HttpConfig::max_head_bytes` or `head::MAX_HEADERS` lines.
+    HeadTooLarge,
+    /// A `Transfer-Encoding` body: only `Content-Length` bodies are accepted.
+    LengthRequired,
+    /// An `Expect` other than `100-continue`.
+    ExpectationFailed,
+    /// HTTP/2 or later.
+    VersionNotSupported,
+    /// The declared body is larger than `body_limit_bytes`.
+    BodyTooLarge { limit: usize },
+    /// The head or the body did not arrive before its deadline.
+    Timeout,
+    /// Every connection slot is taken.
+    TooManyConnections,
+    /// The server is stopping, or its HTTP backend is restarting.
+    Unavailable,
+}
+
+impl EdgeError {
+    pub fn status(&self) -> u16 {
+        match self {
+            EdgeError::BadRequest(_) => 400,
+            EdgeError::HeadTooLarge => 431,
+            EdgeError::LengthRequired => 411,
+            EdgeError::ExpectationFailed => 417,
+            EdgeError::VersionNotSupported => 505,
+            EdgeError::BodyTooLarge { .. } => 413,
+            EdgeError::Timeout => 408,
+            EdgeError::TooManyConnections | EdgeError::Unavailable => 503,
+        }
+    }
+}
+
+impl std::fmt::Display for EdgeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EdgeError::BadRequest(why) => write!(f, "malformed request: {why}"),
+            EdgeError::HeadTooLarge => write!(f, "the request head is too large"),
+            EdgeError::LengthRequired => {
+                write!(f, "request bodies must be sent with Content-Length; Transfer-Encoding is not accepted")
+            }
+            EdgeError::ExpectationFailed => write!(f, "only `Expect: 100-continue` is supported"),
+            EdgeError::VersionNotSupported => write!(f, "this server speaks HTTP/1.0 and HTTP/1.1 only"),
+            EdgeError::BodyTooLarge { limit } => write!(f, "the request body is larger than {limit} bytes"),
+            EdgeError::Timeout => write!(f, "the request did not arrive in time"),
+            EdgeError::TooManyConnections => write!(f, "too many open connections; retry shortly"),
+            EdgeError::Unavailable => write!(f, "the server is not accepting requests right now"),
+        }
+    }
+}
+
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: &mut Request) -> Reply;
     /// The answer when `handle` panicked; the panic itself is logged by the edge.
     fn internal_error(&self) -> Reply;
+    /// The answer to a request the edge refused; `path` is the request's path when it could be
+    /// read, so each protocol can answer in its own error shape.
+    fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply;
 }
 
-/// One request, with its path split from its decoded query.
+/// One request, as tiny_http parsed it, with its path split from its decoded query.
 pub struct Request {
     inner: tiny_http::Request,
     method: String,
@@ -49,6 +125,11 @@ pub struct Request {
 }
 
 impl Request {
+    fn new(inner: tiny_http::Request, body_limit: usize) -> Request {
+        let (path, query) = split_url(inner.url());
+        Request { method: inner.method().as_str().to_ascii_uppercase(), inner, path, query, body_limit }
+    }
+
     pub fn method(&self) -> &str {
         &self.method
     }
@@ -71,6 +152,7 @@ impl Request {
     }
 
     /// Reads the whole body, refusing one past the configured limit without reading it all.
+    /// The gate already refused a declared length past the limit; this is the second check.
     pub fn read_body(&mut self) -> Result<Vec<u8>, BodyError> {
         let limit = self.body_limit;
         if self.inner.body_length().is_some_and(|length| length > limit) {
@@ -85,33 +167,40 @@ impl Request {
     }
 }
 
-/// Binds the listener. Linux copies these options to every accepted socket, which is the only
-/// way to set them: tiny_http offers no hook for its sockets.
-///
-/// - `TCP_NODELAY`: without it, a response that tiny_http writes in two pieces waits for the
-///   client's delayed ACK, 40 ms per request on a keep-alive connection.
-/// - a send timeout (`write_timeout`): a client that stops reading (a stalled network, a
-///   frozen tab) fills its socket buffer and would block the thread writing to it forever;
-///   with the timeout the write fails and the thread ends.
-pub fn bind(addr: SocketAddr, write_timeout: Duration) -> std::io::Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    socket.set_nodelay(true)?;
-    socket.set_write_timeout(Some(write_timeout))?;
-    socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    Ok(socket.into())
+/// The edge's limits and deadlines.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub body_limit: usize,
+    pub ping_interval: Duration,
+    /// A client that makes no progress reading a response for this long is cut off.
+    pub write_timeout: Duration,
+    /// The whole request head must arrive within this, from its first byte.
+    pub header_timeout: Duration,
+    /// The whole body must arrive within this, from the end of the head.
+    pub body_timeout: Duration,
+    /// How long an idle keep-alive connection waits for its next request.
+    pub keep_alive_timeout: Duration,
+    /// Request heads larger than this are refused with 431.
+    pub max_head_bytes: usize,
+    /// Connections open at once; past it new ones get a 503 and are closed.
+    pub max_connections: usize,
+    /// A private directory for the Unix socket between the gates and tiny_http.
+    pub runtime_dir: PathBuf,
 }
 
-/// Counts live request threads so shutdown can wait for them, and streams for the gauges.
+/// Counters a test or an operator can read, and what shutdown waits on.
 #[derive(Default)]
 pub struct Gauges {
-    /// Requests handed over by tiny_http since start.
-    accepted: Arc<AtomicU64>,
-    requests: Mutex<usize>,
-    requests_done: Condvar,
+    /// Open client connections (gate threads).
+    connections: Mutex<usize>,
+    connections_done: Condvar,
+    /// Exchanges between reading a head and finishing its reply.
+    requests: AtomicUsize,
     streams: AtomicUsize,
+    /// Connections refused because every slot was taken.
+    refused: AtomicUsize,
+    /// Times the tiny_http backend was found dead and replaced.
+    backend_restarts: AtomicUsize,
 }
 
 impl Gauges {
@@ -120,45 +209,54 @@ impl Gauges {
     }
 
     pub fn open_requests(&self) -> usize {
-        *self.requests.lock().unwrap_or_else(|e| e.into_inner())
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    pub fn open_connections(&self) -> usize {
+        *self.connections.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn refused_connections(&self) -> usize {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    pub fn backend_restarts(&self) -> usize {
+        self.backend_restarts.load(Ordering::Relaxed)
+    }
+
+    /// Takes a connection slot unless `max` are taken.
+    fn try_open_connection(&self, max: usize) -> bool {
+        let mut open = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if *open >= max {
+            return false;
+        }
+        *open += 1;
+        true
+    }
+
+    fn close_connection(&self) {
+        let mut open = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        *open = open.saturating_sub(1);
+        self.connections_done.notify_all();
     }
 }
 
-pub struct HttpConfig {
-    pub body_limit: usize,
-    pub ping_interval: Duration,
-}
-
+/// The running edge: the accept thread, the tiny_http backend and every connection.
 pub struct HttpServer {
-    server: Arc<tiny_http::Server>,
-    accept: Option<JoinHandle<()>>,
-    kicker: kick::Kicker,
-    gauges: Arc<Gauges>,
+    edge: Arc<gate::Edge>,
+    accept: Option<listen::Acceptor>,
     addr: SocketAddr,
 }
 
 impl HttpServer {
-    /// Starts serving `listener` on the `kestrel-http` thread.
+    /// Starts serving `listener`.
     pub fn start(listener: TcpListener, handler: Arc<dyn Handler>, config: HttpConfig) -> std::io::Result<HttpServer> {
         let addr = listener.local_addr()?;
-        let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
-        let server = Arc::new(server);
         let gauges = Arc::new(Gauges::default());
-        let accept = {
-            let server = Arc::clone(&server);
-            let gauges = Arc::clone(&gauges);
-            std::thread::Builder::new()
-                .name("kestrel-http".into())
-                .spawn(move || accept_loop(&server, handler, &gauges, &config))?
-        };
-        // Kicks go to loopback when the listener is bound to every address.
-        let kick_addr = match addr.ip() {
-            ip if ip.is_unspecified() && addr.is_ipv4() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
-            ip if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port())),
-            _ => addr,
-        };
-        let kicker = kick::Kicker::start(kick_addr, Arc::clone(&gauges.accepted))?;
-        Ok(HttpServer { server, accept: Some(accept), kicker, gauges, addr })
+        let backends = backend::Backends::start(&config.runtime_dir, Arc::clone(&gauges))?;
+        let edge = Arc::new(gate::Edge::new(handler, config, backends, gauges));
+        let accept = listen::Acceptor::start(listener, Arc::clone(&edge))?;
+        Ok(HttpServer { edge, accept: Some(accept), addr })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -166,85 +264,31 @@ impl HttpServer {
     }
 
     pub fn gauges(&self) -> &Arc<Gauges> {
-        &self.gauges
+        self.edge.gauges()
     }
 
-    /// Stops accepting; requests already being handled go on.
+    /// Stops accepting and closes idle keep-alive connections; requests being handled go on.
     pub fn stop_accepting(&mut self) {
-        self.kicker.stop();
-        self.server.unblock();
         if let Some(accept) = self.accept.take() {
-            let _ = accept.join();
+            accept.stop();
         }
+        self.edge.stop();
     }
 
-    /// Waits (at most `grace`) for every request thread to finish.
+    /// Waits (at most `grace`) for every connection to finish, then stops the backend.
     pub fn wait_for_requests(&self, grace: Duration) {
-        let guard = self.gauges.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let (left, timeout) = self
-            .gauges
-            .requests_done
+        let gauges = self.edge.gauges();
+        let guard = gauges.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let (left, timeout) = gauges
+            .connections_done
             .wait_timeout_while(guard, grace, |open| *open > 0)
             .unwrap_or_else(|e| e.into_inner());
         if timeout.timed_out() {
-            log::warn!("{} request(s) still open after {grace:?}", *left);
+            log::warn!("{} connection(s) still open after {grace:?}", *left);
         }
+        drop(left);
+        self.edge.stop_backend();
     }
-}
-
-fn accept_loop(server: &tiny_http::Server, handler: Arc<dyn Handler>, gauges: &Arc<Gauges>, config: &HttpConfig) {
-    for request in server.incoming_requests() {
-        gauges.accepted.fetch_add(1, Ordering::Relaxed);
-        let handler = Arc::clone(&handler);
-        let gauges_for_thread = Arc::clone(gauges);
-        let body_limit = config.body_limit;
-        let ping = config.ping_interval;
-        *gauges.requests.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        let spawned = std::thread::Builder::new().name("kestrel-req".into()).spawn(move || {
-            serve(request, handler.as_ref(), body_limit, ping, &gauges_for_thread);
-            let mut open = gauges_for_thread.requests.lock().unwrap_or_else(|e| e.into_inner());
-            *open -= 1;
-            gauges_for_thread.requests_done.notify_all();
-        });
-        if let Err(error) = spawned {
-            log::error!("cannot spawn a request thread: {error}");
-            *gauges.requests.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        }
-    }
-}
-
-fn serve(raw: tiny_http::Request, handler: &dyn Handler, body_limit: usize, ping: Duration, gauges: &Gauges) {
-    let (path, query) = split_url(raw.url());
-    let mut request =
-        Request { method: raw.method().as_str().to_ascii_uppercase(), inner: raw, path, query, body_limit };
-    let reply = catch_unwind(AssertUnwindSafe(|| handler.handle(&mut request))).unwrap_or_else(|_| {
-        log::error!("handler panicked on {} {}", request.method, request.path);
-        handler.internal_error()
-    });
-    let result = match reply {
-        Reply::Json { status, body, headers } => {
-            let mut response = tiny_http::Response::from_data(body).with_status_code(status);
-            response.add_header(header("Content-Type", "application/json"));
-            for (name, value) in headers {
-                response.add_header(header(name, &value));
-            }
-            request.inner.respond(response)
-        }
-        Reply::Empty { status } => request.inner.respond(tiny_http::Response::empty(status)),
-        Reply::Events(stream) => {
-            gauges.streams.fetch_add(1, Ordering::Relaxed);
-            let result = stream.write_to(request.inner.into_writer(), ping);
-            gauges.streams.fetch_sub(1, Ordering::Relaxed);
-            result
-        }
-    };
-    if let Err(error) = result {
-        log::debug!("response not delivered: {error}");
-    }
-}
-
-fn header(name: &str, value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("static header names are valid")
 }
 
 /// Splits `/a/b?x=1&y=%20` into the path and its decoded query pairs.

@@ -1,25 +1,19 @@
-//! Server-sent event bodies, written straight to the socket.
+//! Server-sent event bodies, written straight to the client's socket.
 //!
 //! tiny_http's own chunked encoder buffers 8 KiB before it sends anything, which would hold
-//! back a stream's events, so a stream takes the raw connection (`into_writer`), writes the
-//! head itself and sends each burst of frames as one chunk with a flush. The thread blocks on
-//! the subscription's channel; it ends when the client is gone (a write fails, at the latest
-//! on the next ping) or when the bus closes the channel (shutdown, or the client fell behind).
+//! back a stream's events, so the gate writes a stream's head itself and each burst of frames
+//! as one chunk with a flush. The thread blocks on the subscription's channel and on `stop`,
+//! which the gate's watcher disconnects the moment the client closes its end, so a closed
+//! stream gives its thread and socket back at once, not at the next ping. It also ends when a
+//! write fails or when the bus closes the channel (shutdown, or the client fell behind).
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::Receiver;
 
-use crate::bus::{Envelope, Subscription};
-
-const HEAD: &str = "HTTP/1.1 200 OK\r\n\
-Content-Type: text/event-stream\r\n\
-Cache-Control: no-cache, no-transform\r\n\
-X-Accel-Buffering: no\r\n\
-Connection: close\r\n\
-Transfer-Encoding: chunked\r\n\r\n";
+use crate::bus::{Envelope, Live, Subscription};
 
 /// Frames queued at once are sent together up to this many bytes.
 const BURST_BYTES: usize = 64 * 1024;
@@ -28,6 +22,13 @@ pub struct EventStream {
     subscription: Subscription,
     /// Frames sent right after `retry`, before any replay.
     preamble: String,
+}
+
+/// How a stream's body is framed: chunked for HTTP/1.1, raw until close for HTTP/1.0.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Chunked,
+    UntilClose,
 }
 
 impl EventStream {
@@ -41,25 +42,41 @@ impl EventStream {
         self
     }
 
-    /// Writes the stream until the client leaves or the subscription closes.
-    pub fn write_to(self, mut socket: Box<dyn Write + Send>, ping: Duration) -> std::io::Result<()> {
-        socket.write_all(HEAD.as_bytes())?;
+    /// The response head, before any frame.
+    pub fn head(framing: Framing, version: &str) -> String {
+        let encoding = if framing == Framing::Chunked { "Transfer-Encoding: chunked\r\n" } else { "" };
+        format!(
+            "{version} 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache, no-transform\r\n\
+             X-Accel-Buffering: no\r\nConnection: close\r\n{encoding}\r\n"
+        )
+    }
+
+    /// Writes the stream until the client leaves (`stop` disconnects or a write fails) or the
+    /// subscription closes.
+    pub fn write_to(
+        self,
+        socket: &mut dyn Write,
+        ping: Duration,
+        stop: &Receiver<()>,
+        framing: Framing,
+    ) -> std::io::Result<()> {
+        let mut out = Chunks { socket, framing };
         let mut burst = String::with_capacity(4096);
         burst.push_str("retry: 3000\n\n");
         burst.push_str(&self.preamble);
         for envelope in &self.subscription.replay {
             push_frame(&mut burst, envelope);
             if burst.len() >= BURST_BYTES {
-                write_chunk(&mut socket, &burst)?;
+                out.write(&burst)?;
                 burst.clear();
             }
         }
-        write_chunk(&mut socket, &burst)?;
+        out.write(&burst)?;
         let live = &self.subscription;
         loop {
             burst.clear();
-            match live.recv_timeout(ping) {
-                Ok(batch) => {
+            match live.recv_or_stop(ping, stop) {
+                Live::Batch(batch) => {
                     // One chunk per batch, and whatever else is already queued, up to a limit;
                     // a large batch goes out in several chunks.
                     let mut next = Some(batch);
@@ -67,7 +84,7 @@ impl EventStream {
                         for envelope in batch.iter() {
                             push_frame(&mut burst, envelope);
                             if burst.len() >= BURST_BYTES {
-                                write_chunk(&mut socket, &burst)?;
+                                out.write(&burst)?;
                                 burst.clear();
                             }
                         }
@@ -76,28 +93,46 @@ impl EventStream {
                         }
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => burst.push_str(": ping\n\n"),
-                Err(RecvTimeoutError::Disconnected) => break,
+                Live::Idle => burst.push_str(": ping\n\n"),
+                Live::Stopped => return Ok(()),
+                Live::Closed => break,
             }
-            write_chunk(&mut socket, &burst)?;
+            out.write(&burst)?;
         }
-        // The last chunk tells the client the stream ended on purpose; it reconnects.
-        socket.write_all(b"0\r\n\r\n")?;
-        socket.flush()
+        out.finish()
+    }
+}
+
+struct Chunks<'a> {
+    socket: &'a mut dyn Write,
+    framing: Framing,
+}
+
+impl Chunks<'_> {
+    fn write(&mut self, data: &str) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if self.framing == Framing::Chunked {
+            write!(self.socket, "{:x}\r\n", data.len())?;
+            self.socket.write_all(data.as_bytes())?;
+            self.socket.write_all(b"\r\n")?;
+        } else {
+            self.socket.write_all(data.as_bytes())?;
+        }
+        self.socket.flush()
+    }
+
+    /// The last chunk tells the client the stream ended on purpose; it reconnects.
+    fn finish(&mut self) -> std::io::Result<()> {
+        if self.framing == Framing::Chunked {
+            self.socket.write_all(b"0\r\n\r\n")?;
+        }
+        self.socket.flush()
     }
 }
 
 fn push_frame(burst: &mut String, envelope: &Arc<Envelope>) {
     let frame = envelope.frame.get_or_init(|| format!("id: {}\ndata: {}\n\n", envelope.seq, envelope.json));
     burst.push_str(frame);
-}
-
-fn write_chunk(socket: &mut Box<dyn Write + Send>, data: &str) -> std::io::Result<()> {
-    if data.is_empty() {
-        return Ok(());
-    }
-    write!(socket, "{:x}\r\n", data.len())?;
-    socket.write_all(data.as_bytes())?;
-    socket.write_all(b"\r\n")?;
-    socket.flush()
 }

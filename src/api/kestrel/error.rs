@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use crate::engine::EngineError;
-use crate::http::{BodyError, Reply};
+use crate::http::{BodyError, EdgeError, Reply};
 use crate::tools::workspace::PathError;
 
 #[derive(Debug)]
@@ -96,5 +96,22 @@ impl From<BodyError> for ApiError {
                 ApiError::bad_request("invalid_body", format!("the body could not be read: {error}"))
             }
         }
+    }
+}
+
+/// Requests the HTTP edge refused before routing.
+impl From<&EdgeError> for ApiError {
+    fn from(error: &EdgeError) -> ApiError {
+        let code = match error {
+            EdgeError::BadRequest(_) => "bad_request",
+            EdgeError::HeadTooLarge => "header_too_large",
+            EdgeError::LengthRequired => "length_required",
+            EdgeError::ExpectationFailed => "expectation_failed",
+            EdgeError::VersionNotSupported => "http_version_not_supported",
+            EdgeError::BodyTooLarge { .. } => "payload_too_large",
+            EdgeError::Timeout => "request_timeout",
+            EdgeError::TooManyConnections | EdgeError::Unavailable => "unavailable",
+        };
+        ApiError::new(error.status(), code, error.to_string())
     }
 }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
 use crate::http::auth::TokenSet;
-use crate::http::{Handler, Reply, Request};
+use crate::http::{EdgeError, Handler, Reply, Request};
 pub use error::ApiError;
 
 /// The Kestrel front door.
@@ -177,6 +177,10 @@ impl Handler for KestrelApi {
 
     fn internal_error(&self) -> Reply {
         ApiError::new(500, "internal_error", "internal server error").into_reply()
+    }
+
+    fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
+        ApiError::from(error).into_reply()
     }
 }
 

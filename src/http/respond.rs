@@ -1,0 +1,140 @@
+//! Writing replies to the client's socket, on the gate's thread.
+//!
+//! JSON and empty replies are serialized by tiny_http (`Response::raw_print`) straight onto the
+//! client's socket; tiny_http's own side of the connection never writes. An event stream gets
+//! its head and chunks from `sse.rs`, with a `kestrel-watch` thread that blocks on the socket's
+//! read side and stops the stream the moment the client closes.
+
+use std::io::{BufWriter, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+
+use super::gate::Edge;
+use super::head::{Head, Version};
+use super::sse::Framing;
+use super::{EdgeError, EventStream, Handler, Reply, Request};
+
+/// The watcher only waits on a socket.
+const WATCH_STACK: usize = 64 * 1024;
+
+/// Writes a JSON or empty reply. `keep_alive` false adds `Connection: close`.
+pub fn reply(tcp: &TcpStream, reply: Reply, head: &Head, request: &Request, keep_alive: bool) -> std::io::Result<()> {
+    let head_only = head.method.eq_ignore_ascii_case("HEAD");
+    let (status, body, headers) = match reply {
+        Reply::Json { status, body, headers } => {
+            let mut all = vec![("Content-Type", "application/json".to_string())];
+            all.extend(headers);
+            (status, body, all)
+        }
+        Reply::Empty { status } => (status, Vec::new(), Vec::new()),
+        Reply::Events(_) => unreachable!("streams are written by `stream`"),
+    };
+    write_response(tcp, status, body, &headers, head.version, request.inner.headers(), head_only, keep_alive)
+}
+
+/// Writes the handler's answer to a request the edge refused, always closing.
+pub fn refusal(tcp: &TcpStream, handler: &dyn Handler, path: Option<&str>, error: &EdgeError) {
+    let (status, body, headers) = match handler.edge_error(path, error) {
+        Reply::Json { status, body, headers } => {
+            let mut all = vec![("Content-Type", "application/json".to_string())];
+            all.extend(headers);
+            (status, body, all)
+        }
+        Reply::Empty { status } => (status, Vec::new(), Vec::new()),
+        Reply::Events(_) => (error.status(), Vec::new(), Vec::new()),
+    };
+    let mut headers = headers;
+    if matches!(error, EdgeError::TooManyConnections | EdgeError::Unavailable) {
+        headers.push(("Retry-After", "1".to_string()));
+    }
+    if let Err(error) = write_response(tcp, status, body, &headers, Version::Http11, &[], false, false) {
+        log::debug!("a refusal was not delivered: {error}");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_response(
+    tcp: &TcpStream,
+    status: u16,
+    body: Vec<u8>,
+    headers: &[(&'static str, String)],
+    version: Version,
+    request_headers: &[tiny_http::Header],
+    head_only: bool,
+    keep_alive: bool,
+) -> std::io::Result<()> {
+    let mut response = tiny_http::Response::from_data(body).with_status_code(status);
+    for (name, value) in headers {
+        response.add_header(header(name, value));
+    }
+    if !keep_alive {
+        response.add_header(header("Connection", "close"));
+    }
+    let version = match version {
+        Version::Http10 => tiny_http::HTTPVersion(1, 0),
+        Version::Http11 => tiny_http::HTTPVersion(1, 1),
+    };
+    let mut writer = BufWriter::with_capacity(16 * 1024, tcp);
+    response.raw_print(&mut writer, version, request_headers, head_only, None)?;
+    writer.flush()
+}
+
+/// Lets tiny_http's request go without tiny_http writing anything: the reply went to the
+/// client directly. Dropping it lets tiny_http read the connection's next head.
+pub fn release(request: Request) {
+    drop(request.inner.into_writer());
+}
+
+/// Writes an event stream until it ends, then closes the connection.
+pub fn stream(tcp: &TcpStream, stream: EventStream, version: Version, edge: &Edge) {
+    let framing = if version == Version::Http11 { Framing::Chunked } else { Framing::UntilClose };
+    let gauges = edge.gauges();
+    gauges.streams.fetch_add(1, Ordering::Relaxed);
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+    std::thread::scope(|scope| {
+        let watcher = std::thread::Builder::new().name("kestrel-watch".into()).stack_size(WATCH_STACK).spawn_scoped(
+            scope,
+            move || {
+                wait_for_close(tcp);
+                drop(stop_tx);
+            },
+        );
+        if let Err(error) = watcher {
+            log::error!("cannot start a stream watcher: {error}");
+            return;
+        }
+        let mut writer = BufWriter::with_capacity(64 * 1024 + 64, tcp);
+        let written = writer
+            .write_all(EventStream::head(framing, version.as_str()).as_bytes())
+            .and_then(|()| stream.write_to(&mut writer, edge.config.ping_interval, &stop_rx, framing));
+        if let Err(error) = written {
+            log::debug!("stream ended: {error}");
+        }
+        // Wakes the watcher, which is blocked on a read.
+        let _ = tcp.shutdown(std::net::Shutdown::Both);
+    });
+    gauges.streams.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Blocks until the client closes its side (or resets); what it sends meanwhile is dropped.
+fn wait_for_close(mut tcp: &TcpStream) {
+    let _ = tcp.set_read_timeout(None);
+    let mut discard = [0u8; 512];
+    loop {
+        match tcp.read(&mut discard) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn header(name: &str, value: &str) -> tiny_http::Header {
+    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).unwrap_or_else(|()| {
+        // Header values come from our own code; one that is not ASCII is a bug worth a log,
+        // not a panic on a client's connection.
+        log::error!("dropping a response header with a non-ASCII value: {name}");
+        tiny_http::Header::from_bytes(&b"X-Invalid-Header"[..], &b"1"[..]).expect("ASCII")
+    })
+}

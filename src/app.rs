@@ -95,8 +95,14 @@ pub struct Server {
 /// Counters a test or an operator can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
+    pub open_connections: usize,
     pub open_streams: usize,
+    /// Requests between their head and the end of their reply.
     pub open_requests: usize,
+    /// Connections answered 503 because every slot was taken.
+    pub refused_connections: usize,
+    /// Times tiny_http was found dead and replaced.
+    pub backend_restarts: usize,
     pub bus_subscribers: usize,
     pub active_runs: usize,
 }
@@ -172,8 +178,11 @@ impl Server {
     pub fn stats(&self) -> Stats {
         let gauges = self.http.as_ref().map(|http| Arc::clone(http.gauges()));
         Stats {
+            open_connections: gauges.as_ref().map_or(0, |g| g.open_connections()),
             open_streams: gauges.as_ref().map_or(0, |g| g.open_streams()),
             open_requests: gauges.as_ref().map_or(0, |g| g.open_requests()),
+            refused_connections: gauges.as_ref().map_or(0, |g| g.refused_connections()),
+            backend_restarts: gauges.as_ref().map_or(0, |g| g.backend_restarts()),
             bus_subscribers: self.engine.bus().subscriber_count(),
             active_runs: self.engine.active_runs(),
         }

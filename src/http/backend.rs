@@ -34,6 +34,9 @@ pub const CONN_HEADER: &str = "X-Kestrel-Conn";
 /// the backend. A healthy backend answers in microseconds; kicks cover the pool's queueing.
 pub const DISPATCH_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long a probe waits; the probe is the only request on its fresh connection.
+const PROBE_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Connection id of the probe request; gates count from 1.
 const PROBE_ID: u64 = 0;
 
@@ -83,26 +86,26 @@ impl Routes {
 /// One tiny_http server and its dispatcher.
 pub struct Backend {
     pub generation: u64,
+    /// Set when a newer backend took over; gates waiting on this one give up at once.
+    retired: AtomicBool,
     server: Arc<tiny_http::Server>,
     socket: PathBuf,
     dispatcher: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Backend {
-    /// A new connection to this backend, or `None` if it cannot take one now.
-    pub fn connect(&self) -> Option<UnixStream> {
-        match UnixStream::connect(&self.socket) {
-            Ok(stream) => Some(stream),
-            Err(error) => {
-                log::warn!("cannot connect to the HTTP backend: {error}");
-                None
-            }
-        }
+    /// A new connection to this backend.
+    pub fn connect(&self) -> std::io::Result<UnixStream> {
+        UnixStream::connect(&self.socket)
     }
 
     /// Opens and closes a connection, so a request tiny_http's pool queued gets a thread.
-    pub fn kick(&self) {
-        drop(UnixStream::connect(&self.socket));
+    /// False when nothing listens any more (tiny_http's accept thread is gone).
+    pub fn kick(&self) -> bool {
+        match UnixStream::connect(&self.socket) {
+            Ok(_) => true,
+            Err(error) => !matches!(error.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound),
+        }
     }
 }
 
@@ -149,52 +152,77 @@ impl Backends {
         Arc::clone(&self.current.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// A gate's forwarded request never came back from `generation`. Probes that backend on a
-    /// fresh connection and replaces it if the probe is lost too.
+    /// A gate could not reach `generation`, or its forwarded request never came back. Probes
+    /// that backend on a fresh connection and replaces it if the probe fails too. A probe that
+    /// cannot even open a socket (the process is out of descriptors) proves nothing, so the
+    /// backend is kept. If another thread is already repairing, this returns at once.
     pub fn suspect(self: &Arc<Self>, generation: u64) {
-        let _repairing = self.repair.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(_repairing) = self.repair.try_lock() else { return };
         let backend = self.current();
         if backend.generation != generation || self.stopping.load(Ordering::SeqCst) {
             return; // already replaced, or going away anyway
         }
-        if self.probe(&backend) {
-            log::warn!("a request forwarded to the HTTP backend was lost, but the backend answers a probe");
-            return;
+        match self.probe(&backend) {
+            Probe::Answered => {
+                log::warn!("a request to the HTTP backend was lost, but the backend answers a probe");
+            }
+            Probe::NoDescriptors => log::warn!("the HTTP backend cannot be probed: out of file descriptors"),
+            Probe::Lost => {
+                log::error!("the HTTP backend (generation {generation}) stopped taking requests; starting a new one");
+                self.replace(generation, Some(5));
+            }
         }
-        log::error!("the HTTP backend (generation {generation}) stopped taking requests; starting a new one");
-        self.replace(generation);
     }
 
     /// Sends a request tagged with the probe id and waits for the dispatcher to hand it over.
-    fn probe(&self, backend: &Backend) -> bool {
+    fn probe(&self, backend: &Backend) -> Probe {
         use std::io::Write;
         let requests = self.routes.register(PROBE_ID);
-        let sent = backend.connect().is_some_and(|mut stream| {
-            let head = format!("GET /kestrel-probe HTTP/1.1\r\n{CONN_HEADER}: {PROBE_ID}\r\n\r\n");
-            stream.write_all(head.as_bytes()).is_ok() && wait_kicking(&requests, backend, DISPATCH_DEADLINE).is_some()
-        });
+        let outcome = match backend.connect() {
+            Ok(mut stream) => {
+                let head = format!("GET /kestrel-probe HTTP/1.1\r\n{CONN_HEADER}: {PROBE_ID}\r\n\r\n");
+                let answered = stream.write_all(head.as_bytes()).is_ok()
+                    && wait_kicking(&requests, backend, PROBE_DEADLINE).is_some();
+                if answered {
+                    Probe::Answered
+                } else {
+                    Probe::Lost
+                }
+            }
+            Err(error) if out_of_descriptors(&error) => Probe::NoDescriptors,
+            Err(_) => Probe::Lost,
+        };
         self.routes.unregister(PROBE_ID);
-        sent
+        outcome
     }
 
-    /// Starts a backend to take over from `generation`, retrying while file descriptors are
-    /// short; the old one is dropped once nothing uses it.
-    fn replace(self: &Arc<Self>, generation: u64) {
+    /// Starts a backend to take over from `generation`, retrying with a growing pause while
+    /// that fails (`attempts` times, or until it works). The old backend's dispatcher is told
+    /// to stop; connections still on it are refused once and reconnect to the new one.
+    fn replace(self: &Arc<Self>, generation: u64, attempts: Option<usize>) {
         let mut delay = Duration::from_millis(50);
-        loop {
-            if self.stopping.load(Ordering::SeqCst) {
-                return;
-            }
+        let mut tries = 0;
+        while !self.stopping.load(Ordering::SeqCst) {
             let next = self.generations.fetch_add(1, Ordering::SeqCst) + 1;
             match spawn_backend(&self.dir, next) {
                 Ok(fresh) => {
-                    *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&fresh.0);
+                    let old = std::mem::replace(
+                        &mut *self.current.lock().unwrap_or_else(|e| e.into_inner()),
+                        Arc::clone(&fresh.0),
+                    );
+                    old.retired.store(true, Ordering::SeqCst);
+                    old.server.unblock();
                     self.gauges.backend_restarts.fetch_add(1, Ordering::Relaxed);
                     log::warn!("HTTP backend generation {next} replaces generation {generation}");
                     self.watch(fresh);
                     return;
                 }
                 Err(error) => {
+                    tries += 1;
+                    if attempts.is_some_and(|limit| tries >= limit) {
+                        log::error!("cannot start a new HTTP backend ({error}); giving up for now");
+                        return;
+                    }
                     log::error!("cannot start a new HTTP backend ({error}); retrying in {delay:?}");
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(2));
@@ -209,16 +237,17 @@ impl Backends {
         let backends = Arc::downgrade(self);
         let routes = Arc::clone(&self.routes);
         let generation = backend.generation;
+        let backend_of_thread = Arc::clone(&backend);
         let spawned = std::thread::Builder::new().name("kestrel-http".into()).spawn(move || {
             for request in server.incoming_requests() {
                 routes.route(request);
             }
             let Some(backends) = backends.upgrade() else { return };
-            if !backends.stopping.load(Ordering::SeqCst) {
+            if !backends.stopping.load(Ordering::SeqCst) && !backend_of_thread.retired.load(Ordering::SeqCst) {
                 log::error!("tiny_http's accept loop ended (generation {generation}); starting a new backend");
                 let _repairing = backends.repair.lock().unwrap_or_else(|e| e.into_inner());
                 if backends.current().generation == generation {
-                    backends.replace(generation);
+                    backends.replace(generation, None);
                 }
             }
         });
@@ -244,7 +273,20 @@ impl Backends {
     }
 }
 
-/// Waits for a request on `requests`, kicking the backend with growing pauses until `limit`.
+/// What a probe of the backend found.
+enum Probe {
+    Answered,
+    Lost,
+    NoDescriptors,
+}
+
+/// EMFILE or ENFILE: the process or the system is out of file descriptors.
+pub fn out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(nix::libc::EMFILE | nix::libc::ENFILE))
+}
+
+/// Waits for a request on `requests`, kicking the backend with growing pauses until `limit`
+/// or until the backend is retired.
 pub fn wait_kicking(
     requests: &Receiver<tiny_http::Request>,
     backend: &Backend,
@@ -257,9 +299,11 @@ pub fn wait_kicking(
         match requests.recv_timeout(pause.min(left)) {
             Ok(request) => return Some(request),
             Err(RecvTimeoutError::Disconnected) => return None,
-            Err(RecvTimeoutError::Timeout) if left <= pause => return None,
+            Err(RecvTimeoutError::Timeout) if left <= pause || backend.retired.load(Ordering::SeqCst) => return None,
             Err(RecvTimeoutError::Timeout) => {
-                backend.kick();
+                if !backend.kick() {
+                    return None;
+                }
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
         }
@@ -274,7 +318,13 @@ fn spawn_backend(dir: &Path, generation: u64) -> std::io::Result<(Arc<Backend>, 
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
     let server = Arc::new(server);
-    let backend = Arc::new(Backend { generation, server: Arc::clone(&server), socket, dispatcher: Mutex::new(None) });
+    let backend = Arc::new(Backend {
+        generation,
+        retired: AtomicBool::new(false),
+        server: Arc::clone(&server),
+        socket,
+        dispatcher: Mutex::new(None),
+    });
     Ok((backend, server))
 }
 

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 
-use super::backend::{wait_kicking, Backend, Backends, CONN_HEADER, DISPATCH_DEADLINE};
+use super::backend::{out_of_descriptors, wait_kicking, Backend, Backends, CONN_HEADER, DISPATCH_DEADLINE};
 use super::head::{self, Head};
-use super::{respond, EdgeError, EventStream, Gauges, Handler, HttpConfig, Reply};
+use super::{respond, EdgeError, EventStream, Gauges, Handler, HttpConfig, Quiet, Reply};
 
 /// Bodies up to this size are read by the gate and forwarded with their head in one write;
 /// larger ones stream through a `kestrel-body` thread.
@@ -43,6 +43,8 @@ pub struct Edge {
     gauges: Arc<Gauges>,
     pub stopping: AtomicBool,
     next_id: AtomicU64,
+    /// Errors every connection would log at once.
+    quiet: Quiet,
     /// Open connections, for closing the idle ones at shutdown.
     links: [Mutex<HashMap<u64, Arc<Link>>>; 16],
 }
@@ -63,6 +65,7 @@ impl Edge {
             gauges,
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+            quiet: Quiet::default(),
             links: Default::default(),
         }
     }
@@ -316,16 +319,30 @@ impl Gate {
         Next::Close
     }
 
-    /// This connection's link to the backend, opened on first use (or after a replacement).
+    /// This connection's link to the backend, opened on first use (or after a replacement). A
+    /// backend that cannot be reached is suspected, and the replacement, if any, tried once.
     fn take_backend(&mut self) -> Option<(Arc<Backend>, UnixStream)> {
         let current = self.edge.backends.current();
-        match self.backend.take() {
-            Some((backend, unix)) if backend.generation == current.generation => Some((backend, unix)),
-            _ => {
-                let unix = current.connect()?;
-                Some((current, unix))
+        if let Some((backend, unix)) = self.backend.take() {
+            if backend.generation == current.generation {
+                return Some((backend, unix));
             }
         }
+        match current.connect() {
+            Ok(unix) => return Some((current, unix)),
+            Err(error) if out_of_descriptors(&error) => {
+                self.edge.quiet.error(format_args!("cannot reach the HTTP backend: {error}"));
+                return None;
+            }
+            Err(error) => self.edge.quiet.error(format_args!("cannot reach the HTTP backend: {error}")),
+        }
+        self.edge.backends.suspect(current.generation);
+        let replacement = self.edge.backends.current();
+        if replacement.generation == current.generation {
+            return None;
+        }
+        let unix = replacement.connect().ok()?;
+        Some((replacement, unix))
     }
 
     /// Reads one request head: waits `keep_alive_timeout` for its first byte, then at most

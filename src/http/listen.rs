@@ -13,9 +13,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::gate::Edge;
+use super::Quiet;
 
 /// File descriptors one connection holds: its TCP socket, both ends of its Unix connection to
 /// tiny_http, and tiny_http's clone of its end.
@@ -103,9 +104,9 @@ impl Acceptor {
 
 fn spawn(listener: Arc<TcpListener>, edge: Arc<Edge>) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("kestrel-accept".into()).spawn(move || {
-        let mut errors = ErrorLog::default();
+        let errors = Quiet::default();
         while !edge.stopping.load(Ordering::SeqCst) {
-            let outcome = catch_unwind(AssertUnwindSafe(|| accept_one(&listener, &edge, &mut errors)));
+            let outcome = catch_unwind(AssertUnwindSafe(|| accept_one(&listener, &edge, &errors)));
             if outcome.is_err() {
                 log::error!("the accept loop panicked; it goes on");
             }
@@ -113,7 +114,7 @@ fn spawn(listener: Arc<TcpListener>, edge: Arc<Edge>) -> std::io::Result<JoinHan
     })
 }
 
-fn accept_one(listener: &TcpListener, edge: &Arc<Edge>, errors: &mut ErrorLog) {
+fn accept_one(listener: &TcpListener, edge: &Arc<Edge>, errors: &Quiet) {
     match listener.accept() {
         Ok((stream, _peer)) => {
             if edge.stopping.load(Ordering::SeqCst) {
@@ -141,7 +142,7 @@ fn accept_one(listener: &TcpListener, edge: &Arc<Edge>, errors: &mut ErrorLog) {
                 Some(nix::libc::ECONNABORTED | nix::libc::EINTR | nix::libc::EPROTO) => Duration::ZERO,
                 _ => Duration::from_millis(10),
             };
-            errors.note(&error);
+            errors.error(format_args!("accept failed: {error}"));
             std::thread::sleep(pause);
         }
     }
@@ -157,25 +158,4 @@ fn refuse(stream: TcpStream, edge: &Edge) {
     let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
     super::respond::refusal(&stream, edge.handler(), None, &super::EdgeError::TooManyConnections);
     let _ = stream.shutdown(std::net::Shutdown::Write);
-}
-
-/// Accept errors come in storms (every pending connection fails the same way); log the first
-/// of each kind and then a count at most every ten seconds.
-#[derive(Default)]
-struct ErrorLog {
-    last: Option<Instant>,
-    suppressed: usize,
-}
-
-impl ErrorLog {
-    fn note(&mut self, error: &std::io::Error) {
-        let now = Instant::now();
-        if self.last.is_some_and(|last| now.duration_since(last) < Duration::from_secs(10)) {
-            self.suppressed += 1;
-            return;
-        }
-        log::error!("accept failed: {error} ({} similar errors since the last report)", self.suppressed);
-        self.last = Some(now);
-        self.suppressed = 0;
-    }
 }

@@ -46,7 +46,15 @@ pub enum Reply {
 /// Why a body could not be read.
 #[derive(Debug)]
 pub enum BodyError {
-    TooLarge { limit: usize },
+    TooLarge {
+        limit: usize,
+    },
+    /// The body ended before its Content-Length: the client stopped sending and the body
+    /// deadline passed, or it closed.
+    Truncated {
+        expected: usize,
+        received: usize,
+    },
     Io(std::io::Error),
 }
 
@@ -162,6 +170,10 @@ impl Request {
         self.inner.as_reader().take(limit as u64 + 1).read_to_end(&mut body).map_err(BodyError::Io)?;
         if body.len() > limit {
             return Err(BodyError::TooLarge { limit });
+        }
+        let expected = self.inner.body_length().unwrap_or(0);
+        if body.len() < expected {
+            return Err(BodyError::Truncated { expected, received: body.len() });
         }
         Ok(body)
     }
@@ -288,6 +300,26 @@ impl HttpServer {
         }
         drop(left);
         self.edge.stop_backend();
+    }
+}
+
+/// A log for errors that come in storms (every pending connection fails the same way): the
+/// first is logged, then at most one line every ten seconds with a count of the rest.
+#[derive(Default)]
+pub(crate) struct Quiet {
+    state: Mutex<(Option<std::time::Instant>, usize)>,
+}
+
+impl Quiet {
+    pub fn error(&self, message: std::fmt::Arguments<'_>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if state.0.is_some_and(|last| now.duration_since(last) < Duration::from_secs(10)) {
+            state.1 += 1;
+            return;
+        }
+        log::error!("{message} ({} similar errors since the last report)", state.1);
+        *state = (Some(now), 0);
     }
 }
 

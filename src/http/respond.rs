@@ -67,16 +67,22 @@ fn write_response(
     for (name, value) in headers {
         response.add_header(header(name, value));
     }
-    if !keep_alive {
-        response.add_header(header("Connection", "close"));
-    }
     let version = match version {
         Version::Http10 => tiny_http::HTTPVersion(1, 0),
         Version::Http11 => tiny_http::HTTPVersion(1, 1),
     };
-    let mut writer = BufWriter::with_capacity(16 * 1024, tcp);
-    response.raw_print(&mut writer, version, request_headers, head_only, None)?;
-    writer.flush()
+    let mut bytes = Vec::with_capacity(512);
+    response.raw_print(&mut bytes, version, request_headers, head_only, None)?;
+    if !keep_alive {
+        // tiny_http refuses a `Connection` header from callers (it used to close connections
+        // itself), so it goes in right after the status line.
+        if let Some(line_end) = bytes.windows(2).position(|w| w == b"\r\n") {
+            bytes.splice(line_end + 2..line_end + 2, b"Connection: close\r\n".iter().copied());
+        }
+    }
+    let mut tcp = tcp;
+    tcp.write_all(&bytes)?;
+    tcp.flush()
 }
 
 /// Lets tiny_http's request go without tiny_http writing anything: the reply went to the

@@ -2,6 +2,7 @@
 
 mod auth;
 mod cli;
+mod edge;
 mod events;
 mod fake_provider;
 mod files;

@@ -388,3 +388,48 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// What the server answered on a raw connection, read until it closed the connection.
+#[derive(Debug)]
+pub struct RawAnswer {
+    pub status: u16,
+    pub head: String,
+    pub json: Value,
+    /// The server closed the connection (rather than the wait running out).
+    pub closed: bool,
+}
+
+impl RawAnswer {
+    /// Asserts a Kestrel error body with this status and code.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.json["error"]["code"], code, "{self:?}");
+    }
+}
+
+/// `base` without its scheme, for raw sockets.
+pub fn host_of(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+/// Sends `request` on a new connection and reads until the server closes it (at most `WAIT`).
+pub fn raw(base: &str, request: &[u8]) -> RawAnswer {
+    let mut socket = TcpStream::connect(host_of(base)).unwrap();
+    socket.write_all(request).unwrap();
+    read_answer(&mut socket, WAIT)
+}
+
+/// Reads one answer off `socket` until the server closes it or `wait` passes.
+pub fn read_answer(socket: &mut TcpStream, wait: Duration) -> RawAnswer {
+    socket.set_read_timeout(Some(wait)).unwrap();
+    let mut bytes = Vec::new();
+    let closed = match socket.read_to_end(&mut bytes) {
+        Ok(_) => true,
+        // A reset after the answer still counts as the server closing.
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    RawAnswer { status, head: head.to_string(), json: serde_json::from_str(body).unwrap_or(Value::Null), closed }
+}

@@ -92,6 +92,11 @@ impl From<BodyError> for ApiError {
             BodyError::TooLarge { limit } => {
                 ApiError::new(413, "payload_too_large", format!("the request body is larger than {limit} bytes"))
             }
+            BodyError::Truncated { expected, received } => ApiError::new(
+                408,
+                "request_timeout",
+                format!("the body ended after {received} of its {expected} bytes; it did not arrive in time"),
+            ),
             BodyError::Io(error) => {
                 ApiError::bad_request("invalid_body", format!("the body could not be read: {error}"))
             }

@@ -34,6 +34,8 @@ pub enum EngineError {
     SessionBusy,
     NotResumable(SessionStatus),
     ShuttingDown,
+    /// The server could not start a thread for the run (out of memory or threads).
+    Overloaded,
     ApprovalNotFound,
     /// A workspace path was refused or could not be read.
     Workspace(PathError),
@@ -53,6 +55,10 @@ impl std::fmt::Display for EngineError {
                 write!(f, "only interrupted or failed sessions can be resumed; this one is {}", status.as_str())
             }
             EngineError::ShuttingDown => write!(f, "the server is shutting down"),
+            EngineError::Overloaded => write!(
+                f,
+                "the server cannot start a run right now; the message is stored and the session can be resumed"
+            ),
             EngineError::ApprovalNotFound => write!(f, "no pending approval with that id"),
             EngineError::Workspace(error) => write!(f, "{error}"),
             EngineError::Provider(message) => write!(f, "{message}"),
@@ -107,6 +113,12 @@ pub(crate) struct Shared {
     /// Approvals runs are waiting on, by approval id.
     approvals: Mutex<HashMap<String, calls::PendingApproval>>,
     stopping: std::sync::atomic::AtomicBool,
+    /// Starts a run's worker thread; tests replace it to make the start fail.
+    spawn_run: fn(run::Run) -> std::io::Result<JoinHandle<()>>,
+}
+
+fn spawn_run_thread(run: run::Run) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("kestrel-run".into()).spawn(move || run.execute())
 }
 
 #[derive(Clone)]
@@ -129,6 +141,7 @@ impl Engine {
                 run_ended: Condvar::new(),
                 approvals: Mutex::new(HashMap::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
+                spawn_run: spawn_run_thread,
             }),
         }
     }
@@ -184,6 +197,11 @@ impl Engine {
         self.shared.store.write(vec![WriteOp::InsertSession(record.clone())])?;
         self.shared.publish_summary(&record);
         Ok(SessionDetail { summary: record.summary, messages: Vec::new(), system_prompt: record.system_prompt })
+    }
+
+    /// Checks that the session exists and is the tenant's, without loading its transcript.
+    pub fn check_session(&self, tenant: &str, id: &str) -> Result<(), EngineError> {
+        self.shared.owned_session(tenant, id).map(|_| ())
     }
 
     pub fn session(&self, tenant: &str, id: &str) -> Result<SessionDetail, EngineError> {
@@ -310,6 +328,7 @@ impl Engine {
             self.shared.release(&id, &run_id);
             return Err(error.into());
         }
+        let record_tenant = record.tenant.clone();
         let run = run::Run {
             shared: Arc::clone(&self.shared),
             tenant: Arc::from(record.tenant),
@@ -318,7 +337,7 @@ impl Engine {
             cancel: canceller.token(),
             user,
         };
-        let spawned = std::thread::Builder::new().name("kestrel-run".into()).spawn(move || run.execute());
+        let spawned = (self.shared.spawn_run)(run);
         match spawned {
             Ok(thread) => {
                 let mut runs = self.shared.lock_runs();
@@ -329,8 +348,22 @@ impl Engine {
                 Ok(run_id)
             }
             Err(error) => {
+                // The message is stored; the session must not look busy with no run. It becomes
+                // `error`, so a retry is a `POST /resume` away.
+                log::error!("cannot start a worker for run {run_id}: {error}");
+                let failed = SessionPatch { status: Some(SessionStatus::Error), ..SessionPatch::default() };
+                let now = crate::time::now_rfc3339();
+                let write = self.shared.store.write(vec![WriteOp::UpdateSession {
+                    id: id.clone(),
+                    patch: failed,
+                    updated_at: now,
+                }]);
                 self.shared.release(&id, &run_id);
-                Err(EngineError::Store(StoreError::Io(error)))
+                write?;
+                if let Ok(record) = self.shared.owned_session(&record_tenant, &id) {
+                    self.shared.publish_summary(&record);
+                }
+                Err(EngineError::Overloaded)
             }
         }
     }
@@ -401,5 +434,47 @@ fn checked_workspace(path: &Path) -> Result<PathBuf, EngineError> {
     match path.canonicalize() {
         Ok(canonical) if canonical.is_dir() => Ok(canonical),
         _ => Err(EngineError::InvalidWorkspace(format!("workspace {} is not an existing directory", path.display()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::BusConfig;
+    use crate::providers::EchoProvider;
+
+    fn engine(data: &Path) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
+        let (store, writer) = Store::open(data).unwrap();
+        let (bus, bus_handle) =
+            Bus::start(store.clone(), BusConfig { replay_capacity: 100, subscriber_capacity: 100 }).unwrap();
+        let echo = EchoProvider { delay: Duration::ZERO };
+        let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
+        let tools = ToolRegistry::new(HashMap::new(), 1000);
+        let config = EngineConfig { default_workspace: data.to_path_buf(), max_steps: 5 };
+        (Engine::new(store, bus, models, tools, config), writer, bus_handle)
+    }
+
+    #[test]
+    fn a_run_whose_worker_cannot_start_leaves_the_session_resumable_not_running() {
+        let data = tempfile::tempdir().unwrap();
+        let (mut engine, writer, bus) = engine(data.path());
+        Arc::get_mut(&mut engine.shared).unwrap().spawn_run = |_| Err(std::io::Error::other("no threads left"));
+        let session = engine
+            .create_session("t", NewSession { title: None, model: None, system_prompt: None, workspace: None })
+            .unwrap();
+        let id = session.summary.id;
+        let sent = engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() });
+        assert!(matches!(sent, Err(EngineError::Overloaded)), "{sent:?}");
+        assert_eq!(engine.active_runs(), 0, "no run holds the session");
+        let detail = engine.session("t", &id).unwrap();
+        assert_eq!(detail.summary.status, SessionStatus::Error);
+        assert_eq!(detail.messages.len(), 1, "the message is kept");
+        assert!(
+            matches!(engine.resume("t", &id), Err(EngineError::Overloaded)),
+            "resume is allowed, and fails the same way"
+        );
+        engine.shutdown(Duration::from_secs(1));
+        bus.shutdown();
+        writer.shutdown();
     }
 }

@@ -164,11 +164,18 @@ fn read_limited(reader: impl Read, limit: u64) -> String {
 
 /// `retry-after-ms` (OpenAI) or `retry-after` in seconds; an HTTP date is ignored.
 fn retry_after(response: &ureq::Response) -> Option<Duration> {
-    if let Some(ms) = response.header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok()) {
-        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
-    }
-    let seconds = response.header("retry-after")?.trim().parse::<f64>().ok()?;
-    Some(Duration::from_secs_f64(seconds.max(0.0)))
+    parse_retry_after(response.header("retry-after-ms"), response.header("retry-after"))
+}
+
+/// `retry-after-ms` wins over `retry-after` (seconds) when it is a number. A negative wait is
+/// none; an infinite or unrepresentable one is "longer than anyone waits"; NaN is no hint.
+fn parse_retry_after(millis: Option<&str>, seconds: Option<&str>) -> Option<Duration> {
+    let number = |text: Option<&str>| text.and_then(|t| t.trim().parse::<f64>().ok()).filter(|n| !n.is_nan());
+    let seconds = match number(millis) {
+        Some(ms) => ms / 1000.0,
+        None => number(seconds)?,
+    };
+    Some(Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX))
 }
 
 /// The human part of an error body: `error.message` in both vendors' JSON, else the text.
@@ -185,4 +192,24 @@ pub(super) fn error_message(body: &str) -> String {
         message = "no details".into();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_retry_after;
+    use std::time::Duration;
+
+    #[test]
+    fn retry_after_hints_never_panic() {
+        assert_eq!(parse_retry_after(Some("50"), Some("9")), Some(Duration::from_millis(50)));
+        assert_eq!(parse_retry_after(None, Some("2.5")), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_retry_after(Some("soon"), Some("3")), Some(Duration::from_secs(3)));
+        assert_eq!(parse_retry_after(None, Some("inf")), Some(Duration::MAX));
+        assert_eq!(parse_retry_after(Some("infinity"), None), Some(Duration::MAX));
+        assert_eq!(parse_retry_after(None, Some("1e400")), Some(Duration::MAX));
+        assert_eq!(parse_retry_after(None, Some("1e30")), Some(Duration::MAX));
+        assert_eq!(parse_retry_after(None, Some("-3")), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(Some("NaN"), Some("nan")), None);
+        assert_eq!(parse_retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+    }
 }

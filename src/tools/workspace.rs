@@ -44,6 +44,11 @@ impl From<PathError> for String {
 /// Directories a tree walk never enters.
 pub const SKIPPED_DIRS: &[&str] = &[".git", "target", "node_modules", ".hg", ".svn", "__pycache__", ".venv"];
 
+/// The longest path and file name Linux accepts (`PATH_MAX`, `NAME_MAX`); longer ones are a
+/// client's mistake (400), not the server's (500).
+const MAX_PATH_BYTES: usize = 4096;
+const MAX_NAME_BYTES: usize = 255;
+
 /// Entries a listing returns at most.
 pub const LISTING_CAP: usize = 500;
 
@@ -101,7 +106,13 @@ impl Workspace {
         if relative.contains('\0') {
             return Err(PathError::Invalid("a path cannot contain NUL".into()));
         }
+        if relative.len() > MAX_PATH_BYTES {
+            return Err(PathError::Invalid(format!("a path is at most {MAX_PATH_BYTES} bytes")));
+        }
         let requested = Path::new(relative);
+        if requested.components().any(|c| c.as_os_str().len() > MAX_NAME_BYTES) {
+            return Err(PathError::Invalid(format!("a file name is at most {MAX_NAME_BYTES} bytes")));
+        }
         if requested.is_absolute() {
             return Err(PathError::Invalid(format!("{relative} is absolute; paths are relative to the workspace")));
         }
@@ -315,6 +326,9 @@ mod tests {
         assert!(matches!(ws.resolve("to-outside-dir/secret"), Err(PathError::Outside(_))));
         assert!(matches!(ws.resolve("to-outside-dir/new-file"), Err(PathError::Outside(_))));
         assert!(matches!(ws.resolve("dangling"), Err(PathError::Outside(_))));
+        assert!(matches!(ws.resolve(&"a".repeat(256)), Err(PathError::Invalid(_))));
+        assert!(matches!(ws.resolve(&"a/".repeat(2100)), Err(PathError::Invalid(_))));
+        assert!(ws.resolve(&"a".repeat(255)).is_ok());
     }
 
     #[test]

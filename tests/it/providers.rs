@@ -273,6 +273,35 @@ fn a_retry_after_past_the_cap_goes_straight_to_the_fallback() {
 }
 
 #[test]
+fn absurd_retry_hints_neither_panic_nor_stall() {
+    // `inf` panicked in Duration::from_secs_f64; it now means "longer than the cap".
+    let primary = FakeProvider::start();
+    let backup = FakeProvider::start();
+    primary.script([Reply::error(429, "never").with_header("retry-after", "inf")]);
+    let ok = openai::text(&[], &["backup answered"], &openai::usage(1, 1, 0, 0));
+    backup.script([Reply::stream(ok.as_bytes(), 1)]);
+    let mut main = provider(Wire::Openai, &primary, &["m"]);
+    main.fallbacks = vec!["backup".into()];
+    let server = server_with(vec![("main", main), ("backup", provider(Wire::Openai, &backup, &["b"]))]);
+    let (_, events) = run(&server, "main/m", json!({ "content": "hi" }));
+    assert_eq!(deltas(&events, "text"), "backup answered");
+
+    // NaN is no hint at all: the ordinary backoff applies and the retry succeeds.
+    let fake = FakeProvider::start();
+    let ok = openai::text(&[], &["retried"], &openai::usage(1, 1, 0, 0));
+    fake.script([
+        Reply::error(503, "busy").with_header("retry-after-ms", "NaN").with_header("retry-after", "-5"),
+        Reply::stream(ok.as_bytes(), 1),
+    ]);
+    let mut local = provider(Wire::Openai, &fake, &["m"]);
+    local.retry_base_delay_ms = 10;
+    let server = server_with(vec![("local", local)]);
+    let (_, events) = run(&server, "local/m", json!({ "content": "hi" }));
+    assert_eq!(deltas(&events, "text"), "retried");
+    assert_eq!(fake.requests().len(), 2);
+}
+
+#[test]
 fn an_error_event_after_output_fails_the_run_with_the_providers_message() {
     let fake = FakeProvider::start();
     let mut body = anthropic::message_start(5, 0, 0);

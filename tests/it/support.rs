@@ -286,6 +286,17 @@ impl SseClient {
         self.headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
     }
 
+    /// The status a stream request with one extra header gets.
+    pub fn open_with_header(base: &str, path: &str, name: &str, value: &str) -> u16 {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{name}: {value}\r\nConnection: close\r\n\r\n");
+        let mut socket = TcpStream::connect(host_of(base)).unwrap();
+        socket.write_all(request.as_bytes()).unwrap();
+        let mut line = String::new();
+        socket.set_read_timeout(Some(WAIT)).unwrap();
+        BufReader::new(socket).read_line(&mut line).unwrap();
+        line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+    }
+
     /// The next item, or `None` after `timeout` or at the end of the stream.
     pub fn next_item(&mut self, timeout: Duration) -> Option<SseItem> {
         self.items.recv_timeout(timeout).ok()

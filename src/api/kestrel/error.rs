@@ -66,7 +66,7 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidWorkspace(_) => ApiError::invalid_body(message),
             EngineError::SessionBusy => ApiError::new(409, "session_busy", message),
             EngineError::NotResumable(_) => ApiError::new(409, "not_resumable", message),
-            EngineError::ShuttingDown => ApiError::new(503, "unavailable", message),
+            EngineError::ShuttingDown | EngineError::Overloaded => ApiError::new(503, "unavailable", message),
             EngineError::ApprovalNotFound => ApiError::new(404, "approval_not_found", message),
             EngineError::Workspace(path_error) => ApiError::from(path_error),
             EngineError::Provider(_) | EngineError::Store(_) => ApiError::internal(&error),

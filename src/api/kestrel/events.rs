@@ -11,7 +11,7 @@ pub fn all(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply
 }
 
 pub fn session(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
-    api.engine.session(&caller.tenant, id)?;
+    api.engine.check_session(&caller.tenant, id)?;
     subscribe(api, Filter { tenant: caller.tenant.clone(), scope: Scope::Session(id.to_string()) }, request)
 }
 
@@ -44,7 +44,10 @@ fn last_event_id(request: &Request) -> Result<Option<u64>, ApiError> {
     if raw.is_empty() {
         return Ok(None);
     }
-    raw.parse()
-        .map(Some)
-        .map_err(|_| ApiError::bad_request("invalid_body", format!("Last-Event-ID {raw:?} is not a sequence number")))
+    let refused = || ApiError::bad_request("invalid_body", format!("Last-Event-ID {raw:?} is not a sequence number"));
+    // Plain decimal digits only: `u64::from_str` would also take a leading `+`.
+    if !raw.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(refused());
+    }
+    raw.parse().map(Some).map_err(|_| refused())
 }

@@ -161,7 +161,7 @@ impl KestrelApi {
             (Route::File(id), _) => files::read(self, &caller, id, request, self.file_read_limit),
             (Route::Rewind(id), _) | (Route::Checkpoints(id), _) | (Route::CheckpointRestore(id, _), _) => {
                 // The session is checked first, so another tenant's id is still a 404.
-                self.engine.session(&caller.tenant, id)?;
+                self.engine.check_session(&caller.tenant, id)?;
                 Err(ApiError::new(501, "not_implemented", format!("{path} is not implemented by this server yet")))
             }
             (Route::PluginEvents, _) => events::plugins(self, &caller),

@@ -1,0 +1,54 @@
+//! Smaller ways hostile or unlucky input used to get a 500, a panic or a wedged session.
+
+use serde_json::json;
+
+use crate::support::{SseClient, TestServer};
+
+#[test]
+fn an_overlong_path_is_a_bad_path_not_a_server_error() {
+    let server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let long_name = "a".repeat(300);
+    let deep = "d/".repeat(2100);
+    for route in ["file", "files"] {
+        for path in [&long_name, &deep] {
+            server.get(&format!("/api/sessions/{id}/{route}?path={path}")).assert_error(400, "invalid_path");
+        }
+    }
+}
+
+#[test]
+fn last_event_id_is_plain_decimal_digits() {
+    let server = TestServer::start();
+    let id = server.create_session(json!({}));
+    for bad in ["+5", "-1", "5x", "0x10", "1e3", "99999999999999999999999"] {
+        let header =
+            SseClient::open_with_header(&server.base, &format!("/api/sessions/{id}/events"), "Last-Event-ID", bad);
+        assert_eq!(header, 400, "Last-Event-ID: {bad}");
+        let query = server.get(&format!("/api/sessions/{id}/events?lastEventId={}", bad.replace('+', "%2B")));
+        query.assert_error(400, "invalid_body");
+    }
+    let fine = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, Some(5));
+    assert_eq!(fine.status, 200);
+}
+
+#[test]
+fn routes_that_only_check_a_session_do_not_read_its_transcript() {
+    let mut server = TestServer::start();
+    let id = server.create_session(json!({}));
+    server.run_to_end(&id, "hello");
+    server.stop();
+    // Damage the stored transcript: a route that decodes it fails, one that does not is fine.
+    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
+    db.execute("UPDATE messages SET body = 'not json' WHERE session_id = ?1", [&id]).unwrap();
+    drop(db);
+    server.restart(|_| {});
+    server.get(&format!("/api/sessions/{id}")).assert_error(500, "internal_error");
+    let stream = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, None);
+    assert_eq!(stream.status, 200, "the event stream only checks the session exists");
+    assert_eq!(server.post(&format!("/api/sessions/{id}/cancel"), json!({})).status, 200);
+    assert_eq!(server.get(&format!("/api/sessions/{id}/files")).status, 200);
+    server
+        .post(&format!("/api/sessions/{id}/approvals/apr_x"), json!({ "approved": true }))
+        .assert_error(404, "approval_not_found");
+}

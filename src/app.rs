@@ -18,6 +18,7 @@ use crate::http::auth::TokenSet;
 use crate::http::{HttpConfig, HttpServer};
 use crate::providers::{EchoProvider, ModelRegistry};
 use crate::store::{Store, StoreError, WriteOp, WriterHandle};
+use crate::tools::workspace::{Protected, WorkspacePolicy};
 use crate::tools::ToolSettings;
 
 /// How long shutdown waits for runs and requests to finish.
@@ -131,6 +132,12 @@ impl Server {
         }
 
         let (store, store_writer) = Store::open(&config.server.data_dir)?;
+        // The data dir holds every tenant's transcripts and the config file their tokens: no
+        // workspace may reach either, whatever the roots say.
+        let protected = Protected::new([config.server.data_dir.clone()].into_iter().chain(config.file.clone()));
+        let workspaces =
+            WorkspacePolicy::new(workspace, &config.agent.workspace_roots, &config.tenant_workspace_roots(), protected)
+                .map_err(|(path, error)| StartError::Workspace(path, error))?;
         // Runs that were in flight when the last process died cannot still be running.
         store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
         let bus_config = BusConfig {
@@ -154,7 +161,7 @@ impl Server {
             bus,
             models,
             tools,
-            EngineConfig { default_workspace: workspace, max_steps: config.agent.max_steps.max(1) },
+            EngineConfig { workspaces, max_steps: config.agent.max_steps.max(1) },
         );
 
         let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;

@@ -20,6 +20,9 @@ pub struct Config {
     pub builtin: BuiltinConfig,
     /// Model providers by name; a model's id is `<provider>/<model name>`.
     pub providers: BTreeMap<String, ProviderConfig>,
+    /// The file this config was read from, if any: no workspace may reach it.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
 }
 
 /// The wire format a provider speaks.
@@ -188,6 +191,9 @@ pub struct TokenConfig {
     /// The name of an environment variable holding the token.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Directories this tenant's sessions may work in, replacing `agent.workspace_roots`.
+    #[serde(default)]
+    pub workspace_roots: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -195,6 +201,9 @@ pub struct TokenConfig {
 pub struct AgentConfig {
     /// The workspace of sessions created without one; defaults to the start directory.
     pub workspace: Option<PathBuf>,
+    /// Directories a session's workspace must be inside (symlinks resolved); empty means just
+    /// `workspace` and what is under it.
+    pub workspace_roots: Vec<PathBuf>,
     pub default_model: Option<String>,
     /// Provider calls allowed in one run.
     pub max_steps: u32,
@@ -241,6 +250,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             workspace: None,
+            workspace_roots: Vec::new(),
             default_model: None,
             max_steps: 50,
             permissions: BTreeMap::new(),
@@ -286,6 +296,13 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl TokenConfig {
+    /// A tenant with its token given directly and the global workspace roots.
+    pub fn new(tenant: impl Into<String>, token: impl Into<String>) -> TokenConfig {
+        TokenConfig { tenant: tenant.into(), token: Some(token.into()), token_env: None, workspace_roots: None }
+    }
+}
+
 /// A resolved token and the tenant it admits.
 #[derive(Clone)]
 pub struct TenantToken {
@@ -308,7 +325,10 @@ impl Config {
         let mut config = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
-                toml::from_str(&text).map_err(|e| ConfigError::Parse(path.into(), e.to_string()))?
+                let mut config: Config =
+                    toml::from_str(&text).map_err(|e| ConfigError::Parse(path.into(), e.to_string()))?;
+                config.file = Some(path.to_path_buf());
+                config
             }
             None => Config::default(),
         };
@@ -387,6 +407,11 @@ impl Config {
         names.sort();
         names.dedup();
         names
+    }
+
+    /// Tenants with workspace roots of their own.
+    pub fn tenant_workspace_roots(&self) -> Vec<(String, Vec<PathBuf>)> {
+        self.auth.tokens.iter().filter_map(|t| Some((t.tenant.clone(), t.workspace_roots.clone()?))).collect()
     }
 
     /// Every configured token with its tenant, env indirections resolved.

@@ -43,6 +43,12 @@ fn main() -> ExitCode {
     };
     config.server.allow_unauthenticated |= allow_unauthenticated;
 
+    // Not dumpable: `/proc/<pid>/environ` (every API key) and ptrace are then closed to other
+    // processes of the same user, such as the commands the agent runs. Commands are new
+    // programs, which start dumpable again.
+    if let Err(error) = nix::sys::prctl::set_dumpable(false) {
+        log::warn!("cannot mark the process non-dumpable: {error}");
+    }
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
     if let Err(error) = ctrlc::set_handler(move || {
         let _ = stop_tx.try_send(());

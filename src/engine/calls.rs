@@ -58,7 +58,8 @@ impl Run {
     /// Runs `calls` in order. `Some(Stop::Cancelled)` when a cancel stopped them; the calls that
     /// did not run are then answered (on a user's cancel) so the transcript stays well formed.
     pub(super) fn run_calls(&self, calls: &[ToolCall], session: &SessionRecord) -> Result<Option<Stop>, EngineError> {
-        let workspace = Workspace::new(std::path::Path::new(&session.summary.workspace));
+        let workspace =
+            self.shared.config.workspaces.open(&self.tenant, std::path::Path::new(&session.summary.workspace));
         for (index, call) in calls.iter().enumerate() {
             // No call of a cancelled response starts after the cancel.
             let end = if self.cancel.is_cancelled() { CallEnd::Cancelled } else { self.run_call(call, &workspace)? };

@@ -10,7 +10,7 @@ mod run;
 pub mod tools;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use crate::domain::{
 };
 use crate::providers::ModelRegistry;
 use crate::store::{SessionPatch, Store, StoreError, WriteOp};
-use crate::tools::workspace::{PathError, Workspace};
+use crate::tools::workspace::{PathError, Workspace, WorkspacePolicy, WorkspaceRefusal};
 pub use calls::Decision;
 use tools::ToolRegistry;
 
@@ -31,6 +31,8 @@ pub enum EngineError {
     SessionNotFound,
     InvalidModel(String),
     InvalidWorkspace(String),
+    /// A workspace outside the tenant's roots or overlapping a protected path.
+    WorkspaceForbidden(String),
     SessionBusy,
     NotResumable(SessionStatus),
     ShuttingDown,
@@ -49,7 +51,7 @@ impl std::fmt::Display for EngineError {
         match self {
             EngineError::SessionNotFound => write!(f, "session not found"),
             EngineError::InvalidModel(model) => write!(f, "model `{model}` is not registered"),
-            EngineError::InvalidWorkspace(why) => write!(f, "{why}"),
+            EngineError::InvalidWorkspace(why) | EngineError::WorkspaceForbidden(why) => write!(f, "{why}"),
             EngineError::SessionBusy => write!(f, "a run is already active in this session"),
             EngineError::NotResumable(status) => {
                 write!(f, "only interrupted or failed sessions can be resumed; this one is {}", status.as_str())
@@ -77,7 +79,8 @@ impl From<StoreError> for EngineError {
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    pub default_workspace: PathBuf,
+    /// Where sessions may work and what they may never reach.
+    pub workspaces: WorkspacePolicy,
     /// Provider calls allowed in one run.
     pub max_steps: u32,
 }
@@ -175,9 +178,14 @@ impl Engine {
         if !self.shared.models.contains(&model) {
             return Err(EngineError::InvalidModel(model));
         }
+        let policy = &self.shared.config.workspaces;
         let workspace = match new.workspace {
-            Some(path) => checked_workspace(Path::new(&path))?,
-            None => self.shared.config.default_workspace.clone(),
+            Some(path) => policy.check(tenant, Path::new(&path))?,
+            None => {
+                let default = policy.default_for(tenant);
+                policy.allows(tenant, &default)?;
+                default
+            }
         };
         let now = crate::time::now_rfc3339();
         let record = SessionRecord {
@@ -210,6 +218,8 @@ impl Engine {
         Ok(SessionDetail { summary: record.summary, messages, system_prompt: record.system_prompt })
     }
 
+    /// Changes a session's title, model, prompt or workspace. A new workspace is checked like
+    /// one given at create, and cannot change under a running run.
     pub fn patch_session(&self, tenant: &str, id: &str, patch: SessionPatch) -> Result<SessionDetail, EngineError> {
         self.shared.owned_session(tenant, id)?;
         if let Some(model) = &patch.model {
@@ -217,12 +227,26 @@ impl Engine {
                 return Err(EngineError::InvalidModel(model.clone()));
             }
         }
-        let patch = SessionPatch { status: None, ..patch };
-        self.shared.store.write(vec![WriteOp::UpdateSession {
-            id: id.to_string(),
-            patch,
-            updated_at: crate::time::now_rfc3339(),
-        }])?;
+        let workspace = match &patch.workspace {
+            Some(requested) => {
+                let checked = self.shared.config.workspaces.check(tenant, Path::new(requested))?;
+                Some(checked.to_string_lossy().into_owned())
+            }
+            None => None,
+        };
+        let moving = workspace.is_some();
+        let patch = SessionPatch { status: None, workspace, ..patch };
+        let write = vec![WriteOp::UpdateSession { id: id.to_string(), patch, updated_at: crate::time::now_rfc3339() }];
+        if moving {
+            // Held across the write so no run starts between the check and the move.
+            let runs = self.shared.lock_runs();
+            if runs.contains_key(id) {
+                return Err(EngineError::SessionBusy);
+            }
+            self.shared.store.write(write)?;
+        } else {
+            self.shared.store.write(write)?;
+        }
         let detail = self.session(tenant, id)?;
         self.shared.bus.publish(
             Some(tenant),
@@ -290,7 +314,7 @@ impl Engine {
     /// The workspace of a session, for the read-only file routes.
     pub fn workspace(&self, tenant: &str, id: &str) -> Result<Workspace, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
-        Workspace::new(Path::new(&record.summary.workspace)).map_err(EngineError::Workspace)
+        self.shared.config.workspaces.open(tenant, Path::new(&record.summary.workspace)).map_err(EngineError::Workspace)
     }
 
     /// Cancels the session's run; true if this call cancelled one.
@@ -426,14 +450,12 @@ impl Shared {
     }
 }
 
-/// A workspace must be an absolute path to an existing directory; it is stored canonical.
-fn checked_workspace(path: &Path) -> Result<PathBuf, EngineError> {
-    if !path.is_absolute() {
-        return Err(EngineError::InvalidWorkspace("workspace must be an absolute path".into()));
-    }
-    match path.canonicalize() {
-        Ok(canonical) if canonical.is_dir() => Ok(canonical),
-        _ => Err(EngineError::InvalidWorkspace(format!("workspace {} is not an existing directory", path.display()))),
+impl From<WorkspaceRefusal> for EngineError {
+    fn from(refusal: WorkspaceRefusal) -> Self {
+        match refusal {
+            WorkspaceRefusal::Invalid(why) => EngineError::InvalidWorkspace(why),
+            WorkspaceRefusal::Forbidden(why) => EngineError::WorkspaceForbidden(why),
+        }
     }
 }
 
@@ -450,7 +472,8 @@ mod tests {
         let echo = EchoProvider { delay: Duration::ZERO };
         let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
         let tools = ToolRegistry::new(HashMap::new(), 1000);
-        let config = EngineConfig { default_workspace: data.to_path_buf(), max_steps: 5 };
+        let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
+        let config = EngineConfig { workspaces, max_steps: 5 };
         (Engine::new(store, bus, models, tools, config), writer, bus_handle)
     }
 

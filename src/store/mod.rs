@@ -64,6 +64,8 @@ pub struct SessionPatch {
     /// `Some(None)` clears the prompt.
     pub system_prompt: Option<Option<String>>,
     pub status: Option<SessionStatus>,
+    /// A new workspace, already checked and canonical.
+    pub workspace: Option<String>,
 }
 
 /// One change to the database. A batch of ops sent together commits atomically.

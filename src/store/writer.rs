@@ -219,6 +219,7 @@ fn update_session(tx: &Transaction<'_>, id: &str, patch: &SessionPatch, updated_
              model = coalesce(?3, model),
              system_prompt = CASE WHEN ?4 THEN ?5 ELSE system_prompt END,
              status = coalesce(?6, status),
+             workspace = coalesce(?8, workspace),
              updated_at = ?7
          WHERE id = ?1",
     )?
@@ -229,7 +230,8 @@ fn update_session(tx: &Transaction<'_>, id: &str, patch: &SessionPatch, updated_
         prompt_given,
         prompt,
         patch.status.map(|s| s.as_str()),
-        updated_at
+        updated_at,
+        patch.workspace
     ])?;
     Ok(())
 }

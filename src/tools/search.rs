@@ -59,6 +59,9 @@ fn walk(context: &ToolContext<'_>, start: &Path, visit: &mut dyn FnMut(&Found<'_
         let mut subdirectories = Vec::new();
         for (path, kind) in entries.into_iter().rev() {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if context.workspace.is_protected(&path) {
+                continue;
+            }
             if kind.is_dir() {
                 if !SKIPPED_DIRS.contains(&name.as_str()) {
                     subdirectories.push(path);

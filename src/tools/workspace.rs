@@ -6,9 +6,11 @@
 //! file or a directory) is refused, and so is a dangling link, whose target a write would
 //! create wherever it points.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 #[derive(Debug)]
@@ -18,6 +20,12 @@ pub enum PathError {
     /// Escapes the workspace, directly or through a symlink.
     Outside(String),
     NotFound(String),
+    /// Inside the workspace, but a path of the server's own (its data dir, its config file,
+    /// `/proc`) that no workspace may reach.
+    Protected(String),
+    /// Not a regular file or directory: a FIFO, a socket or a device, which could block a
+    /// reader forever or stream without end.
+    NotRegular(String),
     Io(String),
 }
 
@@ -27,6 +35,10 @@ impl std::fmt::Display for PathError {
             PathError::Invalid(why) => write!(f, "{why}"),
             PathError::Outside(path) => write!(f, "{path} is outside the workspace"),
             PathError::NotFound(path) => write!(f, "{path} does not exist"),
+            PathError::Protected(path) => write!(f, "{path} is a protected server path"),
+            PathError::NotRegular(path) => {
+                write!(f, "{path} is not a regular file (a FIFO, socket or device); it is not opened")
+            }
             PathError::Io(why) => write!(f, "{why}"),
         }
     }
@@ -52,9 +64,138 @@ const MAX_NAME_BYTES: usize = 255;
 /// Entries a listing returns at most.
 pub const LISTING_CAP: usize = 500;
 
+/// Paths no workspace may reach, whatever the roots allow: resolved paths inside them are
+/// refused and walks skip them.
+#[derive(Debug, Clone, Default)]
+pub struct Protected(Arc<[PathBuf]>);
+
+impl Protected {
+    /// `paths` that exist are canonicalized; `/proc` is always protected (the server's
+    /// environment, with every key in it, is `/proc/<pid>/environ`, and each of its threads is
+    /// reachable as `/proc/<tid>`).
+    pub fn new(paths: impl IntoIterator<Item = PathBuf>) -> Protected {
+        let mut all: Vec<PathBuf> = paths.into_iter().map(|p| p.canonicalize().unwrap_or(p)).collect();
+        all.push(PathBuf::from("/proc"));
+        Protected(all.into())
+    }
+
+    /// Whether `path` (absolute, symlinks resolved) is one of them or inside one.
+    pub fn covers(&self, path: &Path) -> bool {
+        self.0.iter().any(|protected| path.starts_with(protected))
+    }
+
+    fn covering(&self, path: &Path) -> Option<&Path> {
+        self.0.iter().find(|protected| path.starts_with(protected)).map(PathBuf::as_path)
+    }
+}
+
+/// Why a directory cannot be a session's workspace.
+#[derive(Debug)]
+pub enum WorkspaceRefusal {
+    /// Not an absolute path to an existing directory.
+    Invalid(String),
+    /// Outside every root the tenant may use, or overlapping a protected path.
+    Forbidden(String),
+}
+
+/// Where a tenant's sessions may work: inside one of its roots (symlinks resolved) and never
+/// at or inside a protected path. A workspace may contain a protected path (the default
+/// workspace, the start directory, usually holds the data dir): its tools cannot reach it.
+/// The roots default to the default workspace.
+#[derive(Debug, Clone)]
+pub struct WorkspacePolicy {
+    default_workspace: PathBuf,
+    roots: Vec<PathBuf>,
+    tenant_roots: HashMap<String, Vec<PathBuf>>,
+    protected: Protected,
+}
+
+impl WorkspacePolicy {
+    /// Roots are canonicalized; one that does not exist is an error naming it.
+    pub fn new(
+        default_workspace: PathBuf,
+        roots: &[PathBuf],
+        tenant_roots: &[(String, Vec<PathBuf>)],
+        protected: Protected,
+    ) -> Result<WorkspacePolicy, (PathBuf, std::io::Error)> {
+        let canonical = |paths: &[PathBuf]| -> Result<Vec<PathBuf>, (PathBuf, std::io::Error)> {
+            paths.iter().map(|p| p.canonicalize().map_err(|e| (p.clone(), e))).collect()
+        };
+        let roots = if roots.is_empty() { vec![default_workspace.clone()] } else { canonical(roots)? };
+        let mut by_tenant = HashMap::new();
+        for (tenant, paths) in tenant_roots {
+            by_tenant.insert(tenant.clone(), canonical(paths)?);
+        }
+        Ok(WorkspacePolicy { default_workspace, roots, tenant_roots: by_tenant, protected })
+    }
+
+    pub fn protected(&self) -> &Protected {
+        &self.protected
+    }
+
+    fn roots_of(&self, tenant: &str) -> &[PathBuf] {
+        self.tenant_roots.get(tenant).map_or(&self.roots, Vec::as_slice)
+    }
+
+    /// The workspace of a session created without one: the default workspace if the tenant may
+    /// use it, else the tenant's first root.
+    pub fn default_for(&self, tenant: &str) -> PathBuf {
+        let roots = self.roots_of(tenant);
+        if roots.iter().any(|root| self.default_workspace.starts_with(root)) {
+            self.default_workspace.clone()
+        } else {
+            roots.first().cloned().unwrap_or_else(|| self.default_workspace.clone())
+        }
+    }
+
+    /// Checks a requested workspace; returns it canonical.
+    pub fn check(&self, tenant: &str, requested: &Path) -> Result<PathBuf, WorkspaceRefusal> {
+        if !requested.is_absolute() {
+            return Err(WorkspaceRefusal::Invalid("workspace must be an absolute path".into()));
+        }
+        let canonical = match requested.canonicalize() {
+            Ok(path) if path.is_dir() => path,
+            _ => {
+                let why = format!("workspace {} is not an existing directory", requested.display());
+                return Err(WorkspaceRefusal::Invalid(why));
+            }
+        };
+        self.allows(tenant, &canonical)?;
+        Ok(canonical)
+    }
+
+    /// Whether `tenant` may work in `canonical` (already resolved).
+    pub fn allows(&self, tenant: &str, canonical: &Path) -> Result<(), WorkspaceRefusal> {
+        if let Some(protected) = self.protected.covering(canonical) {
+            let why = format!(
+                "workspace {} is inside {}, which the server protects",
+                canonical.display(),
+                protected.display()
+            );
+            return Err(WorkspaceRefusal::Forbidden(why));
+        }
+        if !self.roots_of(tenant).iter().any(|root| canonical.starts_with(root)) {
+            let why = format!("workspace {} is outside the directories this server allows", canonical.display());
+            return Err(WorkspaceRefusal::Forbidden(why));
+        }
+        Ok(())
+    }
+
+    /// Opens a stored session's workspace, checking it again: the roots may have changed since
+    /// the session was created, or the directory may have been replaced by a link.
+    pub fn open(&self, tenant: &str, stored: &Path) -> Result<Workspace, PathError> {
+        let workspace = Workspace::new(stored, &self.protected)?;
+        self.allows(tenant, workspace.root()).map_err(|refusal| match refusal {
+            WorkspaceRefusal::Invalid(why) | WorkspaceRefusal::Forbidden(why) => PathError::Protected(why),
+        })?;
+        Ok(workspace)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
+    protected: Protected,
 }
 
 #[derive(Debug, Clone)]
@@ -91,9 +232,14 @@ pub struct FileContent {
 
 impl Workspace {
     /// A workspace rooted at an existing directory (canonicalized).
-    pub fn new(root: &Path) -> Result<Workspace, PathError> {
+    pub fn new(root: &Path, protected: &Protected) -> Result<Workspace, PathError> {
         let root = root.canonicalize().map_err(|e| PathError::Io(format!("workspace {}: {e}", root.display())))?;
-        Ok(Workspace { root })
+        Ok(Workspace { root, protected: protected.clone() })
+    }
+
+    /// Whether a walk must skip `path` (absolute, no symlinks on the way).
+    pub fn is_protected(&self, path: &Path) -> bool {
+        self.protected.covers(path)
     }
 
     pub fn root(&self) -> &Path {
@@ -160,6 +306,9 @@ impl Workspace {
         }
         if !resolved.starts_with(&self.root) {
             return Err(PathError::Outside(relative.into()));
+        }
+        if self.protected.covers(&resolved) {
+            return Err(PathError::Protected(relative.into()));
         }
         Ok(resolved)
     }
@@ -306,7 +455,7 @@ mod tests {
         symlink(outside.path(), dir.path().join("to-outside-dir")).unwrap();
         symlink("src/main.rs", dir.path().join("to-main")).unwrap();
         symlink(outside.path().join("missing"), dir.path().join("dangling")).unwrap();
-        let workspace = Workspace::new(dir.path()).unwrap();
+        let workspace = Workspace::new(dir.path(), &Protected::default()).unwrap();
         (dir, workspace, outside)
     }
 

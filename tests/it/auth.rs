@@ -7,11 +7,7 @@ use crate::support::{event_type, SseClient, TestServer};
 fn two_tenants() -> TestServer {
     TestServer::start_with(|config| {
         for (tenant, token) in [("acme", "acme-token"), ("globex", "globex-token")] {
-            config.auth.tokens.push(kestrel::config::TokenConfig {
-                tenant: tenant.into(),
-                token: Some(token.into()),
-                token_env: None,
-            });
+            config.auth.tokens.push(kestrel::config::TokenConfig::new(tenant, token));
         }
     })
 }

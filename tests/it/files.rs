@@ -145,11 +145,7 @@ fn listings_cap_at_500_entries_and_reads_at_the_limit() {
 fn another_tenants_workspace_is_a_404() {
     let server = TestServer::start_with(|config| {
         for (tenant, token) in [("a", "token-a"), ("b", "token-b")] {
-            config.auth.tokens.push(kestrel::config::TokenConfig {
-                tenant: tenant.into(),
-                token: Some(token.into()),
-                token_env: None,
-            });
+            config.auth.tokens.push(kestrel::config::TokenConfig::new(tenant, token));
         }
     });
     let a = server.client().with_token(Some("token-a"));

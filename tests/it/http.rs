@@ -63,11 +63,7 @@ fn health_is_public_and_bootstrap_lists_the_builtin_model() {
 fn config_is_shown_without_secrets() {
     let server = TestServer::start_with(|config| {
         config.auth.token = Some("main-secret-value".into());
-        config.auth.tokens.push(kestrel::config::TokenConfig {
-            tenant: "acme".into(),
-            token: Some("acme-secret-value".into()),
-            token_env: None,
-        });
+        config.auth.tokens.push(kestrel::config::TokenConfig::new("acme", "acme-secret-value"));
     });
     let response = server.get("/api/config");
     assert_eq!(response.status, 200);

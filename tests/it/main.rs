@@ -14,3 +14,4 @@ mod runs;
 mod sessions;
 mod support;
 mod tools;
+mod workspaces;

@@ -38,11 +38,12 @@ fn create_validates_model_workspace_title_and_prompt() {
     server.post("/api/sessions", json!({ "title": 7 })).assert_error(400, "invalid_title");
     server.post("/api/sessions", json!({ "systemPrompt": ["x"] })).assert_error(400, "invalid_prompt");
 
-    let elsewhere = tempfile::tempdir().unwrap();
-    let response = server
-        .post("/api/sessions", json!({ "workspace": elsewhere.path(), "title": "Mine", "systemPrompt": "Be brief." }));
+    let elsewhere = server.workspace.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let response =
+        server.post("/api/sessions", json!({ "workspace": elsewhere, "title": "Mine", "systemPrompt": "Be brief." }));
     assert_eq!(response.status, 201, "{}", response.text);
-    assert_eq!(response.json["session"]["workspace"], elsewhere.path().canonicalize().unwrap().to_str().unwrap());
+    assert_eq!(response.json["session"]["workspace"], elsewhere.canonicalize().unwrap().to_str().unwrap());
     assert_eq!(response.json["session"]["systemPrompt"], "Be brief.");
 }
 

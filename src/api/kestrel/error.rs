@@ -64,6 +64,7 @@ impl From<EngineError> for ApiError {
             EngineError::SessionNotFound => ApiError::new(404, "session_not_found", message),
             EngineError::InvalidModel(_) => ApiError::bad_request("invalid_model", message),
             EngineError::InvalidWorkspace(_) => ApiError::invalid_body(message),
+            EngineError::WorkspaceForbidden(_) => ApiError::new(403, "forbidden", message),
             EngineError::SessionBusy => ApiError::new(409, "session_busy", message),
             EngineError::NotResumable(_) => ApiError::new(409, "not_resumable", message),
             EngineError::ShuttingDown | EngineError::Overloaded => ApiError::new(503, "unavailable", message),
@@ -81,6 +82,8 @@ impl From<PathError> for ApiError {
             PathError::Invalid(_) => ApiError::bad_request("invalid_path", message),
             PathError::Outside(_) => ApiError::new(403, "outside_workspace", message),
             PathError::NotFound(_) => ApiError::new(404, "not_found", message),
+            PathError::Protected(_) => ApiError::new(403, "forbidden", message),
+            PathError::NotRegular(_) => ApiError::bad_request("invalid_path", message),
             PathError::Io(_) => ApiError::internal(&message),
         }
     }

@@ -57,7 +57,8 @@ pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request)
     if body.get("title") == Some(&Value::Null) {
         return Err(ApiError::bad_request("invalid_title", "`title` cannot be null"));
     }
-    let patch = SessionPatch { title: title(&body)?, model, system_prompt: prompt(&body)?, status: None };
+    let workspace = body.optional_string("workspace", "invalid_body")?;
+    let patch = SessionPatch { title: title(&body)?, model, system_prompt: prompt(&body)?, status: None, workspace };
     let session = api.engine.patch_session(&caller.tenant, id, patch)?;
     Ok(json(200, &OneSession { session: &session }))
 }

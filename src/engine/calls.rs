@@ -9,7 +9,9 @@
 
 use std::collections::HashSet;
 
-use crossbeam_channel::{bounded, select, Sender};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, select, RecvTimeoutError, Sender};
 use serde_json::{json, Map, Value};
 
 use super::run::{Run, Stop};
@@ -24,6 +26,13 @@ use crate::tools::workspace::Workspace;
 pub(crate) const INTERRUPTED_TOOL_RESULT: &str = "This tool call was interrupted: the server stopped \
 before its result was recorded, and it was not run again. Its side effects may or may not have \
 happened. Verify the state of the workspace before retrying.";
+
+/// What the model is told for a call that was still running, stuck, when the run was cancelled.
+const ABANDONED_TOOL_RESULT: &str = "The run was cancelled while this tool call was still running and \
+it did not stop; it was abandoned. Its side effects may or may not have happened.";
+
+/// How long a cancelled tool has to stop before the run stops waiting for it.
+const TOOL_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What the model is told for calls the user cancelled before they ran.
 const CANCELLED_TOOL_RESULT: &str = "The user cancelled the run before this tool call ran; it did not run.";
@@ -98,14 +107,43 @@ impl Run {
             at: crate::time::now_rfc3339(),
         }])?;
         let result = match workspace {
-            Ok(workspace) => {
-                let context = ToolContext { workspace, cancel: &self.cancel };
-                self.shared.tools.execute(call, &context)
-            }
+            Ok(workspace) => self.execute_tool(call, workspace),
             Err(error) => failed_result(call, format!("The session's workspace is unavailable: {error}"), "workspace"),
         };
         self.finish_call(result)?;
         Ok(CallEnd::Done)
+    }
+
+    /// Runs a tool on a `kestrel-tool` thread while this thread waits for it or for the cancel,
+    /// so a cancel ends the run within a second even if the tool is stuck in a blocking call
+    /// (a network filesystem, a device). A tool that does not stop within `TOOL_STOP_GRACE` of
+    /// the cancel is abandoned: its thread is left to finish on its own, and its result says
+    /// it may still have had effects.
+    fn execute_tool(&self, call: &ToolCall, workspace: &Workspace) -> ToolResult {
+        let (done_tx, done) = bounded(1);
+        let (shared, owned_call, owned_workspace, cancel) =
+            (Arc::clone(&self.shared), call.clone(), workspace.clone(), self.cancel.clone());
+        let spawned = std::thread::Builder::new().name("kestrel-tool".into()).spawn(move || {
+            let context = ToolContext { workspace: &owned_workspace, cancel: &cancel };
+            let _ = done_tx.send(shared.tools.execute(&owned_call, &context));
+        });
+        if let Err(error) = spawned {
+            log::warn!("cannot start a tool thread ({error}); running {} on the run's thread", call.name);
+            return self.shared.tools.execute(call, &ToolContext { workspace, cancel: &self.cancel });
+        }
+        let panicked =
+            || failed_result(call, "The tool failed unexpectedly; the server log has details.".into(), "internal");
+        select! {
+            recv(done) -> result => result.unwrap_or_else(|_| panicked()),
+            recv(self.cancel.receiver()) -> _ => match done.recv_timeout(TOOL_STOP_GRACE) {
+                Ok(result) => result,
+                Err(RecvTimeoutError::Disconnected) => panicked(),
+                Err(RecvTimeoutError::Timeout) => {
+                    log::warn!("{} did not stop within {TOOL_STOP_GRACE:?} of a cancel; abandoned", call.name);
+                    failed_result(call, ABANDONED_TOOL_RESULT.into(), "cancelled")
+                }
+            },
+        }
     }
 
     /// Asks a person; `None` when the run was cancelled while waiting.

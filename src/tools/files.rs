@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::args::Args;
 use super::schema;
-use super::workspace::LISTING_CAP;
+use super::workspace::{write_regular, LISTING_CAP};
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
 
@@ -164,9 +164,7 @@ impl Tool for WriteFile {
                 return Err(format!("cannot create the directories of {path}: {error}"));
             }
         }
-        if let Err(error) = fs::write(&target, content) {
-            return Err(format!("cannot write {path}: {error}"));
-        }
+        write_regular(&target, path, content.as_bytes())?;
         let relative = context.workspace.relative(&target);
         let verb = if created { "Created" } else { "Overwrote" };
         Ok(ToolOutput::success(
@@ -226,9 +224,7 @@ impl Tool for EditFile {
         }
         let after = if replace_all { before.replace(old, new) } else { before.replacen(old, new, 1) };
         let target = context.workspace.resolve(path)?;
-        if let Err(error) = fs::write(&target, &after) {
-            return Err(format!("cannot write {path}: {error}"));
-        }
+        write_regular(&target, path, after.as_bytes())?;
         let diff = unified_diff(&file.path, &before, &after);
         Ok(ToolOutput::success(
             format!("Edited {}: {count} replacement(s).", file.path),

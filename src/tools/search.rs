@@ -211,7 +211,8 @@ fn read_text(path: &Path) -> Option<String> {
         return None;
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    fs::File::open(path).ok()?.read_to_end(&mut bytes).ok()?;
+    let (file, _) = super::workspace::open_regular(path, "").ok()?;
+    file.take(MAX_SEARCHED_BYTES).read_to_end(&mut bytes).ok()?;
     if !is_text(&bytes, false) {
         return None;
     }

@@ -363,7 +363,7 @@ impl Workspace {
         if meta.is_dir() {
             return Err(PathError::Invalid(format!("{relative} is a directory")));
         }
-        let file = fs::File::open(&path).map_err(|e| PathError::Io(format!("{relative}: {e}")))?;
+        let (file, meta) = open_regular(&path, relative)?;
         let mut bytes = Vec::with_capacity(meta.len().min(limit as u64) as usize);
         file.take(limit as u64 + 1).read_to_end(&mut bytes).map_err(|e| PathError::Io(format!("{relative}: {e}")))?;
         let truncated = bytes.len() > limit;
@@ -394,6 +394,47 @@ impl Workspace {
             truncated,
         })
     }
+}
+
+/// Opens a regular file for reading without ever blocking in `open` (a FIFO with no writer
+/// would block it forever): `O_NONBLOCK`, then the opened file itself is checked, so a file
+/// swapped for a FIFO after a check is refused too.
+pub fn open_regular(path: &Path, shown: &str) -> Result<(fs::File, fs::Metadata), PathError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| PathError::Io(format!("{shown}: {e}")))?;
+    let meta = file.metadata().map_err(|e| PathError::Io(format!("{shown}: {e}")))?;
+    if !meta.is_file() {
+        return Err(PathError::NotRegular(shown.into()));
+    }
+    Ok((file, meta))
+}
+
+/// Creates or replaces a regular file's content, refusing anything else: opening a FIFO to
+/// write blocks until a reader comes, and a device file could be anything.
+pub fn write_regular(path: &Path, shown: &str, content: &[u8]) -> Result<(), PathError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if fs::symlink_metadata(path).is_ok_and(|meta| !meta.is_file()) {
+        return Err(PathError::NotRegular(shown.into()));
+    }
+    let mut file =
+        fs::OpenOptions::new().write(true).create(true).custom_flags(nix::libc::O_NONBLOCK).open(path).map_err(
+            |e| match e.raw_os_error() {
+                Some(nix::libc::ENXIO) => PathError::NotRegular(shown.into()),
+                _ => PathError::Io(format!("cannot write {shown}: {e}")),
+            },
+        )?;
+    let meta = file.metadata().map_err(|e| PathError::Io(format!("{shown}: {e}")))?;
+    if !meta.is_file() {
+        return Err(PathError::NotRegular(shown.into()));
+    }
+    file.set_len(0)
+        .and_then(|()| file.write_all(content))
+        .map_err(|e| PathError::Io(format!("cannot write {shown}: {e}")))
 }
 
 fn modified_ms(meta: &fs::Metadata) -> Option<i64> {

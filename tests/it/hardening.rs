@@ -52,3 +52,40 @@ fn routes_that_only_check_a_session_do_not_read_its_transcript() {
         .post(&format!("/api/sessions/{id}/approvals/apr_x"), json!({ "approved": true }))
         .assert_error(404, "approval_not_found");
 }
+
+#[test]
+fn fifos_and_devices_are_refused_by_every_file_tool_and_route_without_blocking() {
+    let server = TestServer::start_with(|config| {
+        for tool in ["write_file", "edit_file"] {
+            config.agent.permissions.insert(tool.into(), kestrel::engine::tools::Permission::Auto);
+        }
+    });
+    let fifo = server.workspace.join("pipe");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::fs::write(server.workspace.join("plain.txt"), "pipe dreams\n").unwrap();
+    let id = server.create_session(json!({}));
+    server.get(&format!("/api/sessions/{id}/file?path=pipe")).assert_error(400, "invalid_path");
+    let listing = server.get(&format!("/api/sessions/{id}/files"));
+    assert_eq!(listing.status, 200, "a listing names a FIFO without opening it");
+    for (tool, arguments) in [
+        ("read_file", json!({ "path": "pipe" })),
+        ("write_file", json!({ "path": "pipe", "content": "x" })),
+        ("edit_file", json!({ "path": "pipe", "oldString": "a", "newString": "b" })),
+    ] {
+        let result = tool_result(&server, &id, tool, arguments);
+        assert_eq!(result["ok"], false, "{tool}: {result}");
+        assert!(result["content"].as_str().unwrap().contains("not a regular file"), "{tool}: {result}");
+    }
+    let searched = tool_result(&server, &id, "search_text", json!({ "pattern": "pipe" }));
+    assert!(searched["content"].as_str().unwrap().contains("plain.txt"), "{searched}");
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["status"], "idle");
+}
+
+fn tool_result(server: &TestServer, session: &str, name: &str, arguments: serde_json::Value) -> serde_json::Value {
+    let events = server.run_to_end(session, &format!("/tool {name} {arguments}"));
+    let finished = events
+        .iter()
+        .find(|e| crate::support::event_type(e) == "tool.finished")
+        .unwrap_or_else(|| panic!("{events:#?}"));
+    finished["event"]["result"].clone()
+}

@@ -5,6 +5,7 @@
 //! from a small pool on the calling thread (see `reader.rs`). The database runs in WAL mode
 //! with `synchronous=FULL`: a write whose reply has arrived survives a power cut.
 
+mod lock;
 mod reader;
 mod writer;
 
@@ -35,6 +36,8 @@ pub enum StoreError {
     Closed,
     /// A stored row could not be decoded.
     Corrupt(String),
+    /// Another server holds the data dir (`holder` is its pid when it wrote one).
+    Locked { dir: PathBuf, holder: Option<u32> },
 }
 
 impl std::fmt::Display for StoreError {
@@ -44,6 +47,13 @@ impl std::fmt::Display for StoreError {
             StoreError::Io(error) => write!(f, "data dir: {error}"),
             StoreError::Closed => write!(f, "the store is closed"),
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
+            StoreError::Locked { dir, holder } => {
+                write!(f, "the data dir {} is in use by another Kestrel server", dir.display())?;
+                match holder {
+                    Some(pid) => write!(f, " (pid {pid}); stop it first, or give this one another data dir"),
+                    None => write!(f, "; stop it first, or give this one another data dir"),
+                }
+            }
         }
     }
 }
@@ -116,14 +126,15 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the database in `data_dir`, applies migrations and starts
-    /// the writer thread. The returned handle stops the writer; the app does that last.
+    /// Locks `data_dir` for this process, opens (creating if needed) the database in it,
+    /// applies migrations and starts the writer thread. The returned handle stops the writer; the app does that last.
     pub fn open(data_dir: &Path) -> Result<(Store, WriterHandle), StoreError> {
         std::fs::create_dir_all(data_dir).map_err(StoreError::Io)?;
+        let lock = lock::DataDirLock::acquire(data_dir)?;
         let path: PathBuf = data_dir.join(DB_FILE);
         let (writer_tx, inbox) = bounded(WRITER_INBOX);
         let writer = writer::Writer::open(&path)?;
-        let handle = writer.spawn(inbox, writer_tx.clone())?;
+        let handle = writer.spawn(inbox, writer_tx.clone(), lock)?;
         let readers = Arc::new(ReaderPool::new(path));
         Ok((Store { writer_tx, readers }, handle))
     }

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{params, Connection, Transaction};
 
+use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
@@ -28,6 +29,8 @@ pub(super) struct Writer {
 pub struct WriterHandle {
     writer_tx: Sender<WriterMsg>,
     thread: Option<JoinHandle<()>>,
+    /// Released when the handle goes, after the writer's last commit.
+    _lock: DataDirLock,
 }
 
 impl WriterHandle {
@@ -58,12 +61,13 @@ impl Writer {
         self,
         inbox: Receiver<WriterMsg>,
         writer_tx: Sender<WriterMsg>,
+        lock: DataDirLock,
     ) -> Result<WriterHandle, StoreError> {
         let thread = std::thread::Builder::new()
             .name("kestrel-store".into())
             .spawn(move || self.run(inbox))
             .map_err(StoreError::Io)?;
-        Ok(WriterHandle { writer_tx, thread: Some(thread) })
+        Ok(WriterHandle { writer_tx, thread: Some(thread), _lock: lock })
     }
 
     fn run(mut self, inbox: Receiver<WriterMsg>) {

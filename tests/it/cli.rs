@@ -56,3 +56,32 @@ fn bad_arguments_and_bad_config_files_exit_with_a_message() {
     let version = kestrel(data.path()).arg("--version").output().unwrap();
     assert!(String::from_utf8_lossy(&version.stdout).starts_with("kestrel "));
 }
+
+/// Starts the binary on `data` and returns it with its base URL.
+fn serving(data: &std::path::Path) -> (std::process::Child, String) {
+    let mut child = kestrel(data).env("KESTREL_ADDR", "127.0.0.1:0").spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_string();
+    (child, format!("http://127.0.0.1:{port}"))
+}
+
+#[test]
+fn a_second_server_on_the_same_data_dir_exits_at_once_naming_the_first() {
+    let data = tempfile::tempdir().unwrap();
+    let (mut first, base) = serving(data.path());
+    let second = kestrel(data.path()).env("KESTREL_ADDR", "127.0.0.1:0").output().unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    let dir = data.path().canonicalize().unwrap();
+    assert!(stderr.contains(dir.to_str().unwrap()), "names the data dir: {stderr}");
+    assert!(stderr.contains(&format!("pid {}", first.id())), "names the other process: {stderr}");
+    assert_eq!(crate::support::Client { base, token: None }.get("/api/health").status, 200, "the first goes on");
+    // kill -9 leaves no stale lock behind.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (mut third, base) = serving(data.path());
+    assert_eq!(crate::support::Client { base, token: None }.get("/api/health").status, 200);
+    third.kill().unwrap();
+    third.wait().unwrap();
+}

@@ -210,3 +210,13 @@ fn a_graceful_shutdown_during_an_approval_leaves_a_resumable_session() {
     stream.collect_until(is_run_end);
     assert_eq!(std::fs::read_to_string(server.workspace.join("later.txt")).unwrap(), "ok");
 }
+
+#[test]
+fn a_second_server_in_the_same_process_cannot_take_a_data_dir_in_use() {
+    let server = TestServer::start();
+    let config = crate::support::test_config(&server.data_dir, &server.workspace);
+    let error = kestrel::Server::start(config).err().expect("the data dir is taken");
+    let message = error.to_string();
+    assert!(message.contains("in use by another Kestrel server"), "{message}");
+    assert!(message.contains(&format!("pid {}", std::process::id())), "{message}");
+}

@@ -214,8 +214,11 @@ impl Run {
             self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
             self.append(message)?;
         }
+        // An answer cut off by a shutdown is not complete: the model answers again.
         let complete = unanswered.is_empty()
-            && history.last().is_some_and(|m| m.role == Role::Assistant && m.tool_calls.is_empty());
+            && history.last().is_some_and(|m| {
+                m.role == Role::Assistant && m.tool_calls.is_empty() && !super::run::is_interrupted_partial(m)
+            });
         Ok(if complete { Repair::Complete } else { Repair::Dispatch(never_ran) })
     }
 }

@@ -102,7 +102,10 @@ impl Run {
         session: &SessionRecord,
         usage: &mut Usage,
     ) -> Result<Step, EngineError> {
-        let history = self.shared.store.readers().messages(&self.session_id)?;
+        let mut history = self.shared.store.readers().messages(&self.session_id)?;
+        // An answer a shutdown cut short is kept for people to see, but the model answers again
+        // as if it had never started (see `repair_transcript`).
+        history.retain(|message| !is_interrupted_partial(message));
         let tools = self.shared.tools.schemas();
         let request =
             CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &history, tools: &tools };
@@ -144,9 +147,16 @@ impl Run {
                 Step::Answered(Box::new(message.clone()))
             }
             Err(ProviderError::Cancelled) => {
-                // What the user already saw is kept; the calls it may have named are not.
+                // What the user already saw is kept, marked as cut short; the calls it may have
+                // named are not. A shutdown's cut also marks it interrupted, so a resume answers
+                // again instead of taking it for a finished answer.
                 message.content = streamed_text;
                 message.reasoning = Some(streamed_reasoning).filter(|r| !r.is_empty());
+                let meta = message.meta.get_or_insert_with(Map::new);
+                meta.insert("partial".into(), Value::Bool(true));
+                if self.cancel.reason() == Some(CancelReason::Shutdown) {
+                    meta.insert("interrupted".into(), Value::Bool(true));
+                }
                 Step::Cancelled
             }
             Err(ProviderError::Failed(error)) => return Err(EngineError::Provider(error)),
@@ -220,4 +230,10 @@ impl Run {
     pub(super) fn publish(&self, event: Event) {
         self.shared.bus.publish_shared(Some(Arc::clone(&self.tenant)), event);
     }
+}
+
+/// An assistant answer a shutdown cut off mid-stream (`meta.partial` and `meta.interrupted`).
+pub(super) fn is_interrupted_partial(message: &ChatMessage) -> bool {
+    let flag = |name: &str| message.meta.as_ref().and_then(|m| m.get(name)).and_then(Value::as_bool) == Some(true);
+    message.role == Role::Assistant && flag("partial") && flag("interrupted")
 }

@@ -220,3 +220,56 @@ fn a_second_server_in_the_same_process_cannot_take_a_data_dir_in_use() {
     assert!(message.contains("in use by another Kestrel server"), "{message}");
     assert!(message.contains(&format!("pid {}", std::process::id())), "{message}");
 }
+
+#[test]
+fn an_answer_cut_off_by_shutdown_is_stored_as_partial_and_resume_answers_again() {
+    let mut server = TestServer::start_with(|config| config.builtin.delay_ms = 20);
+    let id = server.create_session(json!({}));
+    let words: Vec<String> = (1..=100).map(|i| format!("w{i}")).collect();
+    let text = words.join(" ");
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": text })).status, 202);
+    let deltas = std::cell::Cell::new(0);
+    stream.collect_until(|event| {
+        if event_type(event) == "message.delta" && event["event"]["channel"] == "text" {
+            deltas.set(deltas.get() + 1);
+        }
+        deltas.get() >= 17
+    });
+    server.restart(|config| config.builtin.delay_ms = 0);
+
+    let session = server.get(&format!("/api/sessions/{id}")).json["session"].clone();
+    assert_eq!(session["status"], "interrupted");
+    let cut = session["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(cut["role"], "assistant");
+    assert_eq!(cut["meta"]["partial"], true, "{cut}");
+    assert_eq!(cut["meta"]["interrupted"], true, "{cut}");
+    assert!(cut["content"].as_str().unwrap().split(' ').count() < 100, "{cut}");
+
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    assert_eq!(server.post(&format!("/api/sessions/{id}/resume"), json!({})).status, 202);
+    let run = stream.collect_until(is_run_end);
+    assert_eq!(run.last().unwrap()["event"]["status"], "completed");
+    let session = server.get(&format!("/api/sessions/{id}")).json["session"].clone();
+    let last = session["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["content"], format!("Echo: {text}"), "the whole answer, again");
+    assert!(last["meta"].get("partial").is_none(), "{last}");
+}
+
+#[test]
+fn an_answer_the_user_cancels_is_kept_as_partial_but_not_interrupted() {
+    let server = TestServer::start_with(|config| config.builtin.delay_ms = 20);
+    let id = server.create_session(json!({}));
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let long = "word ".repeat(100);
+    assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": long.trim() })).status, 202);
+    stream.collect_until(|event| event_type(event) == "message.delta" && event["event"]["channel"] == "text");
+    assert_eq!(server.post(&format!("/api/sessions/{id}/cancel"), json!({})).json["cancelled"], true);
+    stream.collect_until(is_run_end);
+    let session = server.get(&format!("/api/sessions/{id}")).json["session"].clone();
+    assert_eq!(session["status"], "cancelled");
+    let cut = session["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(cut["meta"]["partial"], true);
+    assert!(cut["meta"].get("interrupted").is_none(), "a user's cancel is not an interruption: {cut}");
+    server.post(&format!("/api/sessions/{id}/resume"), json!({})).assert_error(409, "not_resumable");
+}

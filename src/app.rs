@@ -1,8 +1,9 @@
 //! Starts every thread, owns their handles, and stops them in one fixed order.
 //!
-//! Start: store writer → bus → engine → HTTP. Shutdown: stop accepting → stop runs (they are
-//! stored as `interrupted`) → stop the bus (every stream ends) → wait for request threads →
-//! stop the store writer last, after it has committed everything queued.
+//! Start: store writer (which locks the data dir) → kill commands a crashed predecessor left →
+//! bus → engine → HTTP. Shutdown: stop accepting → stop runs (they are stored as
+//! `interrupted`) → kill the commands' leftovers → stop the bus (every stream ends) → wait for
+//! connections → stop the store writer last, after it has committed everything queued.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,6 +66,27 @@ impl From<StoreError> for StartError {
     }
 }
 
+/// Kills every process a command of one of this store's sessions left behind.
+fn sweep_commands(store: &Store, when: &str) {
+    let ours = |session: &str| store.readers().session(session).ok().flatten().is_some();
+    let killed = crate::tools::orphans::sweep(&ours);
+    if killed > 0 {
+        log::warn!("killed {killed} command process(es) {when}");
+    }
+}
+
+/// `setpriv` for commands, or a warning that they can outlive a killed server until its restart.
+fn death_signal_wrapper() -> Option<PathBuf> {
+    let found = crate::tools::orphans::find_death_signal_wrapper();
+    if found.is_none() {
+        log::warn!(
+            "setpriv (util-linux) with --pdeathsig was not found: a command's shell is not killed with the \
+             server, only at its next start"
+        );
+    }
+    found
+}
+
 /// The edge's settings; `max_connections` 0 means what the open-file limit allows.
 fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
     let server = &config.server;
@@ -89,6 +111,7 @@ fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
 pub struct Server {
     http: Option<HttpServer>,
     engine: Engine,
+    store: Store,
     bus: Option<BusHandle>,
     store_writer: Option<WriterHandle>,
 }
@@ -138,8 +161,10 @@ impl Server {
         let workspaces =
             WorkspacePolicy::new(workspace, &config.agent.workspace_roots, &config.tenant_workspace_roots(), protected)
                 .map_err(|(path, error)| StartError::Workspace(path, error))?;
-        // Runs that were in flight when the last process died cannot still be running.
+        // Runs that were in flight when the last process died cannot still be running, and
+        // neither may the commands they started.
         store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
+        sweep_commands(&store, "left by the previous run of this data dir");
         let bus_config = BusConfig {
             replay_capacity: config.server.replay_buffer,
             subscriber_capacity: config.server.subscriber_buffer.max(1),
@@ -154,10 +179,11 @@ impl Server {
             command_timeout: Duration::from_secs(config.agent.command_timeout_secs.max(1)),
             command_max_timeout: Duration::from_secs(config.agent.command_max_timeout_secs.max(1)),
             hidden_env: config.secret_env_names(),
+            death_signal_wrapper: death_signal_wrapper(),
         };
         crate::tools::register_builtins(&mut tools, &tool_settings);
         let engine = Engine::new(
-            store,
+            store.clone(),
             bus,
             models,
             tools,
@@ -174,7 +200,7 @@ impl Server {
         let http_config = http_config(&config, crate::http::raise_open_file_limit());
         let http = HttpServer::start(listener, api, http_config).map_err(|e| StartError::Bind(addr, e))?;
         log::info!("listening on http://{}", http.addr());
-        Ok(Server { http: Some(http), engine, bus: Some(bus_handle), store_writer: Some(store_writer) })
+        Ok(Server { http: Some(http), engine, store, bus: Some(bus_handle), store_writer: Some(store_writer) })
     }
 
     /// The bound address (useful with port 0).
@@ -206,6 +232,7 @@ impl Server {
         };
         http.stop_accepting();
         self.engine.shutdown(SHUTDOWN_GRACE);
+        sweep_commands(&self.store, "still running at shutdown");
         if let Some(bus) = self.bus.take() {
             bus.shutdown();
         }

@@ -123,13 +123,21 @@ impl Run {
         let (done_tx, done) = bounded(1);
         let (shared, owned_call, owned_workspace, cancel) =
             (Arc::clone(&self.shared), call.clone(), workspace.clone(), self.cancel.clone());
+        let session_id = self.session_id.clone();
         let spawned = std::thread::Builder::new().name("kestrel-tool".into()).spawn(move || {
-            let context = ToolContext { workspace: &owned_workspace, cancel: &cancel };
+            let context = ToolContext {
+                workspace: &owned_workspace,
+                cancel: &cancel,
+                session_id: &session_id,
+                call_id: &owned_call.id,
+            };
             let _ = done_tx.send(shared.tools.execute(&owned_call, &context));
         });
         if let Err(error) = spawned {
             log::warn!("cannot start a tool thread ({error}); running {} on the run's thread", call.name);
-            return self.shared.tools.execute(call, &ToolContext { workspace, cancel: &self.cancel });
+            let context =
+                ToolContext { workspace, cancel: &self.cancel, session_id: &self.session_id, call_id: &call.id };
+            return self.shared.tools.execute(call, &context);
         }
         let panicked =
             || failed_result(call, "The tool failed unexpectedly; the server log has details.".into(), "internal");

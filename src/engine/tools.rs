@@ -41,6 +41,8 @@ impl Permission {
 pub struct ToolContext<'a> {
     pub workspace: &'a Workspace,
     pub cancel: &'a CancelToken,
+    pub session_id: &'a str,
+    pub call_id: &'a str,
 }
 
 /// A tool's answer before the registry stamps it with the call's id and duration.

@@ -1,13 +1,14 @@
 //! run_command: a shell command in the workspace, with a timeout, capped interleaved output,
 //! and its whole process group killed on cancel or timeout.
 //!
-//! The command runs under `/bin/sh -c` in a process group of its own, with stdout and stderr
-//! on one pipe (so they interleave as the command wrote them) and without the server's
+//! The command runs under `/bin/sh -c` in a process group of its own, marked so that it cannot
+//! outlive the server (`orphans.rs`), with stdout and stderr on one pipe (so they interleave as the command wrote them) and without the server's
 //! secrets in its environment. A reader thread drains the pipe into a capped buffer; a waiter
 //! thread reaps the child; the run's worker waits on both, its cancel token and the clock.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ use nix::unistd::Pid;
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
+use super::orphans;
 use super::schema;
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
@@ -29,6 +31,8 @@ pub struct RunCommand {
     pub max_timeout: Duration,
     /// Environment variables removed from the command's environment (tokens, API keys).
     pub hidden_env: Vec<String>,
+    /// `setpriv`: the shell then dies with the thread that started it (`orphans.rs`).
+    pub death_signal_wrapper: Option<PathBuf>,
 }
 
 impl Tool for RunCommand {
@@ -75,10 +79,18 @@ impl RunCommand {
     fn execute(&self, command: &str, timeout: Duration, context: &ToolContext<'_>) -> std::io::Result<ToolOutput> {
         let started = Instant::now();
         let (reader, writer) = std::io::pipe()?;
-        let mut shell = Command::new("/bin/sh");
+        let mut shell = match &self.death_signal_wrapper {
+            Some(setpriv) => {
+                let mut wrapped = Command::new(setpriv);
+                wrapped.args(["--pdeathsig", "KILL", "--", "/bin/sh"]);
+                wrapped
+            }
+            None => Command::new("/bin/sh"),
+        };
         shell
             .arg("-c")
             .arg(command)
+            .env(orphans::MARKER, orphans::marker_value(context.session_id, context.call_id))
             .current_dir(context.workspace.root())
             .stdin(Stdio::null())
             .stdout(Stdio::from(writer.try_clone()?))

@@ -6,6 +6,7 @@
 mod args;
 mod command;
 mod files;
+pub mod orphans;
 mod search;
 pub mod workspace;
 
@@ -33,6 +34,8 @@ pub struct ToolSettings {
     pub command_max_timeout: Duration,
     /// Environment variables a command must not see.
     pub hidden_env: Vec<String>,
+    /// `setpriv`, to have the kernel kill a command when the server dies (see `orphans.rs`).
+    pub death_signal_wrapper: Option<std::path::PathBuf>,
 }
 
 /// Registers every built-in tool.
@@ -47,5 +50,6 @@ pub fn register_builtins(registry: &mut ToolRegistry, settings: &ToolSettings) {
         default_timeout: settings.command_timeout,
         max_timeout: settings.command_max_timeout,
         hidden_env: settings.hidden_env.clone(),
+        death_signal_wrapper: settings.death_signal_wrapper.clone(),
     }));
 }

@@ -152,9 +152,10 @@ fn a_command_in_flight_at_kill_9_is_not_run_again_and_the_model_is_told_to_verif
     let result = messages.iter().find(|m| m["role"] == "tool").unwrap();
     assert!(result["content"].as_str().unwrap().contains("Verify the state of the workspace"));
     assert_eq!(result["meta"]["interrupted"], true);
-    // The orphaned command may still finish on its own; it was started exactly once.
+    // Started exactly once, and it died with the server: it never finished.
     let runs = std::fs::read_to_string(&log).unwrap();
     assert_eq!(runs.matches("started").count(), 1, "{runs}");
+    assert!(!runs.contains("finished"), "{runs}");
 }
 
 #[test]
@@ -272,4 +273,56 @@ fn an_answer_the_user_cancels_is_kept_as_partial_but_not_interrupted() {
     assert_eq!(cut["meta"]["partial"], true);
     assert!(cut["meta"].get("interrupted").is_none(), "a user's cancel is not an interruption: {cut}");
     server.post(&format!("/api/sessions/{id}/resume"), json!({})).assert_error(409, "not_resumable");
+}
+
+/// Whether a process is gone (or a zombie waiting to be reaped).
+fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+#[test]
+fn a_command_and_what_it_started_do_not_outlive_a_kill_9() {
+    let data = tempfile::tempdir().unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let config = "[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n";
+    let (mut child, base) = spawn_binary(data.path(), workspace.path(), config);
+    let client = crate::support::Client { base: base.clone(), token: None };
+    let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let command = "echo $$ > shell.pid; (sleep 30; echo late >> late.txt) & echo $! > background.pid; \
+                   echo started > started.txt; sleep 30; echo late >> late.txt";
+    let line = format!("/tool run_command {}", json!({ "command": command }));
+    assert_eq!(client.post(&format!("/api/sessions/{id}/messages"), json!({ "content": line })).status, 202);
+    let read = |name: &str| std::fs::read_to_string(workspace.path().join(name)).unwrap_or_default();
+    crate::support::wait_until("the command to start", || read("started.txt").contains("started"));
+    let (shell, background) = (read("shell.pid"), read("background.pid"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // The kernel kills the command's shell with the server...
+    crate::support::wait_until("the shell to die with the server", || dead(&shell));
+    // ...and the next start kills what the shell left behind.
+    assert!(!dead(&background), "a grandchild is not covered by the death signal");
+    let server = TestServer::from_config(test_config(data.path(), workspace.path()));
+    crate::support::wait_until("the background process to be killed at start", || dead(&background));
+    assert!(!workspace.path().join("late.txt").exists(), "nothing ran after the crash");
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["status"], "interrupted");
+}
+
+#[test]
+fn a_clean_shutdown_kills_what_commands_left_running_in_the_background() {
+    let mut server = TestServer::start_with(|config| {
+        config.agent.permissions.insert("run_command".into(), kestrel::engine::tools::Permission::Auto);
+    });
+    let id = server.create_session(json!({}));
+    let command = "(sleep 30; echo late > late.txt) > /dev/null 2>&1 & echo $! > background.pid";
+    let events = server.run_to_end(&id, &format!("/tool run_command {}", json!({ "command": command })));
+    assert_eq!(event_type(events.last().unwrap()), "run.finished");
+    let background = std::fs::read_to_string(server.workspace.join("background.pid")).unwrap();
+    assert!(!dead(&background), "the command returned and left its background process running");
+    server.stop();
+    crate::support::wait_until("the background process to be killed", || dead(&background));
+    assert!(!server.workspace.join("late.txt").exists());
 }

@@ -6,6 +6,7 @@
 //! how `session_busy` is decided. The engine does no socket I/O and knows no wire format.
 
 mod calls;
+pub mod idempotency;
 mod run;
 pub mod tools;
 
@@ -24,6 +25,7 @@ use crate::providers::ModelRegistry;
 use crate::store::{SessionPatch, Store, StoreError, WriteOp};
 use crate::tools::workspace::{PathError, Workspace, WorkspacePolicy, WorkspaceRefusal};
 pub use calls::Decision;
+pub use idempotency::{Created, Idempotent, Lookup};
 use tools::ToolRegistry;
 
 #[derive(Debug)]
@@ -39,6 +41,10 @@ pub enum EngineError {
     /// The server could not start a thread for the run (out of memory or threads).
     Overloaded,
     ApprovalNotFound,
+    /// An Idempotency-Key already answered a different request.
+    IdempotencyConflict,
+    /// The first request with this Idempotency-Key is still being handled.
+    IdempotencyInFlight,
     /// A workspace path was refused or could not be read.
     Workspace(PathError),
     /// The model provider failed; the message is safe to show (no keys, no headers).
@@ -62,6 +68,12 @@ impl std::fmt::Display for EngineError {
                 "the server cannot start a run right now; the message is stored and the session can be resumed"
             ),
             EngineError::ApprovalNotFound => write!(f, "no pending approval with that id"),
+            EngineError::IdempotencyConflict => {
+                write!(f, "this Idempotency-Key was already used for a different request")
+            }
+            EngineError::IdempotencyInFlight => {
+                write!(f, "a request with this Idempotency-Key is still being handled; retry shortly")
+            }
             EngineError::Workspace(error) => write!(f, "{error}"),
             EngineError::Provider(message) => write!(f, "{message}"),
             EngineError::Store(error) => write!(f, "{error}"),
@@ -116,6 +128,8 @@ pub(crate) struct Shared {
     /// Approvals runs are waiting on, by approval id.
     approvals: Mutex<HashMap<String, calls::PendingApproval>>,
     stopping: std::sync::atomic::AtomicBool,
+    /// Idempotency-Keys whose request is being handled.
+    claims: idempotency::Claims,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     spawn_run: fn(run::Run) -> std::io::Result<JoinHandle<()>>,
 }
@@ -144,6 +158,7 @@ impl Engine {
                 run_ended: Condvar::new(),
                 approvals: Mutex::new(HashMap::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
+                claims: idempotency::Claims::default(),
                 spawn_run: spawn_run_thread,
             }),
         }
@@ -173,7 +188,18 @@ impl Engine {
         Ok(self.shared.store.readers().sessions_of(tenant)?)
     }
 
-    pub fn create_session(&self, tenant: &str, new: NewSession) -> Result<SessionDetail, EngineError> {
+    /// Claims an Idempotency-Key for a request, or finds the answer it already got.
+    pub fn idempotency(&self, tenant: &str, key: &str, fingerprint: &str) -> Result<Lookup<'_>, EngineError> {
+        self.shared.idempotency(tenant, key, fingerprint)
+    }
+
+    /// Creates a session; with `idempotent`, its answer is stored in the same transaction.
+    pub fn create_session(
+        &self,
+        tenant: &str,
+        new: NewSession,
+        idempotent: Option<Idempotent>,
+    ) -> Result<SessionDetail, EngineError> {
         let model = new.model.unwrap_or_else(|| self.shared.models.default_model().to_string());
         if !self.shared.models.contains(&model) {
             return Err(EngineError::InvalidModel(model));
@@ -202,9 +228,16 @@ impl Engine {
             tenant: tenant.to_string(),
             system_prompt: new.system_prompt,
         };
-        self.shared.store.write(vec![WriteOp::InsertSession(record.clone())])?;
+        let detail = SessionDetail {
+            summary: record.summary.clone(),
+            messages: Vec::new(),
+            system_prompt: record.system_prompt.clone(),
+        };
+        let mut ops = vec![WriteOp::InsertSession(record.clone())];
+        ops.extend(idempotent.map(|i| i.record(Created::Session(&detail))));
+        self.shared.store.write(ops)?;
         self.shared.publish_summary(&record);
-        Ok(SessionDetail { summary: record.summary, messages: Vec::new(), system_prompt: record.system_prompt })
+        Ok(detail)
     }
 
     /// Checks that the session exists and is the tenant's, without loading its transcript.
@@ -273,18 +306,25 @@ impl Engine {
     }
 
     /// Stores the user's message and starts a run; returns once the message is durable.
-    pub fn send_message(&self, tenant: &str, id: &str, message: NewMessage) -> Result<String, EngineError> {
+    /// With `idempotent`, the answer is stored in the same transaction as the message.
+    pub fn send_message(
+        &self,
+        tenant: &str,
+        id: &str,
+        message: NewMessage,
+        idempotent: Option<Idempotent>,
+    ) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let mut user = ChatMessage::new(Role::User, message.content);
         user.images = message.images;
-        self.start_run(record, Some(user))
+        self.start_run(record, Some(user), idempotent)
     }
 
     /// Re-enters the loop of an `interrupted` or `error` session from its stored transcript.
     pub fn resume(&self, tenant: &str, id: &str) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         match record.summary.status {
-            SessionStatus::Interrupted | SessionStatus::Error => self.start_run(record, None),
+            SessionStatus::Interrupted | SessionStatus::Error => self.start_run(record, None, None),
             status => Err(EngineError::NotResumable(status)),
         }
     }
@@ -325,7 +365,12 @@ impl Engine {
     }
 
     /// Claims the session, stores the opening writes, and spawns the worker.
-    fn start_run(&self, record: SessionRecord, user: Option<ChatMessage>) -> Result<String, EngineError> {
+    fn start_run(
+        &self,
+        record: SessionRecord,
+        user: Option<ChatMessage>,
+        idempotent: Option<Idempotent>,
+    ) -> Result<String, EngineError> {
         let id = record.summary.id.clone();
         let run_id = new_id("run");
         let canceller = Canceller::new();
@@ -348,6 +393,7 @@ impl Engine {
         if let Some(user) = &user {
             ops.push(WriteOp::AppendMessage { session_id: id.clone(), message: user.clone(), updated_at: now });
         }
+        ops.extend(idempotent.map(|i| i.record(Created::Run(&run_id))));
         if let Err(error) = self.shared.store.write(ops) {
             self.shared.release(&id, &run_id);
             return Err(error.into());
@@ -489,7 +535,7 @@ mod tests {
             .create_session("t", NewSession { title: None, model: None, system_prompt: None, workspace: None })
             .unwrap();
         let id = session.summary.id;
-        let sent = engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() });
+        let sent = engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() }, None);
         assert!(matches!(sent, Err(EngineError::Overloaded)), "{sent:?}");
         assert_eq!(engine.active_runs(), 0, "no run holds the session");
         let detail = engine.session("t", &id).unwrap();
@@ -540,9 +586,10 @@ mod tests {
         registry.register(Box::new(Stuck(stuck)));
         let (engine, writer, bus) = engine_with(data.path(), registry);
         let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
-        let id = engine.create_session("t", new).unwrap().summary.id;
+        let id = engine.create_session("t", new, None).unwrap().summary.id;
         let events = bus_subscription(&engine, &id);
-        engine.send_message("t", &id, NewMessage { content: "/tool stuck {}".into(), images: Vec::new() }).unwrap();
+        let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
+        engine.send_message("t", &id, message, None).unwrap();
         wait_for(&events, "tool.started");
         assert!(engine.cancel("t", &id).unwrap());
         wait_for(&events, "run.finished");

@@ -109,6 +109,23 @@ pub enum WriteOp {
     },
     /// Raises the highest event seq the bus may hand out.
     SetSeqCeiling(u64),
+    /// The answer to a request sent with an Idempotency-Key; also drops expired answers.
+    RecordIdempotent(IdempotentAnswer),
+}
+
+/// How long an Idempotency-Key's answer is kept: 24 hours.
+pub const IDEMPOTENCY_TTL_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// A stored answer to a request sent with an Idempotency-Key.
+#[derive(Debug, Clone)]
+pub struct IdempotentAnswer {
+    pub tenant: String,
+    pub key: String,
+    pub fingerprint: String,
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// Milliseconds since the epoch.
+    pub created_ms: i64,
 }
 
 type Reply = Sender<Result<(), StoreError>>;

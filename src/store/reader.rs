@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
-use super::StoreError;
+use super::{IdempotentAnswer, StoreError, IDEMPOTENCY_TTL_MS};
 use crate::domain::{ChatMessage, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
@@ -94,6 +94,29 @@ impl ReaderPool {
                 started.insert(id?);
             }
             Ok(started)
+        })
+    }
+
+    /// The answer stored for a tenant's Idempotency-Key, unless it expired before `now_ms`.
+    pub fn idempotent(&self, tenant: &str, key: &str, now_ms: i64) -> Result<Option<IdempotentAnswer>, StoreError> {
+        self.with(|conn| {
+            let answer = conn
+                .prepare_cached(
+                    "SELECT fingerprint, status, body, created_ms FROM idempotency
+                     WHERE tenant = ?1 AND key = ?2 AND created_ms >= ?3",
+                )?
+                .query_row(params![tenant, key, now_ms - IDEMPOTENCY_TTL_MS], |row| {
+                    Ok(IdempotentAnswer {
+                        tenant: tenant.to_string(),
+                        key: key.to_string(),
+                        fingerprint: row.get(0)?,
+                        status: row.get(1)?,
+                        body: row.get(2)?,
+                        created_ms: row.get(3)?,
+                    })
+                })
+                .optional()?;
+            Ok(answer)
         })
     }
 

@@ -19,8 +19,11 @@ use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
 
-const MIGRATIONS: &[&str] =
-    &[include_str!("migrations/0001_init.sql"), include_str!("migrations/0002_tool_call_starts.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_init.sql"),
+    include_str!("migrations/0002_tool_call_starts.sql"),
+    include_str!("migrations/0003_idempotency.sql"),
+];
 
 pub(super) struct Writer {
     conn: Connection,
@@ -202,6 +205,23 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
                 "INSERT OR IGNORE INTO tool_call_starts (session_id, call_id, started_at) VALUES (?1, ?2, ?3)",
             )?
             .execute(params![session_id, call_id, at])?;
+        }
+        WriteOp::RecordIdempotent(record) => {
+            // Expired answers go as new ones come; the index makes this a range delete.
+            tx.prepare_cached("DELETE FROM idempotency WHERE created_ms < ?1")?
+                .execute([record.created_ms - super::IDEMPOTENCY_TTL_MS])?;
+            tx.prepare_cached(
+                "INSERT INTO idempotency (tenant, key, fingerprint, status, body, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                record.tenant,
+                record.key,
+                record.fingerprint,
+                record.status,
+                record.body,
+                record.created_ms
+            ])?;
         }
         WriteOp::SetSeqCeiling(ceiling) => {
             tx.prepare_cached(

@@ -8,6 +8,7 @@ mod fake_provider;
 mod files;
 mod hardening;
 mod http;
+mod idempotency;
 mod providers;
 mod restart;
 mod runs;

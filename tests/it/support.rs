@@ -194,7 +194,20 @@ impl Client {
     }
 
     pub fn send(&self, method: &str, path: &str, body: Option<&[u8]>) -> Response {
+        self.send_with_headers(method, path, body, &[])
+    }
+
+    pub fn send_with_headers(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+    ) -> Response {
         let mut request = ureq::request(method, &format!("{}{}", self.base, path)).timeout(WAIT);
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
         if let Some(token) = &self.token {
             request = request.set("Authorization", &format!("Bearer {token}"));
         }

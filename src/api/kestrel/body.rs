@@ -14,11 +14,15 @@ impl JsonBody {
     /// Reads and parses the body: 413 past the limit, `invalid_json`, or `invalid_body` when
     /// it is not an object. An empty body counts as `{}`.
     pub fn read(request: &mut Request) -> Result<JsonBody, ApiError> {
-        let bytes = request.read_body()?;
+        JsonBody::parse(&request.read_body()?)
+    }
+
+    /// Parses a body already read.
+    pub fn parse(bytes: &[u8]) -> Result<JsonBody, ApiError> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(JsonBody { fields: Map::new() });
         }
-        let value: Value = serde_json::from_slice(&bytes)
+        let value: Value = serde_json::from_slice(bytes)
             .map_err(|error| ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {error}")))?;
         match value {
             Value::Object(fields) => Ok(JsonBody { fields }),

@@ -69,6 +69,8 @@ impl From<EngineError> for ApiError {
             EngineError::NotResumable(_) => ApiError::new(409, "not_resumable", message),
             EngineError::ShuttingDown | EngineError::Overloaded => ApiError::new(503, "unavailable", message),
             EngineError::ApprovalNotFound => ApiError::new(404, "approval_not_found", message),
+            EngineError::IdempotencyConflict => ApiError::new(409, "idempotency_conflict", message),
+            EngineError::IdempotencyInFlight => ApiError::new(409, "idempotency_in_progress", message),
             EngineError::Workspace(path_error) => ApiError::from(path_error),
             EngineError::Provider(_) | EngineError::Store(_) => ApiError::internal(&error),
         }

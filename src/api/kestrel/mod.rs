@@ -9,6 +9,7 @@ mod body;
 mod error;
 mod events;
 mod files;
+mod idempotency;
 mod meta;
 mod runs;
 mod sessions;

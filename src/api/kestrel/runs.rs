@@ -5,9 +5,11 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use super::body::JsonBody;
+use super::idempotency;
 use super::{json, ApiError, Caller, KestrelApi};
 use crate::domain::ImageAttachment;
-use crate::engine::NewMessage;
+use crate::engine::idempotency::Render;
+use crate::engine::{Created, NewMessage};
 use crate::http::{Reply, Request};
 
 const MAX_CONTENT_CHARS: usize = 200_000;
@@ -20,10 +22,17 @@ const MAX_IMAGE_NAME_CHARS: usize = 120;
 const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/webp", "image/gif"];
 
 pub fn send(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
-    let body = JsonBody::read(request)?;
-    let message = validate_message(&body)?;
-    let run_id = api.engine.send_message(&caller.tenant, id, message)?;
-    Ok(json(202, &json!({ "runId": run_id })))
+    let bytes = request.read_body()?;
+    let key = idempotency::key(request)?;
+    let render: Render = Box::new(|created| match created {
+        Created::Run(run_id) => (202, json!({ "runId": run_id }).to_string().into_bytes()),
+        Created::Session(_) => unreachable!("a message starts a run"),
+    });
+    idempotency::once(api, caller, key, ("POST", request.path(), &bytes), render, |idempotent| {
+        let message = validate_message(&JsonBody::parse(&bytes)?)?;
+        let run_id = api.engine.send_message(&caller.tenant, id, message, idempotent)?;
+        Ok(json(202, &json!({ "runId": run_id })))
+    })
 }
 
 pub fn cancel(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {

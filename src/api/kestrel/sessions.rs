@@ -4,9 +4,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::body::JsonBody;
+use super::idempotency;
 use super::{json, ApiError, Caller, KestrelApi};
 use crate::domain::{SessionDetail, SessionSummary};
-use crate::engine::NewSession;
+use crate::engine::idempotency::Render;
+use crate::engine::{Created, NewSession};
 use crate::http::{Reply, Request};
 use crate::store::SessionPatch;
 
@@ -31,15 +33,23 @@ pub fn list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
 }
 
 pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Result<Reply, ApiError> {
-    let body = JsonBody::read(request)?;
-    let new = NewSession {
-        title: title(&body)?,
-        model: body.optional_string("model", "invalid_model")?,
-        system_prompt: prompt(&body)?.flatten(),
-        workspace: body.optional_string("workspace", "invalid_body")?,
-    };
-    let session = api.engine.create_session(&caller.tenant, new)?;
-    Ok(json(201, &OneSession { session: &session }))
+    let bytes = request.read_body()?;
+    let key = idempotency::key(request)?;
+    let render: Render = Box::new(|created| match created {
+        Created::Session(session) => (201, serde_json::to_vec(&OneSession { session }).unwrap_or_default()),
+        Created::Run(_) => unreachable!("a session create creates a session"),
+    });
+    idempotency::once(api, caller, key, ("POST", request.path(), &bytes), render, |idempotent| {
+        let body = JsonBody::parse(&bytes)?;
+        let new = NewSession {
+            title: title(&body)?,
+            model: body.optional_string("model", "invalid_model")?,
+            system_prompt: prompt(&body)?.flatten(),
+            workspace: body.optional_string("workspace", "invalid_body")?,
+        };
+        let session = api.engine.create_session(&caller.tenant, new, idempotent)?;
+        Ok(json(201, &OneSession { session: &session }))
+    })
 }
 
 pub fn get(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {

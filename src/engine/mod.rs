@@ -531,9 +531,8 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let (mut engine, writer, bus) = engine(data.path());
         Arc::get_mut(&mut engine.shared).unwrap().spawn_run = |_| Err(std::io::Error::other("no threads left"));
-        let session = engine
-            .create_session("t", NewSession { title: None, model: None, system_prompt: None, workspace: None })
-            .unwrap();
+        let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
+        let session = engine.create_session("t", new, None).unwrap();
         let id = session.summary.id;
         let sent = engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() }, None);
         assert!(matches!(sent, Err(EngineError::Overloaded)), "{sent:?}");

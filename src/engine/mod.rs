@@ -85,7 +85,11 @@ impl std::error::Error for EngineError {}
 
 impl From<StoreError> for EngineError {
     fn from(error: StoreError) -> Self {
-        EngineError::Store(error)
+        match error {
+            // A session deleted between its check and a write to it.
+            StoreError::MissingSession => EngineError::SessionNotFound,
+            error => EngineError::Store(error),
+        }
     }
 }
 

@@ -63,7 +63,9 @@ fn write_response(
     head_only: bool,
     keep_alive: bool,
 ) -> std::io::Result<()> {
-    let mut response = tiny_http::Response::from_data(body).with_status_code(status);
+    // The whole body is in memory: always a Content-Length, never tiny_http's chunking of
+    // bodies past 32 KiB, so clients can show progress and check completeness.
+    let mut response = tiny_http::Response::from_data(body).with_status_code(status).with_chunked_threshold(usize::MAX);
     for (name, value) in headers {
         response.add_header(header(name, value));
     }

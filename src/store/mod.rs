@@ -38,6 +38,10 @@ pub enum StoreError {
     Corrupt(String),
     /// Another server holds the data dir (`holder` is its pid when it wrote one).
     Locked { dir: PathBuf, holder: Option<u32> },
+    /// The write names a session that no longer exists (deleted a moment before).
+    MissingSession,
+    /// The write would repeat a unique key.
+    Conflict(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -47,6 +51,8 @@ impl std::fmt::Display for StoreError {
             StoreError::Io(error) => write!(f, "data dir: {error}"),
             StoreError::Closed => write!(f, "the store is closed"),
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
+            StoreError::MissingSession => write!(f, "the session does not exist"),
+            StoreError::Conflict(message) => write!(f, "conflict: {message}"),
             StoreError::Locked { dir, holder } => {
                 write!(f, "the data dir {} is in use by another Kestrel server", dir.display())?;
                 match holder {
@@ -62,6 +68,17 @@ impl std::error::Error for StoreError {}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(error: rusqlite::Error) -> Self {
+        use rusqlite::ffi;
+        if let rusqlite::Error::SqliteFailure(failure, _) = &error {
+            match failure.extended_code {
+                // Every foreign key in the schema points at `sessions`.
+                ffi::SQLITE_CONSTRAINT_FOREIGNKEY => return StoreError::MissingSession,
+                ffi::SQLITE_CONSTRAINT_PRIMARYKEY | ffi::SQLITE_CONSTRAINT_UNIQUE => {
+                    return StoreError::Conflict(error.to_string())
+                }
+                _ => {}
+            }
+        }
         StoreError::Sqlite(error.to_string())
     }
 }

@@ -123,8 +123,8 @@ impl Writer {
                 }
             }
             Err(error) => {
-                for (_, reply) in batch.drain(..) {
-                    respond(reply, Err(StoreError::Sqlite(error.to_string())));
+                if let Some((_, reply)) = batch.pop() {
+                    respond(reply, Err(error));
                 }
             }
         }

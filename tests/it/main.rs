@@ -6,6 +6,7 @@ mod edge;
 mod events;
 mod fake_provider;
 mod files;
+mod hammer;
 mod hardening;
 mod http;
 mod idempotency;

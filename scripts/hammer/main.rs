@@ -1,0 +1,41 @@
+//! `scripts/crashloop N` and `scripts/fuzz N` run this against the release binary; the
+//! integration suite runs both with a small N against the debug binary.
+
+mod crashloop;
+mod fuzz;
+mod server;
+mod wire;
+
+use std::path::PathBuf;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(mode), Some(count)) = (args.next(), args.next().and_then(|n| n.parse::<usize>().ok())) else {
+        eprintln!("usage: hammer crashloop|fuzz N [SEED]");
+        std::process::exit(2);
+    };
+    let seed = args.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!("seed {seed}");
+    let binary =
+        std::env::current_exe().expect("this program").parent().and_then(|p| p.parent()).map(|p| p.join("kestrel"));
+    let binary: PathBuf = binary.filter(|p| p.exists()).expect("target/release/kestrel next to this program");
+    let failures = match mode.as_str() {
+        "crashloop" => {
+            let report = crashloop::run(&binary, count, seed);
+            report.print();
+            report.failures.len()
+        }
+        "fuzz" => {
+            let report = fuzz::run(&binary, count, seed);
+            report.print();
+            report.failures.len()
+        }
+        _ => {
+            eprintln!("unknown mode {mode}");
+            2
+        }
+    };
+    std::process::exit(i32::from(failures > 0));
+}

@@ -1,0 +1,64 @@
+//! The `kestrel` binary as a child process on a data dir the caller keeps across restarts.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub struct Kestrel {
+    child: Child,
+    pub host: String,
+}
+
+impl Kestrel {
+    /// Starts `binary` with `config` (TOML) on `data`; returns once it listens.
+    pub fn start(binary: &Path, data: &Path, workspace: &Path, config: &str) -> Kestrel {
+        let config_path = data.join("kestrel.toml");
+        std::fs::create_dir_all(data).expect("the data dir");
+        std::fs::write(&config_path, config).expect("the config file");
+        let mut child = Command::new(binary)
+            .arg("--config")
+            .arg(&config_path)
+            .env("KESTREL_ADDR", "127.0.0.1:0")
+            .env("KESTREL_DATA_DIR", data.join("data"))
+            .env("KESTREL_WORKSPACE", workspace)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("kestrel starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the listening line");
+        let host = line.trim().rsplit("http://").next().expect("an address").to_string();
+        assert!(!host.is_empty(), "kestrel printed no address (did it fail to start?)");
+        Kestrel { child, host }
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL, and waits for the process to be gone.
+    pub fn kill_9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, and waits for a clean exit.
+    pub fn stop(mut self) -> bool {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().is_ok_and(|status| status.success())
+    }
+}
+
+/// The database file under a data dir started by `Kestrel::start`.
+pub fn database(data: &Path) -> PathBuf {
+    data.join("data").join("kestrel.db")
+}
+
+/// `PRAGMA integrity_check` on a database no server has open.
+pub fn integrity_ok(database: &Path) -> bool {
+    let Ok(conn) = rusqlite::Connection::open(database) else { return false };
+    conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0)).is_ok_and(|r| r == "ok")
+}

@@ -1,0 +1,36 @@
+//! `scripts/crashloop` and `scripts/fuzz` in small, against the debug binary, so CI keeps both
+//! honest. The README has the figures of large runs.
+
+#[path = "../../scripts/hammer/crashloop.rs"]
+mod crashloop;
+#[path = "../../scripts/hammer/fuzz.rs"]
+mod fuzz;
+#[path = "../../scripts/hammer/server.rs"]
+mod server;
+#[path = "../../scripts/hammer/wire.rs"]
+mod wire;
+
+use std::path::Path;
+
+fn seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+}
+
+#[test]
+fn crashloop_keeps_every_promise_across_kill_9() {
+    let seed = seed();
+    let report = crashloop::run(Path::new(env!("CARGO_BIN_EXE_kestrel")), 4, seed);
+    report.print();
+    assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
+    assert_eq!(report.integrity_checks, 4);
+    assert!(report.acknowledged > 0);
+}
+
+#[test]
+fn fuzz_finds_no_server_error_hang_or_crash() {
+    let seed = seed();
+    let report = fuzz::run(Path::new(env!("CARGO_BIN_EXE_kestrel")), 20_000, seed);
+    report.print();
+    assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
+    assert_eq!(report.requests, 20_000);
+}

@@ -339,5 +339,13 @@ fn socket_dir(runtime_dir: &Path) -> std::io::Result<(PathBuf, bool)> {
     };
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    // Sockets a killed predecessor left; the data dir lock says none is in use.
+    for entry in std::fs::read_dir(&dir)?.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("http-") && name.ends_with(".sock") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     Ok((dir, temporary))
 }

@@ -32,8 +32,9 @@ use super::{respond, EdgeError, EventStream, Gauges, Handler, HttpConfig, Quiet,
 /// larger ones stream through a `kestrel-body` thread.
 const INLINE_BODY: usize = 64 * 1024;
 
-/// Gate threads do little beyond handlers' work; handlers parse JSON at most 128 levels deep.
-const GATE_STACK: usize = 512 * 1024;
+/// Handlers run on the gate: the default stack, only reserved, not committed, until used. A
+/// stack overflow would abort the whole process, so this is not the place to save memory.
+const GATE_STACK: usize = 2 * 1024 * 1024;
 
 /// What every gate shares.
 pub struct Edge {
@@ -366,9 +367,13 @@ impl Gate {
             first.map_err(|_| HeadEnd::Closed)?;
         }
         let deadline = Instant::now() + header_timeout;
-        let mut line_checked = false;
+        let (mut line_checked, mut line_scanned) = (false, 0);
+        // Bytes already searched, so a head trickling in a byte at a time costs linear time.
+        let mut scanned = 0;
         loop {
-            if let Some(end) = head::head_end(&self.buffer) {
+            let found = head::head_end(&self.buffer[scanned..]).map(|end| scanned + end);
+            scanned = self.buffer.len().saturating_sub(3);
+            if let Some(end) = found {
                 if end > max_head {
                     return Err(HeadEnd::Refused(head::rough_path(&self.buffer), EdgeError::HeadTooLarge));
                 }
@@ -378,7 +383,9 @@ impl Gate {
                 return Ok(parsed);
             }
             if !line_checked {
-                if let Some(line_end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let from = line_scanned;
+                line_scanned = self.buffer.len();
+                if let Some(line_end) = self.buffer[from..].iter().position(|&b| b == b'\n').map(|at| from + at) {
                     // A bad request line is refused at once, not after the header deadline.
                     head::check_request_line(&self.buffer[..=line_end])
                         .map_err(|error| HeadEnd::Refused(head::rough_path(&self.buffer), error))?;

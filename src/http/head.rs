@@ -172,10 +172,24 @@ fn parse_request_line(line: &[u8]) -> Result<(String, String, Version), EdgeErro
     if target.is_empty() || !target.iter().all(|&b| b.is_ascii_graphic()) {
         return Err(bad("the request target must be visible ASCII; percent-encode other bytes"));
     }
-    if target[0] != b'/' && target != b"*" {
-        return Err(bad("the request target must be a path starting with `/`"));
-    }
+    let target = origin_form(target).ok_or_else(|| bad("the request target must be a path starting with `/`"))?;
     Ok((ascii(method), ascii(target), version))
+}
+
+/// The path and query of a target: as sent (`/a?b`, `*`), or out of the absolute form
+/// (`http://host/a?b`) that RFC 9112 §3.2.2 says a server must accept.
+fn origin_form(target: &[u8]) -> Option<&[u8]> {
+    if target[0] == b'/' || target == b"*" {
+        return Some(target);
+    }
+    let lower = target.to_ascii_lowercase();
+    let scheme = [&b"http://"[..], &b"https://"[..]].into_iter().find(|s| lower.starts_with(s))?;
+    let rest = &target[scheme.len()..];
+    match rest.iter().position(|&b| b == b'/' || b == b'?') {
+        Some(at) if rest[at] == b'/' => Some(&rest[at..]),
+        // `http://host` and `http://host?q` name the root.
+        _ => Some(b"/"),
+    }
 }
 
 fn parse_version(version: &[u8]) -> Result<Version, EdgeError> {
@@ -252,6 +266,15 @@ mod tests {
     }
 
     #[test]
+    fn an_absolute_target_is_taken_as_its_path() {
+        let target = |line: &str| screen(&format!("GET {line} HTTP/1.1\r\n\r\n")).unwrap().target;
+        assert_eq!(target("http://example.com/api/health?x=1"), "/api/health?x=1");
+        assert_eq!(target("HTTPS://example.com:8080/a"), "/a");
+        assert_eq!(target("http://example.com"), "/");
+        assert_eq!(target("*"), "*");
+    }
+
+    #[test]
     fn keep_alive_follows_the_version_and_the_connection_header() {
         assert!(!screen("GET / HTTP/1.0\r\n\r\n").unwrap().keep_alive);
         assert!(screen("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").unwrap().keep_alive);
@@ -274,7 +297,8 @@ mod tests {
         assert_eq!(status("GET / HTTP/1.1\r\n folded\r\n\r\n"), 400);
         assert_eq!(status("GET / HTTP/1.1\r\nNo colon\r\n\r\n"), 400);
         assert_eq!(status("GET / HTTP/1.1\r\nBad Name: x\r\n\r\n"), 400);
-        assert_eq!(status("GET http://a/ HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status("GET ftp://a/ HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status("GET api/x HTTP/1.1\r\n\r\n"), 400);
         assert_eq!(status("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
         assert_eq!(status("GET / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n"), 417);
     }

@@ -85,3 +85,37 @@ fn a_second_server_on_the_same_data_dir_exits_at_once_naming_the_first() {
     third.kill().unwrap();
     third.wait().unwrap();
 }
+
+#[test]
+fn the_server_is_not_dumpable_so_its_environment_is_closed_to_its_users_processes() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // Only root can start the server as another user; elsewhere there is nothing to compare.
+    let me = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(1);
+    if me != 0 {
+        eprintln!("skipped: needs root to run the server as an unprivileged user");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut child = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_kestrel"))
+        .env("KESTREL_DATA_DIR", data.path().join("data"))
+        .env("KESTREL_WORKSPACE", data.path())
+        .env("KESTREL_ADDR", "127.0.0.1:0")
+        .env("OPENAI_API_KEY", "sk-not-for-other-processes")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("listening"), "{line}");
+    // A dumpable process's /proc entries belong to its user (65534), who could read its
+    // environment; a non-dumpable one's belong to root.
+    let owner = std::fs::metadata(format!("/proc/{}/environ", child.id())).unwrap().uid();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(owner, 0, "/proc/<pid>/environ is closed to the server's own user");
+}

@@ -1,7 +1,8 @@
 //! The gate: one `kestrel-conn` thread per client connection, between the socket and tiny_http.
 //!
 //! For each request on its connection the gate reads the head under a deadline
-//! (`header_timeout`, from its first byte; `keep_alive_timeout` for that first byte), screens it
+//! (`header_timeout` from its first byte; for that first byte, `header_timeout` on a new
+//! connection and `keep_alive_timeout` between requests), screens it
 //! (`head.rs`), reads a small body itself or streams a large one to tiny_http on a scoped
 //! `kestrel-body` thread under `body_timeout`, forwards the head over its Unix connection to the
 //! backend, waits for the request tiny_http parses from it, runs the handler on this thread and
@@ -96,7 +97,7 @@ impl Edge {
         let link = Arc::new(Link { tcp, idle: AtomicBool::new(false) });
         let requests = edge.backends.routes().register(id);
         edge.links(id).insert(id, Arc::clone(&link));
-        let gate = Gate { edge: Arc::clone(edge), id, link, buffer: Vec::new(), requests, backend: None };
+        let gate = Gate { edge: Arc::clone(edge), id, link, buffer: Vec::new(), requests, backend: None, served: 0 };
         let spawned =
             std::thread::Builder::new().name("kestrel-conn".into()).stack_size(GATE_STACK).spawn(move || gate.run());
         match spawned {
@@ -174,6 +175,8 @@ struct Gate {
     requests: Receiver<tiny_http::Request>,
     /// This connection's Unix connection to tiny_http, opened at its first request.
     backend: Option<(Arc<Backend>, UnixStream)>,
+    /// Requests read on this connection so far.
+    served: usize,
 }
 
 impl Gate {
@@ -346,8 +349,8 @@ impl Gate {
         Some((replacement, unix))
     }
 
-    /// Reads one request head: waits `keep_alive_timeout` for its first byte, then at most
-    /// `header_timeout` for the rest.
+    /// Reads one request head: waits `header_timeout` for a new connection's first byte and
+    /// `keep_alive_timeout` for a later request's, then at most `header_timeout` for the rest.
     fn read_head(&mut self) -> Result<Head, HeadEnd> {
         let config = &self.edge.config;
         let (max_head, body_limit) = (config.max_head_bytes, config.body_limit);
@@ -358,10 +361,13 @@ impl Gate {
         }
         if self.buffer.is_empty() {
             self.link.idle.store(true, Ordering::SeqCst);
+            // A new connection gets the head's deadline for its first byte: one that sends
+            // nothing holds a connection slot no longer than one that sends too slowly.
+            let wait = if self.served == 0 { header_timeout } else { keep_alive_timeout };
             let first = if self.edge.stopping.load(Ordering::SeqCst) {
                 Err(ReadEnd::Closed)
             } else {
-                self.fill(Instant::now() + keep_alive_timeout)
+                self.fill(Instant::now() + wait)
             };
             self.link.idle.store(false, Ordering::SeqCst);
             first.map_err(|_| HeadEnd::Closed)?;
@@ -380,6 +386,7 @@ impl Gate {
                 let parsed = head::parse(&self.buffer[..end], body_limit)
                     .map_err(|error| HeadEnd::Refused(head::rough_path(&self.buffer), error))?;
                 self.buffer.drain(..end);
+                self.served += 1;
                 return Ok(parsed);
             }
             if !line_checked {

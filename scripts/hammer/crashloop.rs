@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::random::Random;
 use super::server::{database, integrity_ok, Kestrel};
 use super::wire::{Client, Outcome};
 
@@ -335,18 +336,6 @@ fn check_commands(workspace: &Path, report: &mut Report) {
 fn create_session(host: &str) -> String {
     let answer = Client::new(host).request("POST", "/api/sessions", &[], b"{}");
     answer.json()["session"]["id"].as_str().expect("a session is created").to_string()
-}
-
-/// xorshift64: enough randomness to spread the kills, with no dependency.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 impl Client {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::random::Random;
 use super::server::Kestrel;
 use super::wire::{Client, Outcome};
 
@@ -376,28 +377,4 @@ impl Fuzzer {
 /// An array nested `depth` levels deep.
 fn nested(depth: usize) -> Value {
     (0..depth).fold(json!([]), |inner, _| Value::Array(vec![inner]))
-}
-
-/// xorshift64.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())]
-    }
 }

@@ -3,6 +3,7 @@
 
 mod crashloop;
 mod fuzz;
+mod random;
 mod server;
 mod wire;
 

@@ -5,6 +5,8 @@
 mod crashloop;
 #[path = "../../scripts/hammer/fuzz.rs"]
 mod fuzz;
+#[path = "../../scripts/hammer/random.rs"]
+mod random;
 #[path = "../../scripts/hammer/server.rs"]
 mod server;
 #[path = "../../scripts/hammer/wire.rs"]

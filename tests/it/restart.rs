@@ -121,14 +121,22 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
     assert!(messages[3]["content"].as_str().unwrap().contains("dangerous_tool failed"));
 }
 
-#[test]
-fn a_command_in_flight_at_kill_9_is_not_run_again_and_the_model_is_told_to_verify() {
+type Running = (tempfile::TempDir, tempfile::TempDir, Child, String, crate::support::Client, String);
+
+/// The binary with `run_command` on `auto`, and one session on it.
+fn binary_running_commands() -> Running {
     let data = tempfile::tempdir().unwrap();
     let workspace = tempfile::tempdir().unwrap();
     let config = "[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n";
-    let (mut child, base) = spawn_binary(data.path(), workspace.path(), config);
+    let (child, base) = spawn_binary(data.path(), workspace.path(), config);
     let client = crate::support::Client { base: base.clone(), token: None };
     let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    (data, workspace, child, base, client, id)
+}
+
+#[test]
+fn a_command_in_flight_at_kill_9_is_not_run_again_and_the_model_is_told_to_verify() {
+    let (data, workspace, mut child, base, client, id) = binary_running_commands();
     let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
     let command = json!({ "command": "echo started >> runs.log; sleep 3; echo finished >> runs.log" });
     let line = format!("/tool run_command {command}");
@@ -285,12 +293,7 @@ fn dead(pid: &str) -> bool {
 
 #[test]
 fn a_command_and_what_it_started_do_not_outlive_a_kill_9() {
-    let data = tempfile::tempdir().unwrap();
-    let workspace = tempfile::tempdir().unwrap();
-    let config = "[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n";
-    let (mut child, base) = spawn_binary(data.path(), workspace.path(), config);
-    let client = crate::support::Client { base: base.clone(), token: None };
-    let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let (data, workspace, mut child, _, client, id) = binary_running_commands();
     let command = "echo $$ > shell.pid; (sleep 30; echo late >> late.txt) & echo $! > background.pid; \
                    echo started > started.txt; sleep 30; echo late >> late.txt";
     let line = format!("/tool run_command {}", json!({ "command": command }));

@@ -287,12 +287,15 @@ impl Gate {
         });
         let body_done = forwarder.as_ref().is_none_or(|f| f.is_finished());
         if let Reply::Events(stream) = reply {
-            respond::release(request);
             if !body_done {
-                // A stream asked for with a large body still arriving: not worth serving.
-                let _ = self.tcp().shutdown(std::net::Shutdown::Both);
-                return Served::Done(Next::Close);
+                // A stream asked for with a large body still arriving: refused. The read side
+                // goes first, so the body thread stops and tiny_http's drain ends.
+                let _ = self.tcp().shutdown(std::net::Shutdown::Read);
+                respond::release(request);
+                let error = EdgeError::BadRequest("an event stream request cannot carry a body".into());
+                return Served::Done(self.refuse(Some(head.path()), &error));
             }
+            respond::release(request);
             return Served::Stream(stream);
         }
         let keep_alive = head.keep_alive && body_done && !self.edge.stopping.load(Ordering::SeqCst);

@@ -286,3 +286,18 @@ fn running_out_of_file_descriptors_never_stops_the_listener() {
     let tiny_http_died = log.contains("refined_tcp_stream.rs") || log.contains("accept loop ended");
     assert!(!tiny_http_died || log.contains("replaces generation"), "{log}");
 }
+
+#[test]
+fn a_large_body_a_route_does_not_read_is_not_waited_for() {
+    // Default deadlines (a minute for a body): the answer must not wait for them.
+    let server = TestServer::start();
+    for (path, status) in [("/api/events", 400), ("/api/nope", 404), ("/api/health", 200)] {
+        let mut socket = TcpStream::connect(host_of(&server.base)).unwrap();
+        socket.write_all(format!("GET {path} HTTP/1.1\r\nContent-Length: 200000\r\n\r\n").as_bytes()).unwrap();
+        socket.write_all(&[b'x'; 100_000]).unwrap();
+        let answer = read_answer(&mut socket, WAIT);
+        assert!(answer.closed, "{path}: closed without waiting for the rest of the body");
+        assert_eq!(answer.status, status, "{path}: {answer:?}");
+    }
+    wait_until("every connection to close", || server.stats().open_connections == 0);
+}

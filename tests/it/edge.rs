@@ -70,18 +70,18 @@ fn stalled_heads_and_bodies_are_cut_off_at_their_deadlines() {
     stalled.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n").unwrap();
     read_answer(&mut stalled, WAIT).assert_error(408, "request_timeout");
 
+    // Each byte comes well within a per-read timeout, and the whole head would take about five
+    // seconds: only a deadline for the whole head cuts the connection before it is sent.
     let mut trickle = TcpStream::connect(&host).unwrap();
-    let started = Instant::now();
     let mut cut_off = false;
-    for byte in b"GET /api/health HTTP/1.1\r\nX-Slow: ".iter().chain([b'a'; 200].iter()) {
+    for byte in b"GET /api/health HTTP/1.1\r\nX-Slow: ".iter().chain([b'a'; 220].iter()) {
         if trickle.write_all(&[*byte]).is_err() {
             cut_off = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(cut_off || read_answer(&mut trickle, WAIT).status == 408);
-    assert!(started.elapsed() < Duration::from_secs(3), "cut at the deadline, not per byte");
+    assert!(cut_off, "the server cut the connection at the head's deadline, before the trickle ended");
 
     // A small body (read by the gate) and a large one (streamed to tiny_http) that stop halfway.
     let mut small = TcpStream::connect(&host).unwrap();
@@ -113,15 +113,16 @@ fn hundreds_of_stalled_connections_are_all_dropped_and_streams_outlive_the_deadl
         .collect();
     wait_until("the stalled connections to be dropped", || server.stats().open_connections == 1);
     drop(stalled);
-    // The event stream is past both deadlines and still gets its pings.
-    let started = Instant::now();
+    // Five pings 200 ms apart take the stream past both deadlines; cut at either, it would
+    // have ended after the first.
     let mut pings = 0;
-    while started.elapsed() < Duration::from_millis(900) {
-        if let Some(crate::support::SseItem::Comment(_)) = stream.next_item(WAIT) {
-            pings += 1;
+    while pings < 5 {
+        match stream.next_item(WAIT) {
+            Some(crate::support::SseItem::Comment(_)) => pings += 1,
+            Some(_) => {}
+            None => panic!("the stream ended after {pings} pings"),
         }
     }
-    assert!(pings >= 3, "the stream stayed open: {pings} pings");
     assert_eq!(server.stats().open_streams, 1);
 }
 

@@ -4,8 +4,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+/// Killed when dropped, so a run that fails half-way leaves no server behind.
 pub struct Kestrel {
-    child: Child,
+    child: Option<Child>,
     pub host: String,
 }
 
@@ -30,25 +31,37 @@ impl Kestrel {
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the listening line");
         let host = line.trim().rsplit("http://").next().expect("an address").to_string();
         assert!(!host.is_empty(), "kestrel printed no address (did it fail to start?)");
-        Kestrel { child, host }
+        Kestrel { child: Some(child), host }
     }
 
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     /// SIGKILL, and waits for the process to be gone.
     pub fn kill_9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// SIGTERM, and waits for a clean exit.
     pub fn stop(mut self) -> bool {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let Some(mut child) = self.child.take() else { return false };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        self.child.wait().is_ok_and(|status| status.success())
+        child.wait().is_ok_and(|status| status.success())
+    }
+}
+
+impl Drop for Kestrel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

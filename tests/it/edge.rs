@@ -197,7 +197,7 @@ fn an_unreachable_backend_is_replaced_and_requests_go_on() {
 
 /// The release of the `kestrel` binary under `ulimit -n files`, on port 0; returns the child,
 /// its base URL and its stderr (the log, at info).
-fn kestrel_with_file_limit(files: u32, data: &std::path::Path, config: &str) -> (std::process::Child, String) {
+fn kestrel_with_file_limit(files: u32, data: &std::path::Path, config: &str) -> (Reaped, String) {
     use std::io::BufRead;
     let config_path = data.join("kestrel.toml");
     std::fs::write(&config_path, config).unwrap();
@@ -218,7 +218,25 @@ fn kestrel_with_file_limit(files: u32, data: &std::path::Path, config: &str) -> 
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let port = line.trim().rsplit(':').next().unwrap().to_string();
-    (child, format!("http://127.0.0.1:{port}"))
+    (Reaped(Some(child)), format!("http://127.0.0.1:{port}"))
+}
+
+/// A child process that is killed if the test fails before it stops it.
+struct Reaped(Option<std::process::Child>);
+
+impl Reaped {
+    fn alive(&mut self) -> bool {
+        self.0.as_mut().is_some_and(|child| child.try_wait().is_ok_and(|status| status.is_none()))
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Health answers 200 on a fresh connection before `WAIT` runs out.
@@ -234,7 +252,9 @@ fn eventually_healthy(base: &str) -> bool {
     false
 }
 
-fn stop(child: std::process::Child) -> String {
+/// SIGTERM, then the log the server wrote.
+fn stop(mut child: Reaped) -> String {
+    let child = child.0.take().expect("a running child");
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
     let output = child.wait_with_output().unwrap();
     String::from_utf8_lossy(&output.stderr).into_owned()
@@ -276,7 +296,7 @@ fn running_out_of_file_descriptors_never_stops_the_listener() {
     assert!(flood.len() > 200, "the kernel queues connections the server cannot take");
     drop(flood);
     assert!(eventually_healthy(&base), "serving resumed once descriptors were free");
-    assert!(child.try_wait().unwrap().is_none(), "the process is alive");
+    assert!(child.alive(), "the process is alive");
     // And again: the listener survives repeated exhaustion.
     let flood: Vec<TcpStream> = (0..400).filter_map(|_| TcpStream::connect(host_of(&base)).ok()).collect();
     drop(flood);

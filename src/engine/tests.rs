@@ -1,0 +1,116 @@
+//! Engine tests that need a whole engine in-process: a store, a bus, the echo model.
+
+use super::*;
+use crate::bus::BusConfig;
+use crate::providers::EchoProvider;
+
+fn engine(data: &Path) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
+    engine_with(data, ToolRegistry::new(HashMap::new(), 1000))
+}
+
+fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
+    let (store, writer) = Store::open(data).unwrap();
+    let (bus, bus_handle) =
+        Bus::start(store.clone(), BusConfig { replay_capacity: 100, subscriber_capacity: 100 }).unwrap();
+    let echo = EchoProvider { delay: Duration::ZERO };
+    let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
+    let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
+    let config = EngineConfig { workspaces, max_steps: 5 };
+    (Engine::new(store, bus, models, tools, config), writer, bus_handle)
+}
+
+#[test]
+fn a_run_whose_worker_cannot_start_leaves_the_session_resumable_not_running() {
+    let data = tempfile::tempdir().unwrap();
+    let (mut engine, writer, bus) = engine(data.path());
+    Arc::get_mut(&mut engine.shared).unwrap().spawn_run = |_| Err(std::io::Error::other("no threads left"));
+    let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
+    let session = engine.create_session("t", new, None).unwrap();
+    let id = session.summary.id;
+    let sent = engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() }, None);
+    assert!(matches!(sent, Err(EngineError::Overloaded)), "{sent:?}");
+    assert_eq!(engine.active_runs(), 0, "no run holds the session");
+    let detail = engine.session("t", &id).unwrap();
+    assert_eq!(detail.summary.status, SessionStatus::Error);
+    assert_eq!(detail.messages.len(), 1, "the message is kept");
+    assert!(
+        matches!(engine.resume("t", &id), Err(EngineError::Overloaded)),
+        "resume is allowed, and fails the same way"
+    );
+    engine.shutdown(Duration::from_secs(1));
+    bus.shutdown();
+    writer.shutdown();
+}
+
+/// A tool stuck in a call that ignores the cancel, as a read on a hung network mount would.
+struct Stuck(crossbeam_channel::Receiver<()>);
+
+impl tools::Tool for Stuck {
+    fn schema(&self) -> crate::domain::ToolSchema {
+        crate::domain::ToolSchema {
+            name: "stuck".into(),
+            description: "never returns".into(),
+            parameters: serde_json::json!({ "type": "object" }),
+            permission: None,
+            category: None,
+        }
+    }
+
+    fn default_permission(&self) -> tools::Permission {
+        tools::Permission::Auto
+    }
+
+    fn run(
+        &self,
+        _: &serde_json::Map<String, serde_json::Value>,
+        _: &tools::ToolContext<'_>,
+    ) -> Result<tools::ToolOutput, String> {
+        let _ = self.0.recv();
+        Err("released".into())
+    }
+}
+
+#[test]
+fn a_cancel_ends_the_run_even_while_a_tool_is_stuck() {
+    let data = tempfile::tempdir().unwrap();
+    let (release, stuck) = crossbeam_channel::bounded::<()>(0);
+    let mut registry = ToolRegistry::new(HashMap::new(), 1000);
+    registry.register(Box::new(Stuck(stuck)));
+    let (engine, writer, bus) = engine_with(data.path(), registry);
+    let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
+    let id = engine.create_session("t", new, None).unwrap().summary.id;
+    let events = bus_subscription(&engine, &id);
+    let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
+    engine.send_message("t", &id, message, None).unwrap();
+    wait_for(&events, "tool.started");
+    assert!(engine.cancel("t", &id).unwrap());
+    wait_for(&events, "run.finished");
+    let detail = engine.session("t", &id).unwrap();
+    assert_eq!(detail.summary.status, SessionStatus::Cancelled);
+    let last = detail.messages.last().unwrap();
+    assert_eq!(last.role, Role::Tool);
+    assert!(last.content.contains("abandoned"), "{}", last.content);
+    drop(release);
+    engine.shutdown(Duration::from_secs(1));
+    bus.shutdown();
+    writer.shutdown();
+}
+
+fn bus_subscription(engine: &Engine, id: &str) -> crate::bus::Subscription {
+    let filter = crate::bus::Filter { tenant: "t".into(), scope: crate::bus::Scope::Session(id.into()) };
+    engine.bus().subscribe(filter, None).unwrap()
+}
+
+/// Waits (at most ten seconds) for an event of type `wanted`.
+fn wait_for(events: &crate::bus::Subscription, wanted: &str) {
+    let needle = format!("\"type\":\"{wanted}\"");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if let Ok(batch) = events.recv_timeout(Duration::from_millis(100)) {
+            if batch.iter().any(|envelope| envelope.json.contains(&needle)) {
+                return;
+            }
+        }
+    }
+    panic!("the event did not come");
+}

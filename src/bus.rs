@@ -437,10 +437,14 @@ mod tests {
         let (bus, handle, writer) = start(dir.path(), BusConfig { replay_capacity: 100, subscriber_capacity: 2 });
         let slow = bus.subscribe(filter(), None).unwrap();
         let fast = bus.subscribe(filter(), None).unwrap();
+        // The reader tells the publisher what it took, so it never falls behind however slow
+        // the machine is; the other subscriber reads nothing.
+        let (took_tx, took) = crossbeam_channel::unbounded::<usize>();
         let reader = std::thread::spawn(move || {
             let mut seen = 0;
             while let Ok(batch) = fast.recv_timeout(Duration::from_secs(5)) {
                 seen += batch.len();
+                let _ = took_tx.send(seen);
                 if seen == 20 {
                     break;
                 }
@@ -449,7 +453,7 @@ mod tests {
         });
         for i in 0..20 {
             bus.publish(None, notice(&format!("n{i}")));
-            std::thread::sleep(Duration::from_millis(1));
+            while took.recv_timeout(Duration::from_secs(5)).is_ok_and(|seen| seen <= i) {}
         }
         assert_eq!(reader.join().unwrap(), 20, "the reading subscriber got everything");
         // The slow one holds what fit in its channel, then its channel is closed.

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use super::backend::{out_of_descriptors, wait_kicking, Backend, Backends, CONN_HEADER, DISPATCH_DEADLINE};
+use super::chunked;
 use super::head::{self, Head};
 use super::{respond, EdgeError, EventStream, Gauges, Handler, HttpConfig, Quiet, Reply};
 
@@ -152,6 +153,20 @@ enum HeadEnd {
     Refused(Option<String>, EdgeError),
 }
 
+/// A request's body as the gate has it.
+enum Body {
+    /// All of it, to go with the head in one write.
+    Inline(Vec<u8>),
+    /// What was read so far (a chunked body: all of it), to stream with the rest.
+    Streamed(Vec<u8>),
+}
+
+/// How taking a body ended when it did not produce one.
+enum BodyEnd {
+    Closed,
+    Refused(EdgeError),
+}
+
 /// What serving a request left to do.
 enum Served {
     Done(Next),
@@ -203,7 +218,7 @@ impl Gate {
 
     /// One request and its reply.
     fn exchange(&mut self) -> Next {
-        let head = match self.read_head() {
+        let mut head = match self.read_head() {
             Ok(head) => head,
             Err(HeadEnd::Closed) => return Next::Close,
             Err(HeadEnd::Refused(path, error)) => return self.refuse(path.as_deref(), &error),
@@ -211,21 +226,25 @@ impl Gate {
         let edge = Arc::clone(&self.edge);
         let _open = Counted::new(&edge.gauges.requests);
         if head.expect_continue
-            && head.content_length > 0
+            && (head.content_length > 0 || head.chunked)
             && self.tcp().write_all(b"HTTP/1.1 100 Continue\r\n\r\n").is_err()
         {
             return Next::Close;
         }
         let body_deadline = Instant::now() + self.edge.config.body_timeout;
+        let body = match self.take_body(&mut head, body_deadline) {
+            Ok(body) => body,
+            Err(BodyEnd::Closed) => return Next::Close,
+            Err(BodyEnd::Refused(error)) => return self.refuse(Some(head.path()), &error),
+        };
         let mut forwarded = head.forwarded(CONN_HEADER, self.id);
-        let inline = head.content_length <= INLINE_BODY;
-        if inline {
-            match self.read_body(head.content_length, body_deadline) {
-                Ok(body) => forwarded.extend_from_slice(&body),
-                Err(ReadEnd::Timeout) => return self.refuse(Some(head.path()), &EdgeError::Timeout),
-                Err(ReadEnd::Closed) => return Next::Close,
+        let (inline, carried) = match body {
+            Body::Inline(bytes) => {
+                forwarded.extend_from_slice(&bytes);
+                (true, Vec::new())
             }
-        }
+            Body::Streamed(carried) => (false, carried),
+        };
         let Some((backend, unix)) = self.take_backend() else {
             return self.refuse(Some(head.path()), &EdgeError::Unavailable);
         };
@@ -234,7 +253,6 @@ impl Gate {
             self.edge.backends.suspect(backend.generation);
             return self.refuse(Some(head.path()), &EdgeError::Unavailable);
         }
-        let carried = if inline { Vec::new() } else { std::mem::take(&mut self.buffer) };
         let link = Arc::clone(&self.link);
         let served = std::thread::scope(|scope| {
             let forwarder = (!inline).then(|| {
@@ -411,6 +429,40 @@ impl Gate {
                     return Err(HeadEnd::Refused(head::rough_path(&self.buffer), EdgeError::Timeout))
                 }
                 Err(ReadEnd::Closed) => return Err(HeadEnd::Closed),
+            }
+        }
+    }
+
+    /// What the request's body is: read here when it is small or chunked, or the bytes already
+    /// read of a large one, whose rest a `kestrel-body` thread streams to tiny_http. A chunked
+    /// body is decoded whole (within the limit) and then goes on as if it had a length.
+    fn take_body(&mut self, head: &mut Head, deadline: Instant) -> Result<Body, BodyEnd> {
+        if head.chunked {
+            let body = self.read_chunked(deadline)?;
+            head.content_length = body.len();
+            return Ok(if body.len() <= INLINE_BODY { Body::Inline(body) } else { Body::Streamed(body) });
+        }
+        if head.content_length <= INLINE_BODY {
+            return match self.read_body(head.content_length, deadline) {
+                Ok(body) => Ok(Body::Inline(body)),
+                Err(ReadEnd::Timeout) => Err(BodyEnd::Refused(EdgeError::Timeout)),
+                Err(ReadEnd::Closed) => Err(BodyEnd::Closed),
+            };
+        }
+        Ok(Body::Streamed(std::mem::take(&mut self.buffer)))
+    }
+
+    /// A chunked body, decoded, read before `deadline`.
+    fn read_chunked(&mut self, deadline: Instant) -> Result<Vec<u8>, BodyEnd> {
+        let mut decoder = chunked::Decoder::default();
+        loop {
+            match decoder.feed(&mut self.buffer, self.edge.config.body_limit).map_err(BodyEnd::Refused)? {
+                chunked::Progress::Done => return Ok(decoder.body),
+                chunked::Progress::Partial => match self.fill(deadline) {
+                    Ok(()) => {}
+                    Err(ReadEnd::Timeout) => return Err(BodyEnd::Refused(EdgeError::Timeout)),
+                    Err(ReadEnd::Closed) => return Err(BodyEnd::Closed),
+                },
             }
         }
     }

@@ -35,6 +35,9 @@ pub struct Head {
     /// Every header line, names as sent, values trimmed.
     pub headers: Vec<(String, String)>,
     pub content_length: usize,
+    /// The body comes in chunks (`Transfer-Encoding: chunked`); `content_length` is 0 until
+    /// the gate has decoded it.
+    pub chunked: bool,
     /// `Expect: 100-continue` was sent.
     pub expect_continue: bool,
     /// The client wants the connection kept open after this exchange.
@@ -53,9 +56,10 @@ impl Head {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(format!("{} {} HTTP/1.1\r\n", self.method, self.target).as_bytes());
         for (name, value) in &self.headers {
-            let hop_by_hop = ["connection", "keep-alive", "expect", "te", "upgrade", "proxy-connection"]
-                .iter()
-                .any(|h| name.eq_ignore_ascii_case(h));
+            let hop_by_hop =
+                ["connection", "keep-alive", "expect", "te", "transfer-encoding", "upgrade", "proxy-connection"]
+                    .iter()
+                    .any(|h| name.eq_ignore_ascii_case(h));
             if hop_by_hop || name.eq_ignore_ascii_case(conn_header) || name.eq_ignore_ascii_case("content-length") {
                 continue;
             }
@@ -102,6 +106,7 @@ pub fn parse(head: &[u8], body_limit: usize) -> Result<Head, EdgeError> {
         version,
         headers: Vec::new(),
         content_length: 0,
+        chunked: false,
         expect_continue: false,
         keep_alive: version == Version::Http11,
     };
@@ -119,7 +124,14 @@ pub fn parse(head: &[u8], body_limit: usize) -> Result<Head, EdgeError> {
             }
             content_length = Some(length);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(EdgeError::LengthRequired);
+            // Only `chunked`, once, on HTTP/1.1; any other coding the body would need undoing.
+            if parsed.chunked || version == Version::Http10 {
+                return Err(bad("Transfer-Encoding is not accepted here"));
+            }
+            if !value.eq_ignore_ascii_case("chunked") {
+                return Err(EdgeError::LengthRequired);
+            }
+            parsed.chunked = true;
         } else if name.eq_ignore_ascii_case("expect") {
             if !value.eq_ignore_ascii_case("100-continue") {
                 return Err(EdgeError::ExpectationFailed);
@@ -141,6 +153,10 @@ pub fn parse(head: &[u8], body_limit: usize) -> Result<Head, EdgeError> {
         n.eq_ignore_ascii_case("connection") && v.split(',').any(|o| o.trim().eq_ignore_ascii_case("close"))
     }) {
         parsed.keep_alive = false;
+    }
+    if parsed.chunked && content_length.is_some() {
+        // Both framings at once is how requests are smuggled past proxies.
+        return Err(bad("a request cannot have both Content-Length and Transfer-Encoding"));
     }
     let length = content_length.unwrap_or(0);
     if length > body_limit as u64 {
@@ -299,7 +315,11 @@ mod tests {
         assert_eq!(status("GET / HTTP/1.1\r\nBad Name: x\r\n\r\n"), 400);
         assert_eq!(status("GET ftp://a/ HTTP/1.1\r\n\r\n"), 400);
         assert_eq!(status("GET api/x HTTP/1.1\r\n\r\n"), 400);
-        assert_eq!(status("GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
+        assert_eq!(status("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"), 411);
+        assert_eq!(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"), 400);
+        assert_eq!(status("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+        assert_eq!(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+        assert!(screen("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n").unwrap().chunked);
         assert_eq!(status("GET / HTTP/1.1\r\nExpect: 200-ok\r\n\r\n"), 417);
     }
 

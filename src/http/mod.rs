@@ -8,7 +8,8 @@
 //! - `listen.rs` (`kestrel-accept`): accepts TCP connections, caps how many are open, and never
 //!   dies on an accept error.
 //! - `gate.rs` (`kestrel-conn`, one per connection): reads each request head under a deadline,
-//!   screens it (`head.rs`), refuses what tiny_http would mishandle, forwards the rest to
+//!   screens it (`head.rs`), decodes a chunked body (`chunked.rs`), refuses what tiny_http
+//!   would mishandle, forwards the rest to
 //!   tiny_http over a private Unix socket, runs the handler on the request tiny_http parsed,
 //!   and writes the reply straight to the client's socket.
 //! - `backend.rs` (`kestrel-http`): the tiny_http server on that Unix socket and the
@@ -20,6 +21,7 @@
 
 pub mod auth;
 mod backend;
+mod chunked;
 mod gate;
 mod head;
 mod listen;
@@ -65,7 +67,7 @@ pub enum EdgeError {
     BadRequest(String),
     /// The head passed `HttpConfig::max_head_bytes` or `head::MAX_HEADERS` lines.
     HeadTooLarge,
-    /// A `Transfer-Encoding` body: only `Content-Length` bodies are accepted.
+    /// A `Transfer-Encoding` other than `chunked`.
     LengthRequired,
     /// An `Expect` other than `100-continue`.
     ExpectationFailed,
@@ -102,7 +104,7 @@ impl std::fmt::Display for EdgeError {
             EdgeError::BadRequest(why) => write!(f, "malformed request: {why}"),
             EdgeError::HeadTooLarge => write!(f, "the request head is too large"),
             EdgeError::LengthRequired => {
-                write!(f, "request bodies must be sent with Content-Length; Transfer-Encoding is not accepted")
+                write!(f, "send the body with Content-Length or Transfer-Encoding: chunked, and no other coding")
             }
             EdgeError::ExpectationFailed => write!(f, "only `Expect: 100-continue` is supported"),
             EdgeError::VersionNotSupported => write!(f, "this server speaks HTTP/1.0 and HTTP/1.1 only"),

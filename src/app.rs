@@ -158,9 +158,18 @@ impl Server {
         // The data dir holds every tenant's transcripts and the config file their tokens: no
         // workspace may reach either, whatever the roots say.
         let protected = Protected::new([config.server.data_dir.clone()].into_iter().chain(config.file.clone()));
-        let workspaces =
-            WorkspacePolicy::new(workspace, &config.agent.workspace_roots, &config.tenant_workspace_roots(), protected)
-                .map_err(|(path, error)| StartError::Workspace(path, error))?;
+        let workspaces = WorkspacePolicy::new(
+            workspace.clone(),
+            &config.agent.workspace_roots,
+            &config.tenant_workspace_roots(),
+            protected,
+        )
+        .map_err(|(path, error)| StartError::Workspace(path, error))?;
+        // A default workspace inside the data dir would make every session creation a 403.
+        if let Some(protected) = workspaces.protected().covering(&workspace) {
+            let why = format!("it is inside {}, which the server protects; choose another", protected.display());
+            return Err(StartError::Workspace(workspace, std::io::Error::other(why)));
+        }
         // Runs that were in flight when the last process died cannot still be running, and
         // neither may the commands they started.
         store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;

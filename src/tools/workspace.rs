@@ -84,7 +84,8 @@ impl Protected {
         self.0.iter().any(|protected| path.starts_with(protected))
     }
 
-    fn covering(&self, path: &Path) -> Option<&Path> {
+    /// The protected path `path` is at or inside, if any.
+    pub fn covering(&self, path: &Path) -> Option<&Path> {
         self.0.iter().find(|protected| path.starts_with(protected)).map(PathBuf::as_path)
     }
 }

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 fn kestrel(data: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kestrel"));
     command
-        .env("KESTREL_DATA_DIR", data)
+        .env("KESTREL_DATA_DIR", data.join("data"))
         .env("KESTREL_WORKSPACE", data)
         .env_remove("KESTREL_TOKEN")
         .env("RUST_LOG", "error")
@@ -73,7 +73,7 @@ fn a_second_server_on_the_same_data_dir_exits_at_once_naming_the_first() {
     let second = kestrel(data.path()).env("KESTREL_ADDR", "127.0.0.1:0").output().unwrap();
     assert!(!second.status.success());
     let stderr = String::from_utf8_lossy(&second.stderr);
-    let dir = data.path().canonicalize().unwrap();
+    let dir = data.path().join("data").canonicalize().unwrap();
     assert!(stderr.contains(dir.to_str().unwrap()), "names the data dir: {stderr}");
     assert!(stderr.contains(&format!("pid {}", first.id())), "names the other process: {stderr}");
     assert_eq!(crate::support::Client { base, token: None }.get("/api/health").status, 200, "the first goes on");
@@ -118,4 +118,18 @@ fn the_server_is_not_dumpable_so_its_environment_is_closed_to_its_users_processe
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(owner, 0, "/proc/<pid>/environ is closed to the server's own user");
+}
+
+#[test]
+fn a_default_workspace_inside_the_data_dir_is_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(data.path().join("data/sessions")).unwrap();
+    let output = kestrel(data.path())
+        .env("KESTREL_ADDR", "127.0.0.1:0")
+        .env("KESTREL_WORKSPACE", data.path().join("data/sessions"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("inside") && stderr.contains("protect"), "{stderr}");
 }

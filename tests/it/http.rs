@@ -77,7 +77,7 @@ fn config_is_shown_without_secrets() {
 #[test]
 fn a_non_loopback_address_needs_a_token_or_an_explicit_opt_out() {
     let data = tempfile::tempdir().unwrap();
-    let mut config = crate::support::test_config(data.path(), data.path());
+    let mut config = crate::support::test_config(&data.path().join("data"), data.path());
     config.server.addr = "0.0.0.0:0".into();
     let error = kestrel::Server::start(config.clone()).err().expect("refused");
     assert!(error.to_string().contains("without a token"), "{error}");

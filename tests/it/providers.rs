@@ -368,7 +368,7 @@ fn bootstrap_lists_configured_models_and_a_missing_key_stops_start() {
     assert!(models.as_array().unwrap().iter().any(|m| m["id"] == "builtin/echo"));
 
     let data = tempfile::tempdir().unwrap();
-    let mut config = crate::support::test_config(data.path(), data.path());
+    let mut config = crate::support::test_config(&data.path().join("data"), data.path());
     let mut keyless = provider(Wire::Openai, &fake, &["m"]);
     keyless.api_key = None;
     keyless.api_key_env = Some("KESTREL_TEST_SURELY_UNSET_KEY".into());

@@ -119,7 +119,7 @@ pub struct Backends {
     repair: Mutex<()>,
     routes: Arc<Routes>,
     generations: AtomicU64,
-    stopping: Arc<AtomicBool>,
+    stopping: AtomicBool,
     gauges: Arc<Gauges>,
 }
 
@@ -128,7 +128,6 @@ impl Backends {
     pub fn start(runtime_dir: &Path, gauges: Arc<Gauges>) -> std::io::Result<Arc<Backends>> {
         let (dir, temporary) = socket_dir(runtime_dir)?;
         let routes = Arc::new(Routes::default());
-        let stopping = Arc::new(AtomicBool::new(false));
         let first = spawn_backend(&dir, 1)?;
         let backends = Arc::new(Backends {
             dir,
@@ -137,7 +136,7 @@ impl Backends {
             repair: Mutex::new(()),
             routes,
             generations: AtomicU64::new(1),
-            stopping,
+            stopping: AtomicBool::new(false),
             gauges,
         });
         backends.watch(first);

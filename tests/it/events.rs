@@ -118,7 +118,7 @@ fn session_events_cover_the_whole_lifecycle() {
 #[test]
 fn a_burst_of_stream_clients_is_served_promptly() {
     // tiny_http's pool can queue connections that arrive together behind long-lived ones; the
-    // server's kicker must get every one of them served.
+    // gates' kicks must get every one of them served.
     let server = TestServer::start();
     // Idle pool threads are what let tiny_http queue a burst: make some, as finished
     // keep-alive clients leave behind.

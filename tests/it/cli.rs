@@ -97,9 +97,12 @@ fn the_server_is_not_dumpable_so_its_environment_is_closed_to_its_users_processe
     }
     let data = tempfile::tempdir().unwrap();
     std::fs::set_permissions(data.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A copy the unprivileged user can reach, wherever the checkout lives.
+    let binary = data.path().join("kestrel");
+    std::fs::copy(env!("CARGO_BIN_EXE_kestrel"), &binary).unwrap();
     let mut child = Command::new("setpriv")
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_kestrel"))
+        .arg(&binary)
         .env("KESTREL_DATA_DIR", data.path().join("data"))
         .env("KESTREL_WORKSPACE", data.path())
         .env("KESTREL_ADDR", "127.0.0.1:0")

@@ -28,10 +28,9 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use serde::Serialize;
 
 use crate::domain::Event;
-use crate::store::{Store, StoreError, WriteOp};
+use crate::store::{EventQuery, LoggedEvent, Store, StoreError, WriteOp};
 
 const INBOX: usize = 16_384;
 /// Events stamped and fanned out together at most.
@@ -50,6 +49,24 @@ pub struct Envelope {
     /// The envelope as a stream frame, built by the first stream that sends it and shared by
     /// every other: with a thousand streams, one `format!` instead of a thousand.
     pub frame: OnceLock<String>,
+}
+
+impl Envelope {
+    /// The envelope of an event read back from the log: byte for byte what was streamed.
+    fn from_log(event: LoggedEvent) -> Envelope {
+        Envelope {
+            seq: event.seq,
+            tenant: event.tenant.map(Arc::from),
+            session_id: event.session_id.map(Arc::from),
+            json: envelope_json(event.seq, &event.at, &event.body),
+            frame: OnceLock::new(),
+        }
+    }
+}
+
+/// The `ServerEventEnvelope`: `{"seq":…,"at":"…","event":{…}}`.
+fn envelope_json(seq: u64, at: &str, event: &str) -> String {
+    format!("{{\"seq\":{seq},\"at\":\"{at}\",\"event\":{event}}}")
 }
 
 /// Which envelopes a subscriber wants.
@@ -101,7 +118,8 @@ pub enum Live {
 /// repeated between them.
 /// Dropping it unsubscribes.
 pub struct Subscription {
-    pub replay: Vec<Arc<Envelope>>,
+    /// What the subscriber missed, sent before live envelopes (see `next_replay`).
+    backlog: Backlog,
     live: Receiver<Batch>,
     /// Envelopes queued for this subscriber and not yet taken.
     pending: Arc<AtomicUsize>,
@@ -109,7 +127,61 @@ pub struct Subscription {
     bus_tx: Sender<BusMsg>,
 }
 
+/// A subscriber's missed envelopes: logged events older than the ring, then the ring's.
+struct Backlog {
+    log: Option<LogReplay>,
+    ring: Vec<Arc<Envelope>>,
+}
+
+/// Logged events with `after < seq < before`, read a page at a time on the subscriber's
+/// own thread, so a long replay never holds up the bus or fills memory.
+struct LogReplay {
+    store: Store,
+    filter: Filter,
+    after: u64,
+    before: u64,
+}
+
+/// Logged events read per page of a replay.
+const LOG_PAGE: usize = 1000;
+
+impl LogReplay {
+    fn next_page(&mut self) -> Option<Vec<Arc<Envelope>>> {
+        let session = match &self.filter.scope {
+            Scope::Session(id) => Some(id.as_str()),
+            Scope::AllSessions => None,
+            Scope::Plugins => return None,
+        };
+        let query = EventQuery { after: self.after, before: self.before, tenant: &self.filter.tenant, session };
+        let page = match self.store.readers().events(&query, LOG_PAGE) {
+            Ok(page) => page,
+            Err(error) => {
+                log::error!("replay from the event log stopped: {error}");
+                return None;
+            }
+        };
+        self.after = page.last()?.seq;
+        Some(page.into_iter().map(Envelope::from_log).map(Arc::new).collect())
+    }
+}
+
 impl Subscription {
+    /// The next page of envelopes the subscriber missed, oldest first: from the durable log
+    /// while the ring no longer has them, then from the ring. `None` once all are handed out.
+    pub fn next_replay(&mut self) -> Option<Vec<Arc<Envelope>>> {
+        if let Some(log) = &mut self.backlog.log {
+            match log.next_page() {
+                Some(page) => return Some(page),
+                None => self.backlog.log = None,
+            }
+        }
+        if self.backlog.ring.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut self.backlog.ring))
+        }
+    }
+
     /// The next batch of live envelopes. `Disconnected` means the bus dropped this subscriber
     /// (it fell behind) or stopped.
     pub fn recv_timeout(&self, timeout: std::time::Duration) -> Result<Batch, crossbeam_channel::RecvTimeoutError> {
@@ -172,6 +244,8 @@ pub struct BusHandle {
 pub struct BusConfig {
     pub replay_capacity: usize,
     pub subscriber_capacity: usize,
+    /// Logged events kept: older ones are dropped as new ones are written.
+    pub log_capacity: u64,
 }
 
 impl Bus {
@@ -191,6 +265,7 @@ impl Bus {
             next_subscriber_id: 0,
             own_tx: bus_tx.clone(),
             ring: VecDeque::with_capacity(config.replay_capacity.min(1 << 16)),
+            unlogged: Vec::new(),
             subscribers: Vec::new(),
             subscriber_gauge: Arc::clone(&subscribers),
         };
@@ -257,15 +332,10 @@ struct BusActor {
     /// A sender into our own inbox, handed to each `Subscription` so its drop can unsubscribe.
     own_tx: Sender<BusMsg>,
     ring: VecDeque<Arc<Envelope>>,
+    /// Stamped events not yet in the log; written before their batch is fanned out.
+    unlogged: Vec<LoggedEvent>,
     subscribers: Vec<Subscriber>,
     subscriber_gauge: Arc<AtomicUsize>,
-}
-
-#[derive(Serialize)]
-struct WireEnvelope<'a> {
-    seq: u64,
-    at: String,
-    event: &'a Event,
 }
 
 impl BusActor {
@@ -282,6 +352,7 @@ impl BusActor {
                     if next.as_ref().is_some_and(|m| matches!(m, BusMsg::Publish { .. })) {
                         continue;
                     }
+                    self.log();
                     self.fan_out(&mut batch);
                 }
                 BusMsg::Subscribe { filter, after, reply } => self.subscribe(filter, after, reply),
@@ -300,23 +371,36 @@ impl BusActor {
         log::debug!("bus stopped at seq {}", self.next_seq);
     }
 
-    /// Gives an event its seq and time, serializes it once, and keeps it in the ring.
+    /// Gives an event its seq and time, serializes it once, keeps it in the ring, and queues
+    /// it for the log unless it is a delta.
     fn stamp(&mut self, tenant: Option<Arc<str>>, event: Box<Event>) -> Option<Arc<Envelope>> {
-        let seq = self.take_seq();
-        let json = match serde_json::to_string(&WireEnvelope { seq, at: crate::time::now_rfc3339(), event: &event }) {
-            Ok(json) => json,
+        let body = match serde_json::to_string(&*event) {
+            Ok(body) => body,
             Err(error) => {
                 log::error!("an event could not be serialized: {error}");
                 return None;
             }
         };
+        let seq = self.take_seq();
+        let at = crate::time::now_rfc3339();
+        let session_id = event.session_id().map(Arc::from);
         let envelope = Arc::new(Envelope {
             seq,
-            tenant,
-            session_id: event.session_id().map(Arc::from),
-            json,
+            tenant: tenant.clone(),
+            session_id: session_id.clone(),
+            json: envelope_json(seq, &at, &body),
             frame: OnceLock::new(),
         });
+        if !event.is_delta() {
+            self.unlogged.push(LoggedEvent {
+                seq,
+                tenant: tenant.map(|t| t.to_string()),
+                session_id: session_id.map(|s| s.to_string()),
+                kind: event.kind().to_string(),
+                at,
+                body,
+            });
+        }
         if self.ring.len() == self.config.replay_capacity {
             self.ring.pop_front();
         }
@@ -324,6 +408,21 @@ impl BusActor {
             self.ring.push_back(Arc::clone(&envelope));
         }
         Some(envelope)
+    }
+
+    /// Writes the events stamped since the last fan-out to the log and waits for the commit,
+    /// so nothing but a delta is streamed before it is durable. Publishers never wait on this:
+    /// what they send meanwhile queues in the inbox and goes out in the next, larger batch.
+    fn log(&mut self) {
+        if self.unlogged.is_empty() {
+            return;
+        }
+        let events = std::mem::take(&mut self.unlogged);
+        let keep = self.config.log_capacity;
+        if let Err(error) = self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
+            // Streaming anyway: live clients keep their events; a replay will miss these.
+            log::error!("events could not be logged: {error}");
+        }
     }
 
     /// Hands each subscriber the envelopes of `batch` it wants, then empties `batch`.
@@ -361,19 +460,28 @@ impl BusActor {
     }
 
     fn subscribe(&mut self, filter: Filter, after: Option<u64>, reply: Sender<Subscription>) {
-        let replay = match after {
+        let backlog = match after {
             Some(after) => {
                 let start = self.ring.partition_point(|envelope| envelope.seq <= after);
-                self.ring.range(start..).filter(|envelope| filter.matches(envelope)).cloned().collect()
+                let ring = self.ring.range(start..).filter(|envelope| filter.matches(envelope)).cloned().collect();
+                // Older than the ring (evicted, or from before a restart): from the log.
+                let oldest = self.ring.front().map_or(self.next_seq, |envelope| envelope.seq);
+                let log = (after + 1 < oldest).then(|| LogReplay {
+                    store: self.store.clone(),
+                    filter: filter.clone(),
+                    after,
+                    before: oldest,
+                });
+                Backlog { log, ring }
             }
-            None => Vec::new(),
+            None => Backlog { log: None, ring: Vec::new() },
         };
         let (sender, live) = unbounded();
         let id = self.next_subscriber_id;
         self.next_subscriber_id += 1;
         let pending = Arc::new(AtomicUsize::new(0));
         let subscription =
-            Subscription { replay, live, pending: Arc::clone(&pending), id, bus_tx: self.own_tx.clone() };
+            Subscription { backlog, live, pending: Arc::clone(&pending), id, bus_tx: self.own_tx.clone() };
         if reply.send(subscription).is_ok() {
             self.subscribers.push(Subscriber { id, filter, sender, pending });
             self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
@@ -434,7 +542,8 @@ mod tests {
     #[test]
     fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
         let dir = tempfile::tempdir().unwrap();
-        let (bus, handle, writer) = start(dir.path(), BusConfig { replay_capacity: 100, subscriber_capacity: 2 });
+        let (bus, handle, writer) =
+            start(dir.path(), BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000 });
         let slow = bus.subscribe(filter(), None).unwrap();
         let fast = bus.subscribe(filter(), None).unwrap();
         // The reader tells the publisher what it took, so it never falls behind however slow
@@ -469,7 +578,7 @@ mod tests {
     #[test]
     fn seqs_continue_above_the_stored_ceiling_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let config = BusConfig { replay_capacity: 10, subscriber_capacity: 10 };
+        let config = BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000 };
         let (bus, handle, writer) = start(dir.path(), config);
         let sub = bus.subscribe(filter(), None).unwrap();
         bus.publish(None, notice("before"));
@@ -490,21 +599,73 @@ mod tests {
     #[test]
     fn replay_and_filters_respect_tenant_and_session() {
         let dir = tempfile::tempdir().unwrap();
-        let (bus, handle, writer) = start(dir.path(), BusConfig { replay_capacity: 10, subscriber_capacity: 10 });
+        let (bus, handle, writer) =
+            start(dir.path(), BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000 });
         let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
         bus.publish(Some("t"), deleted("a"));
         bus.publish(Some("other"), deleted("b"));
         bus.publish(Some("t"), deleted("c"));
         bus.publish(None, notice("everyone"));
-        let all = bus.subscribe(filter(), Some(0)).unwrap();
-        let sessions: Vec<Option<&str>> = all.replay.iter().map(|e| e.session_id.as_deref()).collect();
+        let mut all = bus.subscribe(filter(), Some(0)).unwrap();
+        let replayed = replay(&mut all);
+        let sessions: Vec<Option<&str>> = replayed.iter().map(|e| e.session_id.as_deref()).collect();
         assert_eq!(sessions, [Some("a"), Some("c"), None]);
-        let one = bus.subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()) }, Some(0)).unwrap();
-        assert_eq!(one.replay.len(), 1);
-        let after_first = bus.subscribe(filter(), Some(all.replay[0].seq)).unwrap();
-        assert_eq!(after_first.replay.len(), 2);
+        let mut one = bus.subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()) }, Some(0)).unwrap();
+        assert_eq!(replay(&mut one).len(), 1);
+        let mut after_first = bus.subscribe(filter(), Some(replayed[0].seq)).unwrap();
+        assert_eq!(replay(&mut after_first).len(), 2);
         assert_eq!(bus.subscriber_count(), 3);
         drop((all, one, after_first));
+        handle.shutdown();
+        writer.shutdown();
+    }
+
+    /// Every envelope a subscription replays.
+    fn replay(subscription: &mut Subscription) -> Vec<Arc<Envelope>> {
+        std::iter::from_fn(|| subscription.next_replay()).flatten().collect()
+    }
+
+    #[test]
+    fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000 };
+        let (bus, handle, writer) = start(dir.path(), config);
+        let live = bus.subscribe(filter(), None).unwrap();
+        let delta = |i: usize| Event::MessageDelta {
+            session_id: "s".into(),
+            message_id: "m".into(),
+            channel: crate::domain::DeltaChannel::Text,
+            delta: format!("d{i}"),
+        };
+        for i in 0..20 {
+            bus.publish(Some("t"), notice(&format!("n{i}")));
+            bus.publish(Some("t"), delta(i));
+        }
+        let mut seen = Vec::new();
+        while seen.len() < 40 {
+            seen.extend(live.recv_timeout(Duration::from_secs(5)).unwrap().iter().map(|e| e.seq));
+        }
+        let first = seen[0];
+        // The ring holds the last 5; the log every notice; deltas older than the ring are gone.
+        let mut late = bus.subscribe(filter(), Some(first)).unwrap();
+        let replayed: Vec<u64> = replay(&mut late).iter().map(|e| e.seq).collect();
+        let mut expected: Vec<u64> =
+            seen.iter().copied().filter(|s| s > &first).filter(|s| (s - first) % 2 == 0).collect();
+        expected.retain(|s| *s < seen[35]);
+        expected.extend(&seen[35..]);
+        assert_eq!(replayed, expected);
+        drop((live, late));
+        handle.shutdown();
+        writer.shutdown();
+
+        // After a restart the ring is empty and the log has every notice.
+        let (bus, handle, writer) = start(dir.path(), config);
+        let mut late = bus.subscribe(filter(), Some(first)).unwrap();
+        let replayed: Vec<Arc<Envelope>> = replay(&mut late);
+        assert_eq!(replayed.len(), 19);
+        assert!(replayed.iter().all(|e| e.json.contains("\"type\":\"notice\"")));
+        assert!(replayed.windows(2).all(|w| w[0].seq < w[1].seq));
+        drop(late);
         handle.shutdown();
         writer.shutdown();
     }

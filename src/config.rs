@@ -156,6 +156,8 @@ pub struct ServerConfig {
     pub replay_buffer: usize,
     /// Envelopes queued for one stream before it is dropped as too slow.
     pub subscriber_buffer: usize,
+    /// Events (all but token deltas) kept in the durable log for replay; older ones are dropped.
+    pub event_log_events: u64,
     /// A write to a client that makes no progress for this long fails and ends its thread.
     pub write_timeout_ms: u64,
     /// A request head must arrive whole within this, from its first byte (else 408, closed).
@@ -235,6 +237,7 @@ impl Default for ServerConfig {
             sse_ping_interval_ms: 15_000,
             replay_buffer: 10_000,
             subscriber_buffer: 4096,
+            event_log_events: 1_000_000,
             write_timeout_ms: 30_000,
             header_timeout_ms: 10_000,
             body_timeout_ms: 60_000,

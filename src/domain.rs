@@ -287,6 +287,30 @@ pub enum Event {
 }
 
 impl Event {
+    /// The event's `type` on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::SessionUpdated { .. } => "session.updated",
+            Event::RunStarted { .. } => "run.started",
+            Event::RunFinished { .. } => "run.finished",
+            Event::RunFailed { .. } => "run.failed",
+            Event::MessageStarted { .. } => "message.started",
+            Event::MessageDelta { .. } => "message.delta",
+            Event::MessageCompleted { .. } => "message.completed",
+            Event::ToolStarted { .. } => "tool.started",
+            Event::ToolFinished { .. } => "tool.finished",
+            Event::ApprovalRequested { .. } => "approval.requested",
+            Event::ApprovalResolved { .. } => "approval.resolved",
+            Event::SessionDeleted { .. } => "session.deleted",
+            Event::Notice { .. } => "notice",
+        }
+    }
+
+    /// Token deltas live only in the in-memory ring; every other event goes to the log.
+    pub fn is_delta(&self) -> bool {
+        matches!(self, Event::MessageDelta { .. })
+    }
+
     /// The session an event belongs to, if any; session streams filter on it.
     pub fn session_id(&self) -> Option<&str> {
         match self {

@@ -11,7 +11,8 @@ fn engine(data: &Path) -> (Engine, crate::store::WriterHandle, crate::bus::BusHa
 fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
     let (store, writer) = Store::open(data).unwrap();
     let (bus, bus_handle) =
-        Bus::start(store.clone(), BusConfig { replay_capacity: 100, subscriber_capacity: 100 }).unwrap();
+        Bus::start(store.clone(), BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000 })
+            .unwrap();
     let echo = EchoProvider { delay: Duration::ZERO };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();

@@ -64,15 +64,18 @@ impl EventStream {
         let mut burst = String::with_capacity(4096);
         burst.push_str("retry: 3000\n\n");
         burst.push_str(&self.preamble);
-        for envelope in &self.subscription.replay {
-            push_frame(&mut burst, envelope);
-            if burst.len() >= BURST_BYTES {
-                out.write(&burst)?;
-                burst.clear();
+        let mut subscription = self.subscription;
+        while let Some(page) = subscription.next_replay() {
+            for envelope in &page {
+                push_frame(&mut burst, envelope);
+                if burst.len() >= BURST_BYTES {
+                    out.write(&burst)?;
+                    burst.clear();
+                }
             }
         }
         out.write(&burst)?;
-        let live = &self.subscription;
+        let live = &subscription;
         loop {
             burst.clear();
             match live.recv_or_stop(ping, stop) {

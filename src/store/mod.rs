@@ -16,7 +16,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::domain::{ChatMessage, SessionRecord, SessionStatus};
 
-pub use reader::ReaderPool;
+pub use reader::{EventQuery, ReaderPool};
 pub use writer::WriterHandle;
 
 /// Capacity of the writer's inbox. When it is full, senders block: a burst of writes slows the
@@ -128,6 +128,25 @@ pub enum WriteOp {
     SetSeqCeiling(u64),
     /// The answer to a request sent with an Idempotency-Key; also drops expired answers.
     RecordIdempotent(IdempotentAnswer),
+    /// Appends events to the log, dropping those more than `keep` seqs older than the last.
+    AppendEvents {
+        events: Vec<LoggedEvent>,
+        keep: u64,
+    },
+}
+
+/// An event as the log keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedEvent {
+    pub seq: u64,
+    pub tenant: Option<String>,
+    pub session_id: Option<String>,
+    /// The event's `type`.
+    pub kind: String,
+    /// When it was published (RFC 3339).
+    pub at: String,
+    /// The event's JSON.
+    pub body: String,
 }
 
 /// How long an Idempotency-Key's answer is kept: 24 hours.

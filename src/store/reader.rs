@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
-use super::{IdempotentAnswer, StoreError, IDEMPOTENCY_TTL_MS};
+use super::{IdempotentAnswer, LoggedEvent, StoreError, IDEMPOTENCY_TTL_MS};
 use crate::domain::{ChatMessage, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
@@ -120,6 +120,44 @@ impl ReaderPool {
         })
     }
 
+    /// Logged events with `after < seq < before` that `query` admits, in seq order, at most
+    /// `limit`.
+    pub fn events(&self, query: &EventQuery<'_>, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
+        self.with(|conn| {
+            let sql = match query.session {
+                Some(_) => {
+                    "SELECT seq, tenant, session_id, type, at, body FROM events
+                     WHERE session_id = ?4 AND seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL)
+                     ORDER BY seq LIMIT ?5"
+                }
+                None => {
+                    "SELECT seq, tenant, session_id, type, at, body FROM events
+                     WHERE seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL) AND ?4 IS NULL
+                     ORDER BY seq LIMIT ?5"
+                }
+            };
+            let mut statement = conn.prepare_cached(sql)?;
+            let rows = statement.query_map(
+                params![query.after as i64, query.before as i64, query.tenant, query.session, limit as i64],
+                |row| {
+                    Ok(LoggedEvent {
+                        seq: row.get::<_, i64>(0)? as u64,
+                        tenant: row.get(1)?,
+                        session_id: row.get(2)?,
+                        kind: row.get(3)?,
+                        at: row.get(4)?,
+                        body: row.get(5)?,
+                    })
+                },
+            )?;
+            let mut events = Vec::new();
+            for row in rows {
+                events.push(row?);
+            }
+            Ok(events)
+        })
+    }
+
     pub fn session_count(&self) -> Result<u64, StoreError> {
         self.with(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| row.get::<_, i64>(0))? as u64))
     }
@@ -132,6 +170,17 @@ impl ReaderPool {
             Ok(value.unwrap_or(0) as u64)
         })
     }
+}
+
+/// Which logged events a replay wants.
+#[derive(Debug, Clone, Copy)]
+pub struct EventQuery<'a> {
+    pub after: u64,
+    pub before: u64,
+    /// The reader's tenant; events for every tenant are included.
+    pub tenant: &'a str,
+    /// One session's events, or every session's.
+    pub session: Option<&'a str>,
 }
 
 const SESSION_COLUMNS: &str =

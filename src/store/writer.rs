@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0001_init.sql"),
     include_str!("migrations/0002_tool_call_starts.sql"),
     include_str!("migrations/0003_idempotency.sql"),
+    include_str!("migrations/0004_events.sql"),
 ];
 
 pub(super) struct Writer {
@@ -183,6 +184,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
         WriteOp::UpdateSession { id, patch, updated_at } => update_session(tx, id, patch, updated_at)?,
         WriteOp::DeleteSession { id } => {
             tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?.execute([id])?;
+            // The transcript goes, and so does what the log says of it.
+            tx.prepare_cached("DELETE FROM events WHERE session_id = ?1")?.execute([id])?;
         }
         WriteOp::AppendMessage { session_id, message, updated_at } => {
             let body = serde_json::to_string(message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -206,23 +209,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
             )?
             .execute(params![session_id, call_id, at])?;
         }
-        WriteOp::RecordIdempotent(record) => {
-            // Expired answers go as new ones come; the index makes this a range delete.
-            tx.prepare_cached("DELETE FROM idempotency WHERE created_ms < ?1")?
-                .execute([record.created_ms - super::IDEMPOTENCY_TTL_MS])?;
-            tx.prepare_cached(
-                "INSERT INTO idempotency (tenant, key, fingerprint, status, body, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                record.tenant,
-                record.key,
-                record.fingerprint,
-                record.status,
-                record.body,
-                record.created_ms
-            ])?;
-        }
+        WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
+        WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep)?,
         WriteOp::SetSeqCeiling(ceiling) => {
             tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('seq_ceiling', ?1)
@@ -230,6 +218,39 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
             )?
             .execute([*ceiling as i64])?;
         }
+    }
+    Ok(())
+}
+
+fn record_idempotent(tx: &Transaction<'_>, record: &super::IdempotentAnswer) -> Result<(), StoreError> {
+    // Expired answers go as new ones come; the index makes this a range delete.
+    tx.prepare_cached("DELETE FROM idempotency WHERE created_ms < ?1")?
+        .execute([record.created_ms - super::IDEMPOTENCY_TTL_MS])?;
+    tx.prepare_cached(
+        "INSERT INTO idempotency (tenant, key, fingerprint, status, body, created_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        record.tenant,
+        record.key,
+        record.fingerprint,
+        record.status,
+        record.body,
+        record.created_ms
+    ])?;
+    Ok(())
+}
+
+fn append_events(tx: &Transaction<'_>, events: &[super::LoggedEvent], keep: u64) -> Result<(), StoreError> {
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO events (seq, tenant, session_id, type, at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for event in events {
+        insert.execute(params![event.seq as i64, event.tenant, event.session_id, event.kind, event.at, event.body])?;
+    }
+    if let Some(last) = events.last() {
+        // The oldest go as new ones come: a range delete on the primary key.
+        tx.prepare_cached("DELETE FROM events WHERE seq < ?1")?.execute([last.seq.saturating_sub(keep) as i64])?;
     }
     Ok(())
 }

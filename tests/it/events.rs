@@ -61,17 +61,32 @@ fn last_event_id_replays_what_came_after_scoped_to_the_session() {
     assert!(live.iter().any(|e| e["event"]["message"]["content"] == "live"));
 }
 
+/// What a replay after `first` must send when the ring holds the last `ring` envelopes of
+/// `run`: every older event but a delta (from the durable log), then the ring, in seq order.
+fn expected_replay(run: &[serde_json::Value], first: u64, ring: u64) -> Vec<u64> {
+    let last = run.last().unwrap()["seq"].as_u64().unwrap();
+    let oldest_in_ring = last + 1 - ring;
+    let mut seqs: Vec<u64> = run
+        .iter()
+        .filter(|e| event_type(e) != "message.delta")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .filter(|seq| *seq > first && *seq < oldest_in_ring)
+        .collect();
+    seqs.extend(oldest_in_ring..=last);
+    seqs
+}
+
 #[test]
-fn an_evicted_id_replays_what_remains() {
+fn an_evicted_id_replays_the_log_then_the_ring() {
+    // Beyond the spec's "replays what remains": what the ring lost but deltas comes from the log.
     let server = TestServer::start_with(|config| config.server.replay_buffer = 8);
     let id = server.create_session(json!({}));
     let run = server.run_to_end(&id, "one two three four five six seven eight nine ten");
     assert!(run.len() > 8);
     let first = run[0]["seq"].as_u64().unwrap();
-    let last = run.last().unwrap()["seq"].as_u64().unwrap();
     let mut replay = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, Some(first));
     let seqs = replay.drain_seqs();
-    assert_eq!(seqs, ((last - 7)..=last).collect::<Vec<_>>(), "the last 8 envelopes, no more");
+    assert_eq!(seqs, expected_replay(&run, first, 8));
 }
 
 #[test]
@@ -158,11 +173,11 @@ fn the_default_ring_keeps_the_last_ten_thousand_envelopes() {
     let first = run[0]["seq"].as_u64().unwrap();
     let last = run.last().unwrap()["seq"].as_u64().unwrap();
     assert!(last - first >= 10_000, "the run outgrew the ring");
-    // The first envelope of the run was evicted; the replay is what remains, in order.
+    // The first envelopes of the run were evicted: they come from the log, deltas excepted,
+    // then the ring's 10,000, in order.
     let mut replay = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, Some(first));
     let seqs = replay.drain_seqs();
-    assert_eq!(seqs.len(), 10_000);
-    assert_eq!(seqs.first().copied(), Some(last - 9_999));
+    assert_eq!(seqs, expected_replay(&run, first, 10_000));
     assert_eq!(seqs.last().copied(), Some(last));
 }
 

@@ -329,3 +329,37 @@ fn a_clean_shutdown_kills_what_commands_left_running_in_the_background() {
     crate::support::wait_until("the background process to be killed", || dead(&background));
     assert!(!server.workspace.join("late.txt").exists());
 }
+
+#[test]
+fn reconnects_on_both_sides_of_a_restart_get_every_event_but_deltas_exactly_once_in_order() {
+    let mut server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let path = format!("/api/sessions/{id}/events");
+    let before = server.run_to_end(&id, "the first run, before the restart");
+    let start = before[0]["seq"].as_u64().unwrap() - 1;
+
+    // First reconnect, from before the first run: the client reads half and goes away.
+    let mut first = crate::support::SseClient::open(&server.base, &path, None, Some(start));
+    let replayed = first.drain_events();
+    assert_eq!(replayed, before, "the ring has it all, deltas included");
+    let seen = replayed[replayed.len() / 2]["seq"].as_u64().unwrap();
+    first.disconnect();
+
+    server.restart(|_| {});
+    let after = server.run_to_end(&id, "the second run, after the restart");
+
+    // Second reconnect, from the last id the client saw: the rest of the first run comes from
+    // the log (no deltas: they were never stored), then the second run from the new ring.
+    let mut second = crate::support::SseClient::open(&server.base, &path, None, Some(seen));
+    let replayed = second.drain_events();
+    let not_delta = |e: &&Value| event_type(e) != "message.delta";
+    let expected: Vec<&Value> = before
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap() > seen)
+        .filter(not_delta)
+        .chain(after.iter().filter(not_delta))
+        .collect();
+    let got: Vec<&Value> = replayed.iter().filter(not_delta).collect();
+    assert_eq!(got, expected, "every event but deltas, once, in order, byte for byte");
+    assert!(replayed.windows(2).all(|w| w[0]["seq"].as_u64() < w[1]["seq"].as_u64()));
+}

@@ -343,6 +343,15 @@ impl SseClient {
         }
     }
 
+    /// The envelopes that arrive until the stream has been quiet for half a second.
+    pub fn drain_events(&mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        while let Some((_, event)) = self.next_event(Duration::from_millis(500)) {
+            events.push(event);
+        }
+        events
+    }
+
     /// The seqs that arrive until the stream has been quiet for half a second.
     pub fn drain_seqs(&mut self) -> Vec<u64> {
         let mut seqs = Vec::new();

@@ -22,6 +22,8 @@ const ROUNDS: usize = 3;
 const ROUND: Duration = Duration::from_secs(2);
 const DELTAS: usize = 10_000;
 const WRITER_EVENTS: usize = 1_000_000;
+/// Events a reconnect is behind in the log-replay row.
+const LOGGED_EVENTS: usize = 50_000;
 
 fn main() {
     match std::env::args().nth(1).as_deref() {
@@ -92,6 +94,15 @@ fn main() {
         rss as f64 / floor_rss.max(1) as f64,
     );
 
+    let logged = if quick { LOGGED_EVENTS * 2 / 5 } else { LOGGED_EVENTS };
+    let (replayed, read) = log_replay(logged);
+    row(
+        &format!("reconnect {logged} events back: replay from the log"),
+        format!("{:.0} ms", replayed.as_secs_f64() * 1000.0),
+        format!("{:.0} ms", read.as_secs_f64() * 1000.0),
+        replayed.as_secs_f64() / read.as_secs_f64(),
+    );
+
     let events = if quick { WRITER_EVENTS / 10 } else { WRITER_EVENTS };
     let (direct, relayed) = relay::measure();
     row(
@@ -114,7 +125,53 @@ fn main() {
     println!("floor: a bare tiny_http server with a thread per request: a fixed JSON body for");
     println!("requests; for streams, pre-built frames of the same size broadcast to every open");
     println!("stream, with no bus, seq, store or filtering. For the writer: the same rows inserted");
-    println!("by one rusqlite connection in 4096-row transactions.");
+    println!("by one rusqlite connection in 4096-row transactions. For the log replay: the same");
+    println!("events read straight from the log table by one rusqlite connection.");
+}
+
+/// `count` events in the log (a session's title patched `count` times, four clients at
+/// once), then a stream with `Last-Event-ID: 0`: the time until the `count`th event arrives,
+/// and the time to read the same rows straight from the database.
+fn log_replay(count: usize) -> (Duration, Duration) {
+    let kestrel = Spawned::kestrel(&[]);
+    let id = create_sessions(&kestrel.host, 1).remove(0);
+    std::thread::scope(|scope| {
+        for client in 0..4 {
+            let (host, id) = (&kestrel.host, &id);
+            scope.spawn(move || {
+                let mut connection = Connection::open(host).unwrap();
+                for i in (client..count).step_by(4) {
+                    let body = format!(r#"{{"title":"t{i}"}}"#);
+                    let response = connection.request("PATCH", &format!("/api/sessions/{id}"), body.as_bytes()).unwrap();
+                    assert_eq!(response.status, 200);
+                }
+            });
+        }
+    });
+    let started = Instant::now();
+    let mut reader = open_stream(&kestrel.host, "/api/events", Some(0)).unwrap();
+    let mut seen = 0;
+    let mut pending = String::new();
+    while seen < count {
+        let chunk = client::read_chunk(&mut reader).unwrap().expect("the replay goes on");
+        pending.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = pending.find("\n\n") {
+            seen += usize::from(pending[..end].starts_with("id: "));
+            pending.drain(..end + 2);
+        }
+    }
+    let replayed = started.elapsed();
+    let database = kestrel._data.as_ref().unwrap().path().join("data").join("kestrel.db");
+    let conn = rusqlite::Connection::open_with_flags(&database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let started = Instant::now();
+    let mut statement = conn.prepare("SELECT seq, body FROM events ORDER BY seq LIMIT ?1").unwrap();
+    let rows = statement
+        .query_map([count as i64], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)))
+        .unwrap()
+        .count();
+    let read = started.elapsed();
+    assert_eq!(rows, count);
+    (replayed, read)
 }
 
 fn row(label: &str, kestrel: String, floor: String, ratio: f64) {

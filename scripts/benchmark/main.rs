@@ -142,7 +142,8 @@ fn log_replay(count: usize) -> (Duration, Duration) {
                 let mut connection = Connection::open(host).unwrap();
                 for i in (client..count).step_by(4) {
                     let body = format!(r#"{{"title":"t{i}"}}"#);
-                    let response = connection.request("PATCH", &format!("/api/sessions/{id}"), body.as_bytes()).unwrap();
+                    let response =
+                        connection.request("PATCH", &format!("/api/sessions/{id}"), body.as_bytes()).unwrap();
                     assert_eq!(response.status, 200);
                 }
             });

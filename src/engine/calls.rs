@@ -11,10 +11,11 @@ use std::collections::HashSet;
 
 use std::sync::Arc;
 
-use crossbeam_channel::{bounded, select, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, select, RecvTimeoutError};
 use serde_json::{json, Map, Value};
 
 use super::run::{Run, Stop};
+use super::session::{SessionMsg, TurnMsg};
 use super::tools::{Permission, ToolContext};
 use super::EngineError;
 use crate::cancel::CancelReason;
@@ -42,12 +43,6 @@ const CANCELLED_TOOL_RESULT: &str = "The user cancelled the run before this tool
 pub struct Decision {
     pub approved: bool,
     pub note: Option<String>,
-}
-
-/// An approval the engine is waiting on, found by its id.
-pub(super) struct PendingApproval {
-    pub session_id: String,
-    pub decision_tx: Sender<Decision>,
 }
 
 /// What resume found in the transcript.
@@ -163,16 +158,18 @@ impl Run {
             arguments: call.arguments.clone(),
             created_at: crate::time::now_rfc3339(),
         };
-        let (decision_tx, decisions) = bounded(1);
-        let pending = PendingApproval { session_id: self.session_id.clone(), decision_tx };
-        self.shared.lock_approvals().insert(approval.id.clone(), pending);
+        let (decision, decisions) = bounded(1);
         let approval_id = approval.id.clone();
+        // Registered with the session's actor before anyone can see the request, so a decision
+        // can never arrive before the actor knows where to send it.
+        let awaiting = TurnMsg::Awaiting { approval_id: approval_id.clone(), decision };
+        let _ = self.session.send(SessionMsg::Turn(awaiting));
         self.publish(Event::ApprovalRequested { session_id: self.session_id.clone(), approval });
         let decision = select! {
             recv(decisions) -> decision => decision.ok(),
             recv(self.cancel.receiver()) -> _ => None,
         };
-        self.shared.lock_approvals().remove(&approval_id);
+        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Closed { approval_id: approval_id.clone() }));
         let approved = decision.as_ref().is_some_and(|d| d.approved);
         self.publish(Event::ApprovalResolved { session_id: self.session_id.clone(), approval_id, approved });
         decision

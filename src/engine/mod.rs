@@ -8,16 +8,15 @@
 mod calls;
 pub mod idempotency;
 mod run;
+mod session;
 pub mod tools;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::bus::Bus;
-use crate::cancel::{CancelReason, Canceller};
 use crate::domain::{
     new_id, ChatMessage, Event, ImageAttachment, Role, SessionDetail, SessionRecord, SessionStatus, SessionSummary,
 };
@@ -40,6 +39,8 @@ pub enum EngineError {
     ShuttingDown,
     /// The server could not start a thread for the run (out of memory or threads).
     Overloaded,
+    /// A bug: the detail is logged where it happened.
+    Internal(&'static str),
     ApprovalNotFound,
     /// An Idempotency-Key already answered a different request.
     IdempotencyConflict,
@@ -63,6 +64,7 @@ impl std::fmt::Display for EngineError {
                 write!(f, "only interrupted or failed sessions can be resumed; this one is {}", status.as_str())
             }
             EngineError::ShuttingDown => write!(f, "the server is shutting down"),
+            EngineError::Internal(what) => write!(f, "internal error: {what}"),
             EngineError::Overloaded => write!(
                 f,
                 "the server cannot start a run right now; the message is stored and the session can be resumed"
@@ -113,25 +115,14 @@ pub struct NewMessage {
     pub images: Vec<ImageAttachment>,
 }
 
-struct ActiveRun {
-    run_id: String,
-    canceller: Canceller,
-    thread: Option<JoinHandle<()>>,
-}
-
 pub(crate) struct Shared {
     store: Store,
     bus: Bus,
     models: ModelRegistry,
     tools: ToolRegistry,
     config: EngineConfig,
-    /// Running sessions by id. A session is busy exactly while it has an entry here.
-    runs: Mutex<HashMap<String, ActiveRun>>,
-    /// Signalled whenever an entry leaves `runs`.
-    run_ended: Condvar,
-    /// Approvals runs are waiting on, by approval id.
-    approvals: Mutex<HashMap<String, calls::PendingApproval>>,
-    stopping: std::sync::atomic::AtomicBool,
+    /// Live sessions' actors: the only map of per-session state, and it holds only inboxes.
+    sessions: session::Registry,
     /// Idempotency-Keys whose request is being handled.
     claims: idempotency::Claims,
     /// Starts a run's worker thread; tests replace it to make the start fail.
@@ -158,10 +149,7 @@ impl Engine {
                 models,
                 tools,
                 config,
-                runs: Mutex::new(HashMap::new()),
-                run_ended: Condvar::new(),
-                approvals: Mutex::new(HashMap::new()),
-                stopping: std::sync::atomic::AtomicBool::new(false),
+                sessions: session::Registry::default(),
                 claims: idempotency::Claims::default(),
                 spawn_run: spawn_run_thread,
             }),
@@ -185,7 +173,7 @@ impl Engine {
     }
 
     pub fn active_runs(&self) -> usize {
-        self.shared.lock_runs().len()
+        self.shared.sessions.active_turns()
     }
 
     pub fn list_sessions(&self, tenant: &str) -> Result<Vec<SessionSummary>, EngineError> {
@@ -258,7 +246,7 @@ impl Engine {
     /// Changes a session's title, model, prompt or workspace. A new workspace is checked like
     /// one given at create, and cannot change under a running run.
     pub fn patch_session(&self, tenant: &str, id: &str, patch: SessionPatch) -> Result<SessionDetail, EngineError> {
-        self.shared.owned_session(tenant, id)?;
+        let record = self.shared.owned_session(tenant, id)?;
         if let Some(model) = &patch.model {
             if !self.shared.models.contains(model) {
                 return Err(EngineError::InvalidModel(model.clone()));
@@ -271,18 +259,13 @@ impl Engine {
             }
             None => None,
         };
-        let moving = workspace.is_some();
         let patch = SessionPatch { status: None, workspace, ..patch };
-        let write = vec![WriteOp::UpdateSession { id: id.to_string(), patch, updated_at: crate::time::now_rfc3339() }];
-        if moving {
-            // Held across the write so no run starts between the check and the move.
-            let runs = self.shared.lock_runs();
-            if runs.contains_key(id) {
-                return Err(EngineError::SessionBusy);
-            }
-            self.shared.store.write(write)?;
+        if patch.workspace.is_some() {
+            // The session's actor moves it, so no turn can start or run in between.
+            session::ask(&self.shared, &record, |reply| session::Op::Patch { patch, reply })??;
         } else {
-            self.shared.store.write(write)?;
+            let now = crate::time::now_rfc3339();
+            self.shared.store.write(vec![WriteOp::UpdateSession { id: id.to_string(), patch, updated_at: now }])?;
         }
         let detail = self.session(tenant, id)?;
         self.shared.bus.publish(
@@ -294,19 +277,8 @@ impl Engine {
 
     /// Deletes a session and its transcript, cancelling its run first if it has one.
     pub fn delete_session(&self, tenant: &str, id: &str) -> Result<(), EngineError> {
-        self.shared.owned_session(tenant, id)?;
-        let mut runs = self.shared.lock_runs();
-        if let Some(run) = runs.get(id) {
-            run.canceller.cancel(CancelReason::User);
-        }
-        while runs.contains_key(id) {
-            runs = self.shared.run_ended.wait(runs).unwrap_or_else(|e| e.into_inner());
-        }
-        // Still holding the run table, so no new run can claim the session before it is gone.
-        self.shared.store.write(vec![WriteOp::DeleteSession { id: id.to_string() }])?;
-        drop(runs);
-        self.shared.bus.publish(Some(tenant), Event::SessionDeleted { session_id: id.to_string() });
-        Ok(())
+        let record = self.shared.owned_session(tenant, id)?;
+        session::ask(&self.shared, &record, |reply| session::Op::Delete { reply })?
     }
 
     /// Stores the user's message and starts a run; returns once the message is durable.
@@ -319,16 +291,20 @@ impl Engine {
         idempotent: Option<Idempotent>,
     ) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
-        let mut user = ChatMessage::new(Role::User, message.content);
-        user.images = message.images;
-        self.start_run(record, Some(user), idempotent)
+        let NewMessage { content, images } = message;
+        let mut message = ChatMessage::new(Role::User, content);
+        message.images = images;
+        let (message, idempotent) = (Box::new(message), idempotent.map(Box::new));
+        session::ask(&self.shared, &record, |reply| session::Op::Send { message, idempotent, reply })?
     }
 
     /// Re-enters the loop of an `interrupted` or `error` session from its stored transcript.
     pub fn resume(&self, tenant: &str, id: &str) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         match record.summary.status {
-            SessionStatus::Interrupted | SessionStatus::Error => self.start_run(record, None, None),
+            SessionStatus::Interrupted | SessionStatus::Error => {
+                session::ask(&self.shared, &record, |reply| session::Op::Resume { reply })?
+            }
             status => Err(EngineError::NotResumable(status)),
         }
     }
@@ -342,17 +318,13 @@ impl Engine {
         decision: Decision,
     ) -> Result<(), EngineError> {
         self.shared.owned_session(tenant, id)?;
-        let pending = {
-            let mut approvals = self.shared.lock_approvals();
-            match approvals.get(approval_id) {
-                Some(pending) if pending.session_id == id => approvals.remove(approval_id),
-                _ => None,
-            }
-        };
-        let pending = pending.ok_or(EngineError::ApprovalNotFound)?;
-        // The run may have been cancelled a moment ago; then nobody listens, which is fine.
-        let _ = pending.decision_tx.send(decision);
-        Ok(())
+        // No actor, no run, no approval waiting.
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        let op = session::Op::Decide { approval_id: approval_id.to_string(), decision, reply };
+        if self.shared.sessions.send_if_live(id, op).is_err() {
+            return Err(EngineError::ApprovalNotFound);
+        }
+        answer.recv().map_err(|_| EngineError::Internal("the session dropped a request"))?
     }
 
     /// The workspace of a session, for the read-only file routes.
@@ -364,117 +336,22 @@ impl Engine {
     /// Cancels the session's run; true if this call cancelled one.
     pub fn cancel(&self, tenant: &str, id: &str) -> Result<bool, EngineError> {
         self.shared.owned_session(tenant, id)?;
-        let runs = self.shared.lock_runs();
-        Ok(runs.get(id).is_some_and(|run| run.canceller.cancel(CancelReason::User)))
-    }
-
-    /// Claims the session, stores the opening writes, and spawns the worker.
-    fn start_run(
-        &self,
-        record: SessionRecord,
-        user: Option<ChatMessage>,
-        idempotent: Option<Idempotent>,
-    ) -> Result<String, EngineError> {
-        let id = record.summary.id.clone();
-        let run_id = new_id("run");
-        let canceller = Canceller::new();
-        {
-            let mut runs = self.shared.lock_runs();
-            if self.shared.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(EngineError::ShuttingDown);
-            }
-            if runs.contains_key(&id) {
-                return Err(EngineError::SessionBusy);
-            }
-            runs.insert(id.clone(), ActiveRun { run_id: run_id.clone(), canceller: canceller.clone(), thread: None });
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        // No actor: nothing runs, nothing to cancel.
+        if self.shared.sessions.send_if_live(id, session::Op::Cancel { reply }).is_err() {
+            return Ok(false);
         }
-        let now = crate::time::now_rfc3339();
-        let mut ops = vec![WriteOp::UpdateSession {
-            id: id.clone(),
-            patch: SessionPatch { status: Some(SessionStatus::Running), ..SessionPatch::default() },
-            updated_at: now.clone(),
-        }];
-        if let Some(user) = &user {
-            ops.push(WriteOp::AppendMessage { session_id: id.clone(), message: user.clone(), updated_at: now });
-        }
-        ops.extend(idempotent.map(|i| i.record(Created::Run(&run_id))));
-        if let Err(error) = self.shared.store.write(ops) {
-            self.shared.release(&id, &run_id);
-            return Err(error.into());
-        }
-        let record_tenant = record.tenant.clone();
-        let run = run::Run {
-            shared: Arc::clone(&self.shared),
-            tenant: Arc::from(record.tenant),
-            session_id: id.clone(),
-            run_id: run_id.clone(),
-            cancel: canceller.token(),
-            user,
-        };
-        let spawned = (self.shared.spawn_run)(run);
-        match spawned {
-            Ok(thread) => {
-                let mut runs = self.shared.lock_runs();
-                match runs.get_mut(&id) {
-                    Some(active) if active.run_id == run_id => active.thread = Some(thread),
-                    _ => drop(thread), // already finished
-                }
-                Ok(run_id)
-            }
-            Err(error) => {
-                // The message is stored; the session must not look busy with no run. It becomes
-                // `error`, so a retry is a `POST /resume` away.
-                log::error!("cannot start a worker for run {run_id}: {error}");
-                let failed = SessionPatch { status: Some(SessionStatus::Error), ..SessionPatch::default() };
-                let now = crate::time::now_rfc3339();
-                let write = self.shared.store.write(vec![WriteOp::UpdateSession {
-                    id: id.clone(),
-                    patch: failed,
-                    updated_at: now,
-                }]);
-                self.shared.release(&id, &run_id);
-                write?;
-                if let Ok(record) = self.shared.owned_session(&record_tenant, &id) {
-                    self.shared.publish_summary(&record);
-                }
-                Err(EngineError::Overloaded)
-            }
-        }
+        answer.recv().map_err(|_| EngineError::Internal("the session dropped a request"))
     }
 
     /// Refuses new runs, cancels the active ones (they are stored as `interrupted`), and
-    /// waits for their workers, at most `grace`.
+    /// waits for their sessions to stop, at most `grace`.
     pub fn shutdown(&self, grace: Duration) {
-        self.shared.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-        let threads: Vec<JoinHandle<()>> = {
-            let mut runs = self.shared.lock_runs();
-            for run in runs.values() {
-                run.canceller.cancel(CancelReason::Shutdown);
-            }
-            let deadline = std::time::Instant::now() + grace;
-            while !runs.is_empty() {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    log::warn!("{} run(s) did not stop within {grace:?}", runs.len());
-                    break;
-                }
-                runs = self.shared.run_ended.wait_timeout(runs, left).unwrap_or_else(|e| e.into_inner()).0;
-            }
-            runs.values_mut().filter_map(|run| run.thread.take()).collect()
-        };
-        drop(threads); // still running past the grace period: detached, the store refuses them
+        self.shared.sessions.shutdown(grace);
     }
 }
 
 impl Shared {
-    fn lock_approvals(&self) -> MutexGuard<'_, HashMap<String, calls::PendingApproval>> {
-        self.approvals.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn lock_runs(&self) -> MutexGuard<'_, HashMap<String, ActiveRun>> {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The session if it exists and belongs to `tenant`; another tenant's is "not found".
     fn owned_session(&self, tenant: &str, id: &str) -> Result<SessionRecord, EngineError> {
         match self.store.readers().session(id)? {
@@ -488,15 +365,6 @@ impl Shared {
             Some(&record.tenant),
             Event::SessionUpdated { session_id: record.summary.id.clone(), session: record.summary.clone() },
         );
-    }
-
-    /// Ends a session's claim; the worker calls this as its very last step.
-    fn release(&self, session_id: &str, run_id: &str) {
-        let mut runs = self.lock_runs();
-        if runs.get(session_id).is_some_and(|run| run.run_id == run_id) {
-            runs.remove(session_id);
-        }
-        self.run_ended.notify_all();
     }
 }
 

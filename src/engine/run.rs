@@ -1,8 +1,8 @@
 //! The turn loop: history → provider → tool calls → results → provider … until the model
 //! answers without tools, the step budget runs out, or the run is cancelled.
 //!
-//! Runs on one `kestrel-run` worker thread per active run. The run owns its session until it
-//! calls `Shared::release`, its very last step. Every message is durable before its
+//! Runs on one `kestrel-run` worker thread per active run. The run owns its session's turn
+//! until it tells the session's actor it ended, its very last step. Every message is durable before its
 //! `message.completed` goes out, so a client that saw it completed finds it after a crash.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::calls::Repair;
+use super::session::{SessionMsg, TurnMsg};
 use super::{EngineError, Shared};
 use crate::cancel::{CancelReason, CancelToken};
 use crate::domain::{ChatMessage, DeltaChannel, Event, Role, RunOutcome, SessionRecord, SessionStatus, Usage};
@@ -25,6 +26,8 @@ pub(super) struct Run {
     pub cancel: CancelToken,
     /// The message that started the run; `None` when resuming.
     pub user: Option<ChatMessage>,
+    /// The session's actor: told of approvals waited on, and of the end.
+    pub session: crossbeam_channel::Sender<SessionMsg>,
 }
 
 /// How the steps ended when nothing failed.
@@ -53,7 +56,8 @@ impl Run {
             Err(EngineError::Store(crate::store::StoreError::Corrupt("the run panicked".into())))
         });
         self.finish(outcome, usage);
-        self.shared.release(&self.session_id, &self.run_id);
+        // The very last step: the session is free once its actor reads this.
+        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id: self.run_id.clone() }));
     }
 
     fn steps(&self, usage: &mut Usage) -> Result<Stop, EngineError> {

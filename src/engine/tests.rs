@@ -1,5 +1,7 @@
 //! Engine tests that need a whole engine in-process: a store, a bus, the echo model.
 
+use std::collections::HashMap;
+
 use super::*;
 use crate::bus::BusConfig;
 use crate::providers::EchoProvider;

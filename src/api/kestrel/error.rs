@@ -72,7 +72,7 @@ impl From<EngineError> for ApiError {
             EngineError::IdempotencyConflict => ApiError::new(409, "idempotency_conflict", message),
             EngineError::IdempotencyInFlight => ApiError::new(409, "idempotency_in_progress", message),
             EngineError::Workspace(path_error) => ApiError::from(path_error),
-            EngineError::Provider(_) | EngineError::Store(_) => ApiError::internal(&error),
+            EngineError::Provider(_) | EngineError::Store(_) | EngineError::Internal(_) => ApiError::internal(&error),
         }
     }
 }

@@ -1,0 +1,392 @@
+//! The session actor: one `kestrel-session` thread per live session, owning everything about
+//! it that changes while it runs.
+//!
+//! A session is live while it has a turn running or operations queued; an idle session has no
+//! thread. Requests reach the actor as one closed enum of operations (`Op`), each with its
+//! reply channel; the turn's worker (`run.rs`, on its own `kestrel-run` thread) reports to the
+//! actor on the same inbox (`TurnMsg`): the approvals it waits on and, as its very last step,
+//! how the turn ended. The actor owns the active turn (so it alone decides `session_busy`), the
+//! pending approvals, and a delete waiting for the turn to stop. Later: a queue of turns, a
+//! turn paused for client tools, MCP connections, sandboxes.
+//!
+//! The registry (`Registry`) is the only map shared between threads: session id → the actor's
+//! inbox. Operations are sent while its lock is held (a send on an unbounded channel never
+//! blocks), and an actor leaves the registry only under that lock and only with an empty
+//! inbox, so no operation is ever sent to an actor that has stopped reading.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+
+use super::calls::Decision;
+use super::idempotency::{Created, Idempotent};
+use super::{run, EngineError, Shared};
+use crate::cancel::{CancelReason, Canceller};
+use crate::domain::{new_id, ChatMessage, Event, SessionRecord, SessionStatus};
+use crate::store::{SessionPatch, WriteOp};
+
+/// What a front door can ask of a session.
+pub(super) enum Op {
+    /// Store the message and start a turn; `session_busy` while one runs.
+    Send { message: Box<ChatMessage>, idempotent: Option<Box<Idempotent>>, reply: Sender<Result<String, EngineError>> },
+    /// Continue an `interrupted` or `error` session.
+    Resume { reply: Sender<Result<String, EngineError>> },
+    /// Cancel the running turn; answers whether this call cancelled one.
+    Cancel { reply: Sender<bool> },
+    /// Answer an approval the turn waits on.
+    Decide { approval_id: String, decision: Decision, reply: Sender<Result<(), EngineError>> },
+    /// A change that must not happen under a running turn (a new workspace).
+    Patch { patch: SessionPatch, reply: Sender<Result<(), EngineError>> },
+    /// Cancel the turn if there is one, then delete the session.
+    Delete { reply: Sender<Result<(), EngineError>> },
+    /// The server is stopping: cancel the turn, to be stored as `interrupted`.
+    Shutdown,
+}
+
+/// What a turn's worker tells its session.
+pub(super) enum TurnMsg {
+    /// The turn waits for a person; a `Decide` for this id goes to `decision`.
+    Awaiting { approval_id: String, decision: Sender<Decision> },
+    /// The approval was answered or the wait ended.
+    Closed { approval_id: String },
+    /// The worker's last word: the turn is over and the session free.
+    Ended { run_id: String },
+}
+
+pub(super) enum SessionMsg {
+    Op(Op),
+    Turn(TurnMsg),
+}
+
+/// A turn running on its worker.
+struct ActiveTurn {
+    run_id: String,
+    canceller: Canceller,
+    _thread: JoinHandle<()>,
+}
+
+/// Live sessions by id: the only shared map.
+#[derive(Default)]
+pub(super) struct Registry {
+    actors: Mutex<HashMap<String, Sender<SessionMsg>>>,
+    /// Signalled whenever an actor leaves.
+    left: Condvar,
+    stopping: AtomicBool,
+    /// Sessions with a turn running (for `Stats` and shutdown).
+    turns: AtomicUsize,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Sender<SessionMsg>>> {
+        self.actors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn active_turns(&self) -> usize {
+        self.turns.load(Ordering::Relaxed)
+    }
+
+    /// Sends `op` to the session's actor, starting one if the session has none.
+    pub fn send(shared: &Arc<Shared>, record: &SessionRecord, op: Op) -> Result<(), EngineError> {
+        let registry = &shared.sessions;
+        let mut actors = registry.lock();
+        if registry.stopping.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let id = &record.summary.id;
+        let op = match actors.get(id) {
+            Some(actor) => match actor.send(SessionMsg::Op(op)) {
+                Ok(()) => return Ok(()),
+                // An actor whose thread died (a bug, logged where it happened): start another.
+                Err(unsent) => {
+                    actors.remove(id);
+                    match unsent.0 {
+                        SessionMsg::Op(op) => op,
+                        SessionMsg::Turn(_) => unreachable!("an op was sent"),
+                    }
+                }
+            },
+            None => op,
+        };
+        let (tx, inbox) = unbounded();
+        let _ = tx.send(SessionMsg::Op(op));
+        let actor = SessionActor::new(Arc::clone(shared), record, inbox, tx.clone());
+        match std::thread::Builder::new().name("kestrel-session".into()).spawn(move || actor.run()) {
+            Ok(_) => {
+                actors.insert(id.clone(), tx);
+                Ok(())
+            }
+            Err(error) => {
+                log::error!("cannot start a session thread: {error}");
+                Err(EngineError::Overloaded)
+            }
+        }
+    }
+
+    /// Sends `op` to the session's actor if it has one; hands it back if not.
+    pub fn send_if_live(&self, id: &str, op: Op) -> Result<(), Op> {
+        let actors = self.lock();
+        match actors.get(id) {
+            Some(actor) => actor.send(SessionMsg::Op(op)).map_err(|e| match e.0 {
+                SessionMsg::Op(op) => op,
+                SessionMsg::Turn(_) => unreachable!("an op was sent"),
+            }),
+            None => Err(op),
+        }
+    }
+
+    /// Takes an idle actor out of the map, unless something is waiting in its inbox.
+    fn retire(&self, id: &str, inbox: &Receiver<SessionMsg>) -> bool {
+        let mut actors = self.lock();
+        if !inbox.is_empty() {
+            return false;
+        }
+        actors.remove(id);
+        self.left.notify_all();
+        true
+    }
+
+    /// Refuses new operations, tells every actor to stop its turn, and waits (at most `grace`)
+    /// for them all to leave.
+    pub fn shutdown(&self, grace: Duration) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let mut actors = self.lock();
+        for actor in actors.values() {
+            let _ = actor.send(SessionMsg::Op(Op::Shutdown));
+        }
+        let deadline = Instant::now() + grace;
+        while !actors.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                log::warn!("{} session(s) did not stop within {grace:?}", actors.len());
+                return;
+            }
+            actors = self.left.wait_timeout(actors, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+struct SessionActor {
+    shared: Arc<Shared>,
+    id: String,
+    tenant: Arc<str>,
+    inbox: Receiver<SessionMsg>,
+    /// Handed to each turn's worker.
+    own_tx: Sender<SessionMsg>,
+    turn: Option<ActiveTurn>,
+    approvals: HashMap<String, Sender<Decision>>,
+    /// A delete waiting for the turn to stop.
+    deleting: Option<Sender<Result<(), EngineError>>>,
+    deleted: bool,
+}
+
+impl SessionActor {
+    fn new(
+        shared: Arc<Shared>,
+        record: &SessionRecord,
+        inbox: Receiver<SessionMsg>,
+        own_tx: Sender<SessionMsg>,
+    ) -> Self {
+        SessionActor {
+            shared,
+            id: record.summary.id.clone(),
+            tenant: Arc::from(record.tenant.as_str()),
+            inbox,
+            own_tx,
+            turn: None,
+            approvals: HashMap::new(),
+            deleting: None,
+            deleted: false,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            let handled = match self.inbox.recv() {
+                Ok(SessionMsg::Op(op)) => catch_unwind(AssertUnwindSafe(|| self.handle(op))),
+                Ok(SessionMsg::Turn(message)) => catch_unwind(AssertUnwindSafe(|| self.turn_said(message))),
+                Err(_) => break,
+            };
+            if handled.is_err() {
+                // Its reply channel is gone with the panic, so the caller gets an internal error.
+                log::error!("session {} panicked handling a message; it goes on", self.id);
+            }
+            let idle = self.turn.is_none() && self.deleting.is_none();
+            if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox) {
+                break;
+            }
+        }
+    }
+
+    fn handle(&mut self, op: Op) {
+        match op {
+            Op::Send { message, idempotent, reply } => {
+                let _ = reply.send(self.start_turn(Some(*message), idempotent.map(|i| *i)));
+            }
+            Op::Resume { reply } => {
+                let _ = reply.send(self.resume());
+            }
+            Op::Cancel { reply } => {
+                let _ = reply.send(self.turn.as_ref().is_some_and(|t| t.canceller.cancel(CancelReason::User)));
+            }
+            Op::Decide { approval_id, decision, reply } => {
+                let outcome = match self.approvals.remove(&approval_id) {
+                    // The turn may have been cancelled a moment ago; then nobody listens.
+                    Some(waiting) => {
+                        let _ = waiting.send(decision);
+                        Ok(())
+                    }
+                    None => Err(EngineError::ApprovalNotFound),
+                };
+                let _ = reply.send(outcome);
+            }
+            Op::Patch { patch, reply } => {
+                let _ = reply.send(self.patch(patch));
+            }
+            Op::Delete { reply } => match &self.turn {
+                Some(turn) => {
+                    turn.canceller.cancel(CancelReason::User);
+                    self.deleting = Some(reply);
+                }
+                None => {
+                    let _ = reply.send(self.delete());
+                }
+            },
+            Op::Shutdown => {
+                if let Some(turn) = &self.turn {
+                    turn.canceller.cancel(CancelReason::Shutdown);
+                }
+            }
+        }
+    }
+
+    fn turn_said(&mut self, message: TurnMsg) {
+        match message {
+            TurnMsg::Awaiting { approval_id, decision } => {
+                self.approvals.insert(approval_id, decision);
+            }
+            TurnMsg::Closed { approval_id } => {
+                self.approvals.remove(&approval_id);
+            }
+            TurnMsg::Ended { run_id } => {
+                if self.turn.as_ref().is_some_and(|t| t.run_id == run_id) {
+                    self.turn = None;
+                    self.approvals.clear();
+                    self.shared.sessions.turns.fetch_sub(1, Ordering::Relaxed);
+                }
+                if let Some(reply) = self.deleting.take() {
+                    let _ = reply.send(self.delete());
+                }
+            }
+        }
+    }
+
+    fn resume(&mut self) -> Result<String, EngineError> {
+        let record = self.record()?;
+        match record.summary.status {
+            SessionStatus::Interrupted | SessionStatus::Error => self.start_turn(None, None),
+            status => Err(EngineError::NotResumable(status)),
+        }
+    }
+
+    fn record(&self) -> Result<SessionRecord, EngineError> {
+        self.shared.store.readers().session(&self.id)?.ok_or(EngineError::SessionNotFound)
+    }
+
+    /// Claims the session for a turn, stores its opening writes, and starts the worker.
+    fn start_turn(&mut self, user: Option<ChatMessage>, idempotent: Option<Idempotent>) -> Result<String, EngineError> {
+        if self.deleted {
+            return Err(EngineError::SessionNotFound);
+        }
+        if self.turn.is_some() || self.deleting.is_some() {
+            return Err(EngineError::SessionBusy);
+        }
+        if self.shared.sessions.stopping.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let run_id = new_id("run");
+        let now = crate::time::now_rfc3339();
+        let running = SessionPatch { status: Some(SessionStatus::Running), ..SessionPatch::default() };
+        let mut ops = vec![WriteOp::UpdateSession { id: self.id.clone(), patch: running, updated_at: now.clone() }];
+        if let Some(user) = &user {
+            ops.push(WriteOp::AppendMessage { session_id: self.id.clone(), message: user.clone(), updated_at: now });
+        }
+        ops.extend(idempotent.map(|i| i.record(Created::Run(&run_id))));
+        self.shared.store.write(ops)?;
+        let canceller = Canceller::new();
+        let run = run::Run {
+            shared: Arc::clone(&self.shared),
+            tenant: Arc::clone(&self.tenant),
+            session_id: self.id.clone(),
+            run_id: run_id.clone(),
+            cancel: canceller.token(),
+            user,
+            session: self.own_tx.clone(),
+        };
+        match (self.shared.spawn_run)(run) {
+            Ok(thread) => {
+                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller, _thread: thread });
+                self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
+                Ok(run_id)
+            }
+            Err(error) => Err(self.no_worker(&run_id, &error)),
+        }
+    }
+
+    /// The worker could not start: the message is stored, so the session must not look busy
+    /// with no run. It becomes `error`, so a retry is a `POST /resume` away.
+    fn no_worker(&self, run_id: &str, error: &std::io::Error) -> EngineError {
+        log::error!("cannot start a worker for run {run_id}: {error}");
+        let failed = SessionPatch { status: Some(SessionStatus::Error), ..SessionPatch::default() };
+        let now = crate::time::now_rfc3339();
+        match self.shared.store.write(vec![WriteOp::UpdateSession {
+            id: self.id.clone(),
+            patch: failed,
+            updated_at: now,
+        }]) {
+            Ok(()) => {
+                if let Ok(record) = self.record() {
+                    self.shared.publish_summary(&record);
+                }
+                EngineError::Overloaded
+            }
+            Err(error) => error.into(),
+        }
+    }
+
+    fn patch(&self, patch: SessionPatch) -> Result<(), EngineError> {
+        if self.turn.is_some() || self.deleting.is_some() {
+            return Err(EngineError::SessionBusy);
+        }
+        let now = crate::time::now_rfc3339();
+        self.shared.store.write(vec![WriteOp::UpdateSession { id: self.id.clone(), patch, updated_at: now }])?;
+        Ok(())
+    }
+
+    fn delete(&mut self) -> Result<(), EngineError> {
+        if self.deleted {
+            return Err(EngineError::SessionNotFound);
+        }
+        self.shared.store.write(vec![WriteOp::DeleteSession { id: self.id.clone() }])?;
+        self.deleted = true;
+        self.shared
+            .bus
+            .publish_shared(Some(Arc::clone(&self.tenant)), Event::SessionDeleted { session_id: self.id.clone() });
+        Ok(())
+    }
+}
+
+/// Sends an op and waits for its reply.
+pub(super) fn ask<T>(
+    shared: &Arc<Shared>,
+    record: &SessionRecord,
+    op: impl FnOnce(Sender<T>) -> Op,
+) -> Result<T, EngineError> {
+    let (reply, answer) = bounded(1);
+    Registry::send(shared, record, op(reply))?;
+    answer.recv().map_err(|_| EngineError::Internal("the session dropped a request"))
+}

@@ -178,6 +178,7 @@ impl Server {
             replay_capacity: config.server.replay_buffer,
             subscriber_capacity: config.server.subscriber_buffer.max(1),
             log_capacity: config.server.event_log_events.max(1),
+            renderers: crate::api::kestrel::RENDERERS,
         };
         let (bus, bus_handle) = Bus::start(store.clone(), bus_config)?;
         let mut tools = ToolRegistry::new(

@@ -37,44 +37,67 @@ const INBOX: usize = 16_384;
 const MAX_BATCH: usize = 512;
 const SEQ_BLOCK: u64 = 100_000;
 
-/// An event as it was published: its seq, whom it is for, and its JSON, serialized once.
+/// An event as it was published: its seq and time, whom it is for, and the event itself, with
+/// a frame per wire format built by the first stream of that format that sends it.
 #[derive(Debug)]
 pub struct Envelope {
     pub seq: u64,
+    /// When it was published (RFC 3339).
+    pub at: String,
     /// `None` for events every tenant may see (notices).
     pub tenant: Option<Arc<str>>,
     pub session_id: Option<Arc<str>>,
-    /// The single-line `ServerEventEnvelope` JSON.
-    pub json: String,
-    /// The envelope as a stream frame, built by the first stream that sends it and shared by
-    /// every other: with a thousand streams, one `format!` instead of a thousand.
-    pub frame: OnceLock<String>,
+    pub event: Arc<Event>,
+    /// One frame per `Format`: with a thousand streams of one format, one serialization
+    /// instead of a thousand.
+    frames: [OnceLock<String>; FORMATS],
 }
 
+/// The wire formats streams send envelopes in; each has its own cached frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Kestrel's SSE frames (`api/kestrel/wire.rs`).
+    KestrelSse = 0,
+    /// BAE's NDJSON frames (the next front door).
+    BaeNdjson = 1,
+}
+
+pub const FORMATS: usize = 2;
+
 impl Envelope {
-    /// The envelope of an event read back from the log: byte for byte what was streamed.
-    fn from_log(event: LoggedEvent) -> Envelope {
-        Envelope {
-            seq: event.seq,
-            tenant: event.tenant.map(Arc::from),
-            session_id: event.session_id.map(Arc::from),
-            json: envelope_json(event.seq, &event.at, &event.body),
-            frame: OnceLock::new(),
+    fn new(seq: u64, at: String, tenant: Option<Arc<str>>, event: Arc<Event>) -> Envelope {
+        Envelope { seq, at, tenant, session_id: event.session_id().map(Arc::from), event, frames: Default::default() }
+    }
+
+    /// The envelope in `format`, rendered by `render` the first time it is asked for.
+    pub fn frame(&self, format: Format, render: fn(&Envelope) -> String) -> &str {
+        self.frames[format as usize].get_or_init(|| render(self))
+    }
+
+    /// The envelope of an event read back from the log.
+    fn from_log(logged: LoggedEvent) -> Option<Envelope> {
+        match serde_json::from_str::<Event>(&logged.body) {
+            Ok(event) => Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), Arc::new(event))),
+            Err(error) => {
+                log::error!("logged event {} cannot be read ({error}); it is skipped", logged.seq);
+                None
+            }
         }
     }
 }
 
-/// The `ServerEventEnvelope`: `{"seq":…,"at":"…","event":{…}}`.
-fn envelope_json(seq: u64, at: &str, event: &str) -> String {
-    format!("{{\"seq\":{seq},\"at\":\"{at}\",\"event\":{event}}}")
-}
-
-/// Which envelopes a subscriber wants.
+/// Which envelopes a subscriber wants, and in which format it sends them.
 #[derive(Debug, Clone)]
 pub struct Filter {
     pub tenant: String,
     pub scope: Scope,
+    /// The stream's wire format: the bus renders each envelope in every format a subscriber
+    /// wants before it fans the envelope out. `None`: the subscriber renders nothing.
+    pub format: Option<Format>,
 }
+
+/// Renders an envelope as one frame of a format.
+pub type Render = fn(&Envelope) -> String;
 
 /// Which of a tenant's envelopes a subscriber wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +184,7 @@ impl LogReplay {
             }
         };
         self.after = page.last()?.seq;
-        Some(page.into_iter().map(Envelope::from_log).map(Arc::new).collect())
+        Some(page.into_iter().filter_map(Envelope::from_log).map(Arc::new).collect())
     }
 }
 
@@ -246,6 +269,8 @@ pub struct BusConfig {
     pub subscriber_capacity: usize,
     /// Logged events kept: older ones are dropped as new ones are written.
     pub log_capacity: u64,
+    /// How each format renders an envelope, from the front doors.
+    pub renderers: [Option<Render>; FORMATS],
 }
 
 impl Bus {
@@ -371,36 +396,33 @@ impl BusActor {
         log::debug!("bus stopped at seq {}", self.next_seq);
     }
 
-    /// Gives an event its seq and time, serializes it once, keeps it in the ring, and queues
-    /// it for the log unless it is a delta.
+    /// Gives an event its seq and time, keeps it in the ring, and queues it for the log unless
+    /// it is a delta. Frames are built later, by the streams, once per format.
     fn stamp(&mut self, tenant: Option<Arc<str>>, event: Box<Event>) -> Option<Arc<Envelope>> {
-        let body = match serde_json::to_string(&*event) {
-            Ok(body) => body,
-            Err(error) => {
-                log::error!("an event could not be serialized: {error}");
-                return None;
-            }
+        let body = match event.is_delta() {
+            true => None,
+            false => match serde_json::to_string(&*event) {
+                Ok(body) => Some(body),
+                Err(error) => {
+                    log::error!("an event could not be serialized: {error}");
+                    return None;
+                }
+            },
         };
         let seq = self.take_seq();
         let at = crate::time::now_rfc3339();
-        let session_id = event.session_id().map(Arc::from);
-        let envelope = Arc::new(Envelope {
-            seq,
-            tenant: tenant.clone(),
-            session_id: session_id.clone(),
-            json: envelope_json(seq, &at, &body),
-            frame: OnceLock::new(),
-        });
-        if !event.is_delta() {
+        let event = Arc::<Event>::from(event);
+        if let Some(body) = body {
             self.unlogged.push(LoggedEvent {
                 seq,
-                tenant: tenant.map(|t| t.to_string()),
-                session_id: session_id.map(|s| s.to_string()),
+                tenant: tenant.as_deref().map(str::to_string),
+                session_id: event.session_id().map(str::to_string),
                 kind: event.kind().to_string(),
-                at,
+                at: at.clone(),
                 body,
             });
         }
+        let envelope = Arc::new(Envelope::new(seq, at, tenant, event));
         if self.ring.len() == self.config.replay_capacity {
             self.ring.pop_front();
         }
@@ -425,10 +447,21 @@ impl BusActor {
         }
     }
 
-    /// Hands each subscriber the envelopes of `batch` it wants, then empties `batch`.
+    /// Hands each subscriber the envelopes of `batch` it wants, then empties `batch`. Each
+    /// envelope is first rendered in every format a subscriber sends, once, here: a stream
+    /// thread then only copies frames, and one serialization serves every stream.
     fn fan_out(&mut self, batch: &mut Vec<Arc<Envelope>>) {
         if batch.is_empty() {
             return;
+        }
+        for (index, render) in self.config.renderers.iter().enumerate() {
+            let Some(render) = render else { continue };
+            let format = if index == Format::KestrelSse as usize { Format::KestrelSse } else { Format::BaeNdjson };
+            if self.subscribers.iter().any(|subscriber| subscriber.filter.format == Some(format)) {
+                for envelope in batch.iter() {
+                    envelope.frame(format, *render);
+                }
+            }
         }
         let shared: Batch = Arc::from(std::mem::take(batch));
         let capacity = self.config.subscriber_capacity;
@@ -536,14 +569,16 @@ mod tests {
     }
 
     fn filter() -> Filter {
-        Filter { tenant: "t".into(), scope: Scope::AllSessions }
+        Filter { tenant: "t".into(), scope: Scope::AllSessions, format: None }
     }
 
     #[test]
     fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
         let dir = tempfile::tempdir().unwrap();
-        let (bus, handle, writer) =
-            start(dir.path(), BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000 });
+        let (bus, handle, writer) = start(
+            dir.path(),
+            BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000, renderers: [None, None] },
+        );
         let slow = bus.subscribe(filter(), None).unwrap();
         let fast = bus.subscribe(filter(), None).unwrap();
         // The reader tells the publisher what it took, so it never falls behind however slow
@@ -578,7 +613,8 @@ mod tests {
     #[test]
     fn seqs_continue_above_the_stored_ceiling_after_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let config = BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000 };
+        let config =
+            BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None] };
         let (bus, handle, writer) = start(dir.path(), config);
         let sub = bus.subscribe(filter(), None).unwrap();
         bus.publish(None, notice("before"));
@@ -599,8 +635,10 @@ mod tests {
     #[test]
     fn replay_and_filters_respect_tenant_and_session() {
         let dir = tempfile::tempdir().unwrap();
-        let (bus, handle, writer) =
-            start(dir.path(), BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000 });
+        let (bus, handle, writer) = start(
+            dir.path(),
+            BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None] },
+        );
         let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
         bus.publish(Some("t"), deleted("a"));
         bus.publish(Some("other"), deleted("b"));
@@ -610,7 +648,9 @@ mod tests {
         let replayed = replay(&mut all);
         let sessions: Vec<Option<&str>> = replayed.iter().map(|e| e.session_id.as_deref()).collect();
         assert_eq!(sessions, [Some("a"), Some("c"), None]);
-        let mut one = bus.subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()) }, Some(0)).unwrap();
+        let mut one = bus
+            .subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()), format: None }, Some(0))
+            .unwrap();
         assert_eq!(replay(&mut one).len(), 1);
         let mut after_first = bus.subscribe(filter(), Some(replayed[0].seq)).unwrap();
         assert_eq!(replay(&mut after_first).len(), 2);
@@ -628,7 +668,8 @@ mod tests {
     #[test]
     fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let config = BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000 };
+        let config =
+            BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None] };
         let (bus, handle, writer) = start(dir.path(), config);
         let live = bus.subscribe(filter(), None).unwrap();
         let delta = |i: usize| Event::MessageDelta {
@@ -663,7 +704,7 @@ mod tests {
         let mut late = bus.subscribe(filter(), Some(first)).unwrap();
         let replayed: Vec<Arc<Envelope>> = replay(&mut late);
         assert_eq!(replayed.len(), 19);
-        assert!(replayed.iter().all(|e| e.json.contains("\"type\":\"notice\"")));
+        assert!(replayed.iter().all(|e| matches!(*e.event, Event::Notice { .. })));
         assert!(replayed.windows(2).all(|w| w[0].seq < w[1].seq));
         drop(late);
         handle.shutdown();

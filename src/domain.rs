@@ -1,9 +1,9 @@
-//! The engine's data: messages, tool calls, usage, sessions and the event union.
+//! The engine's model: messages as ordered content blocks, tool calls, usage, sessions, and the
+//! typed events the engine emits.
 //!
-//! These types serialize in the shape of Kestrel protocol 1.0, which is also the form the
-//! store keeps (a message row holds its JSON) and the bus carries. Keeping one canonical shape
-//! means an event is serialized once, on the bus thread, however many clients watch it. A front
-//! door that speaks another protocol (BAE) maps from these types; it never changes them.
+//! It belongs to no protocol. The store keeps messages and events in this form (their serde
+//! shape here is the stored one), and each front door maps them to its own wire shape in its
+//! own `wire.rs`: `api/kestrel/wire.rs` for Kestrel protocol 1.0.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -27,29 +27,60 @@ pub struct ImageAttachment {
     pub name: Option<String>,
 }
 
+/// Who runs a tool call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Dispatch {
+    /// The server, with its built-in tools.
+    #[default]
+    Server,
+    /// The client, which pauses the turn until it sends the result.
+    Client,
+    /// An MCP server, by its configured name.
+    Mcp { server: String },
+    /// A sandbox.
+    Sandbox,
+}
+
+impl Dispatch {
+    pub fn is_server(&self) -> bool {
+        *self == Dispatch::Server
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
     pub arguments: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Dispatch::is_server")]
+    pub dispatch: Dispatch,
 }
 
+impl ToolCall {
+    /// A call the server runs.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: Map<String, Value>) -> ToolCall {
+        ToolCall { id: id.into(), name: name.into(), arguments, dispatch: Dispatch::Server }
+    }
+}
+
+/// One piece of a message, in order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChatMessage {
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    Text { text: String },
+    Image(ImageAttachment),
+    Reasoning { text: String },
+    ToolCall(ToolCall),
+    ToolResult(ToolResult),
+}
+
+/// A message of a conversation: who said it and what, as ordered blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
     pub id: String,
     pub role: Role,
-    pub content: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub images: Vec<ImageAttachment>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reasoning: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_name: Option<String>,
+    pub blocks: Vec<Block>,
     pub created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -57,22 +88,84 @@ pub struct ChatMessage {
     pub meta: Option<Map<String, Value>>,
 }
 
-impl ChatMessage {
-    /// A message with a fresh id and the current time; the caller fills in the rest.
-    pub fn new(role: Role, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
+impl Message {
+    /// A message with a fresh id, the current time and no blocks yet.
+    pub fn new(role: Role) -> Message {
+        Message {
             id: new_id("msg"),
             role,
-            content: content.into(),
-            images: Vec::new(),
-            reasoning: None,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            tool_name: None,
+            blocks: Vec::new(),
             created_at: crate::time::now_rfc3339(),
             model: None,
             meta: None,
         }
+    }
+
+    /// A message of one text block (none when `text` is empty).
+    pub fn text_of(role: Role, text: impl Into<String>) -> Message {
+        let mut message = Message::new(role);
+        message.push_text(text);
+        message
+    }
+
+    /// Appends a text block unless `text` is empty.
+    pub fn push_text(&mut self, text: impl Into<String>) {
+        let text = text.into();
+        if !text.is_empty() {
+            self.blocks.push(Block::Text { text });
+        }
+    }
+
+    /// Every text block, joined.
+    pub fn text(&self) -> String {
+        self.blocks
+            .iter()
+            .filter_map(|block| match block {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every reasoning block, joined; `None` when there is none.
+    pub fn reasoning(&self) -> Option<String> {
+        let mut pieces = self.blocks.iter().filter_map(|block| match block {
+            Block::Reasoning { text } => Some(text.as_str()),
+            _ => None,
+        });
+        let first = pieces.next()?;
+        Some(pieces.fold(first.to_string(), |joined, piece| joined + piece))
+    }
+
+    pub fn images(&self) -> impl Iterator<Item = &ImageAttachment> {
+        self.blocks.iter().filter_map(|block| match block {
+            Block::Image(image) => Some(image),
+            _ => None,
+        })
+    }
+
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        self.blocks.iter().filter_map(|block| match block {
+            Block::ToolCall(call) => Some(call),
+            _ => None,
+        })
+    }
+
+    pub fn has_tool_calls(&self) -> bool {
+        self.tool_calls().next().is_some()
+    }
+
+    /// The result a `tool` message carries.
+    pub fn tool_result(&self) -> Option<&ToolResult> {
+        self.blocks.iter().find_map(|block| match block {
+            Block::ToolResult(result) => Some(result),
+            _ => None,
+        })
+    }
+
+    /// A flag in `meta` (`partial`, `interrupted`).
+    pub fn flag(&self, name: &str) -> bool {
+        self.meta.as_ref().and_then(|meta| meta.get(name)).and_then(Value::as_bool) == Some(true)
     }
 }
 
@@ -187,13 +280,11 @@ pub struct SessionRecord {
     pub system_prompt: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// A session with its transcript; each front door renders it in its own shape.
+#[derive(Debug, Clone)]
 pub struct SessionDetail {
-    #[serde(flatten)]
     pub summary: SessionSummary,
-    pub messages: Vec<ChatMessage>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Vec<Message>,
     pub system_prompt: Option<String>,
 }
 
@@ -225,7 +316,7 @@ pub struct ToolSchema {
     pub category: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunOutcome {
     Completed,
@@ -233,14 +324,14 @@ pub enum RunOutcome {
     MaxSteps,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeltaChannel {
     Text,
     Reasoning,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NoticeLevel {
     Info,
@@ -248,8 +339,10 @@ pub enum NoticeLevel {
     Error,
 }
 
-/// Everything the engine tells the world. The bus stamps each with a `seq` and a time.
-#[derive(Debug, Clone, Serialize)]
+/// Everything the engine tells the world. The bus stamps each with a `seq` and a time; the
+/// event log keeps this serde form. Its names and field names are Kestrel's, so
+/// `api/kestrel/wire.rs` renders every event as it is but the two that carry a message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum Event {
     #[serde(rename = "session.updated", rename_all = "camelCase")]
@@ -267,11 +360,11 @@ pub enum Event {
     #[serde(rename = "run.failed", rename_all = "camelCase")]
     RunFailed { session_id: String, run_id: String, error: String },
     #[serde(rename = "message.started", rename_all = "camelCase")]
-    MessageStarted { session_id: String, message: ChatMessage },
+    MessageStarted { session_id: String, message: Message },
     #[serde(rename = "message.delta", rename_all = "camelCase")]
     MessageDelta { session_id: String, message_id: String, channel: DeltaChannel, delta: String },
     #[serde(rename = "message.completed", rename_all = "camelCase")]
-    MessageCompleted { session_id: String, message: ChatMessage },
+    MessageCompleted { session_id: String, message: Message },
     #[serde(rename = "tool.started", rename_all = "camelCase")]
     ToolStarted { session_id: String, call: ToolCall },
     #[serde(rename = "tool.finished", rename_all = "camelCase")]

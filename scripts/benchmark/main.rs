@@ -14,7 +14,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use client::{follow_stream, open_stream, Connection};
-use kestrel::domain::{ChatMessage, Role, SessionRecord, SessionStatus, SessionSummary};
+use kestrel::domain::{Message, Role, SessionRecord, SessionStatus, SessionSummary};
 use kestrel::store::{Store, WriteOp};
 
 const CLIENTS: usize = 32;
@@ -439,8 +439,8 @@ fn session_op(id: &str) -> WriteOp {
     })
 }
 
-fn small_message(i: usize) -> ChatMessage {
-    let mut message = ChatMessage::new(Role::User, format!("event {i}"));
+fn small_message(i: usize) -> Message {
+    let mut message = Message::text_of(Role::User, format!("event {i}"));
     message.id = format!("m{i}");
     message
 }

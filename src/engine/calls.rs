@@ -19,7 +19,7 @@ use super::session::{SessionMsg, TurnMsg};
 use super::tools::{Permission, ToolContext};
 use super::EngineError;
 use crate::cancel::CancelReason;
-use crate::domain::{new_id, ApprovalRequest, ChatMessage, Event, Role, SessionRecord, ToolCall, ToolResult};
+use crate::domain::{new_id, ApprovalRequest, Block, Event, Message, Role, SessionRecord, ToolCall, ToolResult};
 use crate::store::WriteOp;
 use crate::tools::workspace::Workspace;
 
@@ -199,11 +199,12 @@ impl Run {
     pub(super) fn repair_transcript(&self) -> Result<Repair, EngineError> {
         let history = self.shared.store.readers().messages(&self.session_id)?;
         let started = self.shared.store.readers().started_calls(&self.session_id)?;
-        let answered: HashSet<&str> = history.iter().filter_map(|m| m.tool_call_id.as_deref()).collect();
+        let answered: HashSet<&str> =
+            history.iter().filter_map(|m| m.tool_result()).map(|result| result.call_id.as_str()).collect();
         let unanswered: Vec<&ToolCall> = history
             .iter()
             .filter(|m| m.role == Role::Assistant)
-            .flat_map(|m| m.tool_calls.iter())
+            .flat_map(|m| m.tool_calls())
             .filter(|call| !answered.contains(call.id.as_str()))
             .collect();
         let mut never_ran = Vec::new();
@@ -222,7 +223,7 @@ impl Run {
         // An answer cut off by a shutdown is not complete: the model answers again.
         let complete = unanswered.is_empty()
             && history.last().is_some_and(|m| {
-                m.role == Role::Assistant && m.tool_calls.is_empty() && !super::run::is_interrupted_partial(m)
+                m.role == Role::Assistant && !m.has_tool_calls() && !super::run::is_interrupted_partial(m)
             });
         Ok(if complete { Repair::Complete } else { Repair::Dispatch(never_ran) })
     }
@@ -241,10 +242,10 @@ fn failed_result(call: &ToolCall, content: String, error: &str) -> ToolResult {
 }
 
 /// The `tool` message that carries a result back to the model.
-fn tool_message(result: &ToolResult) -> ChatMessage {
-    let mut message = ChatMessage::new(Role::Tool, result.content.clone());
-    message.tool_call_id = Some(result.call_id.clone());
-    message.tool_name = Some(result.name.clone());
+fn tool_message(result: &ToolResult) -> Message {
+    let mut message = Message::new(Role::Tool);
+    // What the model reads; `data` (a diff, an exit code) is for clients, on `tool.finished`.
+    message.blocks.push(Block::ToolResult(ToolResult { data: None, duration_ms: None, ..result.clone() }));
     message.meta = json!({ "ok": result.ok }).as_object().cloned();
     message
 }

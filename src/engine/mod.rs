@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::bus::Bus;
 use crate::domain::{
-    new_id, ChatMessage, Event, ImageAttachment, Role, SessionDetail, SessionRecord, SessionStatus, SessionSummary,
+    new_id, Block, Event, ImageAttachment, Message, Role, SessionDetail, SessionRecord, SessionStatus, SessionSummary,
 };
 use crate::providers::ModelRegistry;
 use crate::store::{SessionPatch, Store, StoreError, WriteOp};
@@ -292,8 +292,8 @@ impl Engine {
     ) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let NewMessage { content, images } = message;
-        let mut message = ChatMessage::new(Role::User, content);
-        message.images = images;
+        let mut message = Message::text_of(Role::User, content);
+        message.blocks.extend(images.into_iter().map(Block::Image));
         let (message, idempotent) = (Box::new(message), idempotent.map(Box::new));
         session::ask(&self.shared, &record, |reply| session::Op::Send { message, idempotent, reply })?
     }

@@ -14,7 +14,9 @@ use super::calls::Repair;
 use super::session::{SessionMsg, TurnMsg};
 use super::{EngineError, Shared};
 use crate::cancel::{CancelReason, CancelToken};
-use crate::domain::{ChatMessage, DeltaChannel, Event, Role, RunOutcome, SessionRecord, SessionStatus, Usage};
+use crate::domain::{
+    Block, DeltaChannel, Event, Message, Role, RunOutcome, SessionRecord, SessionStatus, ToolCall, Usage,
+};
 use crate::providers::{CompletionRequest, Delta, Provider, ProviderError};
 use crate::store::{SessionPatch, WriteOp};
 
@@ -25,7 +27,7 @@ pub(super) struct Run {
     pub run_id: String,
     pub cancel: CancelToken,
     /// The message that started the run; `None` when resuming.
-    pub user: Option<ChatMessage>,
+    pub user: Option<Message>,
     /// The session's actor: told of approvals waited on, and of the end.
     pub session: crossbeam_channel::Sender<SessionMsg>,
 }
@@ -38,7 +40,7 @@ pub(super) enum Stop {
 
 /// How one provider call ended.
 enum Step {
-    Answered(Box<ChatMessage>),
+    Answered(Box<Message>),
     Cancelled,
 }
 
@@ -89,10 +91,11 @@ impl Run {
                 Step::Answered(answer) => answer,
                 Step::Cancelled => return Ok(Stop::Cancelled),
             };
-            if answer.tool_calls.is_empty() {
+            let calls: Vec<ToolCall> = answer.tool_calls().cloned().collect();
+            if calls.is_empty() {
                 return Ok(Stop::Finished(RunOutcome::Completed));
             }
-            if let Some(stop) = self.run_calls(&answer.tool_calls, &session)? {
+            if let Some(stop) = self.run_calls(&calls, &session)? {
                 return Ok(stop);
             }
         }
@@ -113,7 +116,7 @@ impl Run {
         let tools = self.shared.tools.schemas();
         let request =
             CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &history, tools: &tools };
-        let mut message = ChatMessage::new(Role::Assistant, "");
+        let mut message = Message::new(Role::Assistant);
         message.model = Some(session.summary.model.clone());
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
 
@@ -141,9 +144,7 @@ impl Run {
         let step = match outcome {
             Ok(completion) => {
                 usage.add(&completion.usage);
-                message.content = completion.text;
-                message.reasoning = Some(completion.reasoning).filter(|r| !r.is_empty());
-                message.tool_calls = completion.tool_calls;
+                message.blocks = answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
                 if let Some(finish) = &completion.finish {
                     let meta = message.meta.get_or_insert_with(Map::new);
                     meta.insert("finishReason".into(), Value::String(finish.as_str().to_string()));
@@ -154,8 +155,7 @@ impl Run {
                 // What the user already saw is kept, marked as cut short; the calls it may have
                 // named are not. A shutdown's cut also marks it interrupted, so a resume answers
                 // again instead of taking it for a finished answer.
-                message.content = streamed_text;
-                message.reasoning = Some(streamed_reasoning).filter(|r| !r.is_empty());
+                message.blocks = answer_blocks(streamed_reasoning, streamed_text, Vec::new());
                 let meta = message.meta.get_or_insert_with(Map::new);
                 meta.insert("partial".into(), Value::Bool(true));
                 if self.cancel.reason() == Some(CancelReason::Shutdown) {
@@ -170,7 +170,7 @@ impl Run {
     }
 
     /// Stores a message, then announces it complete and the session's new summary.
-    pub(super) fn append(&self, message: ChatMessage) -> Result<(), EngineError> {
+    pub(super) fn append(&self, message: Message) -> Result<(), EngineError> {
         self.shared.store.write(vec![WriteOp::AppendMessage {
             session_id: self.session_id.clone(),
             message: message.clone(),
@@ -237,7 +237,19 @@ impl Run {
 }
 
 /// An assistant answer a shutdown cut off mid-stream (`meta.partial` and `meta.interrupted`).
-pub(super) fn is_interrupted_partial(message: &ChatMessage) -> bool {
-    let flag = |name: &str| message.meta.as_ref().and_then(|m| m.get(name)).and_then(Value::as_bool) == Some(true);
-    message.role == Role::Assistant && flag("partial") && flag("interrupted")
+pub(super) fn is_interrupted_partial(message: &Message) -> bool {
+    message.role == Role::Assistant && message.flag("partial") && message.flag("interrupted")
+}
+
+/// An answer's blocks: its reasoning, its text, then its tool calls.
+fn answer_blocks(reasoning: String, text: String, calls: Vec<ToolCall>) -> Vec<Block> {
+    let mut blocks = Vec::new();
+    if !reasoning.is_empty() {
+        blocks.push(Block::Reasoning { text: reasoning });
+    }
+    if !text.is_empty() {
+        blocks.push(Block::Text { text });
+    }
+    blocks.extend(calls.into_iter().map(Block::ToolCall));
+    blocks
 }

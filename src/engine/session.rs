@@ -27,13 +27,13 @@ use super::calls::Decision;
 use super::idempotency::{Created, Idempotent};
 use super::{run, EngineError, Shared};
 use crate::cancel::{CancelReason, Canceller};
-use crate::domain::{new_id, ChatMessage, Event, SessionRecord, SessionStatus};
+use crate::domain::{new_id, Event, Message, SessionRecord, SessionStatus};
 use crate::store::{SessionPatch, WriteOp};
 
 /// What a front door can ask of a session.
 pub(super) enum Op {
     /// Store the message and start a turn; `session_busy` while one runs.
-    Send { message: Box<ChatMessage>, idempotent: Option<Box<Idempotent>>, reply: Sender<Result<String, EngineError>> },
+    Send { message: Box<Message>, idempotent: Option<Box<Idempotent>>, reply: Sender<Result<String, EngineError>> },
     /// Continue an `interrupted` or `error` session.
     Resume { reply: Sender<Result<String, EngineError>> },
     /// Cancel the running turn; answers whether this call cancelled one.
@@ -179,8 +179,8 @@ struct SessionActor {
     own_tx: Sender<SessionMsg>,
     turn: Option<ActiveTurn>,
     approvals: HashMap<String, Sender<Decision>>,
-    /// A delete waiting for the turn to stop.
-    deleting: Option<Sender<Result<(), EngineError>>>,
+    /// Deletes waiting for the turn to stop: the first deletes, the others find it gone.
+    deleting: Vec<Sender<Result<(), EngineError>>>,
     deleted: bool,
 }
 
@@ -199,7 +199,7 @@ impl SessionActor {
             own_tx,
             turn: None,
             approvals: HashMap::new(),
-            deleting: None,
+            deleting: Vec::new(),
             deleted: false,
         }
     }
@@ -215,7 +215,7 @@ impl SessionActor {
                 // Its reply channel is gone with the panic, so the caller gets an internal error.
                 log::error!("session {} panicked handling a message; it goes on", self.id);
             }
-            let idle = self.turn.is_none() && self.deleting.is_none();
+            let idle = self.turn.is_none() && self.deleting.is_empty();
             if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox) {
                 break;
             }
@@ -250,7 +250,7 @@ impl SessionActor {
             Op::Delete { reply } => match &self.turn {
                 Some(turn) => {
                     turn.canceller.cancel(CancelReason::User);
-                    self.deleting = Some(reply);
+                    self.deleting.push(reply);
                 }
                 None => {
                     let _ = reply.send(self.delete());
@@ -278,7 +278,7 @@ impl SessionActor {
                     self.approvals.clear();
                     self.shared.sessions.turns.fetch_sub(1, Ordering::Relaxed);
                 }
-                if let Some(reply) = self.deleting.take() {
+                for reply in std::mem::take(&mut self.deleting) {
                     let _ = reply.send(self.delete());
                 }
             }
@@ -298,11 +298,11 @@ impl SessionActor {
     }
 
     /// Claims the session for a turn, stores its opening writes, and starts the worker.
-    fn start_turn(&mut self, user: Option<ChatMessage>, idempotent: Option<Idempotent>) -> Result<String, EngineError> {
+    fn start_turn(&mut self, user: Option<Message>, idempotent: Option<Idempotent>) -> Result<String, EngineError> {
         if self.deleted {
             return Err(EngineError::SessionNotFound);
         }
-        if self.turn.is_some() || self.deleting.is_some() {
+        if self.turn.is_some() || !self.deleting.is_empty() {
             return Err(EngineError::SessionBusy);
         }
         if self.shared.sessions.stopping.load(Ordering::SeqCst) {
@@ -359,7 +359,7 @@ impl SessionActor {
     }
 
     fn patch(&self, patch: SessionPatch) -> Result<(), EngineError> {
-        if self.turn.is_some() || self.deleting.is_some() {
+        if self.turn.is_some() || !self.deleting.is_empty() {
             return Err(EngineError::SessionBusy);
         }
         let now = crate::time::now_rfc3339();

@@ -12,9 +12,11 @@ fn engine(data: &Path) -> (Engine, crate::store::WriterHandle, crate::bus::BusHa
 
 fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
     let (store, writer) = Store::open(data).unwrap();
-    let (bus, bus_handle) =
-        Bus::start(store.clone(), BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000 })
-            .unwrap();
+    let (bus, bus_handle) = Bus::start(
+        store.clone(),
+        BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None] },
+    )
+    .unwrap();
     let echo = EchoProvider { delay: Duration::ZERO };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
@@ -92,7 +94,8 @@ fn a_cancel_ends_the_run_even_while_a_tool_is_stuck() {
     assert_eq!(detail.summary.status, SessionStatus::Cancelled);
     let last = detail.messages.last().unwrap();
     assert_eq!(last.role, Role::Tool);
-    assert!(last.content.contains("abandoned"), "{}", last.content);
+    let content = &last.tool_result().unwrap().content;
+    assert!(content.contains("abandoned"), "{content}");
     drop(release);
     engine.shutdown(Duration::from_secs(1));
     bus.shutdown();
@@ -100,20 +103,45 @@ fn a_cancel_ends_the_run_even_while_a_tool_is_stuck() {
 }
 
 fn bus_subscription(engine: &Engine, id: &str) -> crate::bus::Subscription {
-    let filter = crate::bus::Filter { tenant: "t".into(), scope: crate::bus::Scope::Session(id.into()) };
+    let filter = crate::bus::Filter { tenant: "t".into(), scope: crate::bus::Scope::Session(id.into()), format: None };
     engine.bus().subscribe(filter, None).unwrap()
 }
 
 /// Waits (at most ten seconds) for an event of type `wanted`.
 fn wait_for(events: &crate::bus::Subscription, wanted: &str) {
-    let needle = format!("\"type\":\"{wanted}\"");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         if let Ok(batch) = events.recv_timeout(Duration::from_millis(100)) {
-            if batch.iter().any(|envelope| envelope.json.contains(&needle)) {
+            if batch.iter().any(|envelope| envelope.event.kind() == wanted) {
                 return;
             }
         }
     }
     panic!("the event did not come");
+}
+
+#[test]
+fn deletes_that_arrive_together_during_a_turn_are_all_answered() {
+    let data = tempfile::tempdir().unwrap();
+    let (release, stuck) = crossbeam_channel::bounded::<()>(0);
+    let mut registry = ToolRegistry::new(HashMap::new(), 1000);
+    registry.register(Box::new(Stuck(stuck)));
+    let (engine, writer, bus) = engine_with(data.path(), registry);
+    let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
+    let id = engine.create_session("t", new, None).unwrap().summary.id;
+    let events = bus_subscription(&engine, &id);
+    let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
+    engine.send_message("t", &id, message, None).unwrap();
+    wait_for(&events, "tool.started");
+    let outcomes: Vec<Result<(), EngineError>> = std::thread::scope(|scope| {
+        let deletes: Vec<_> = (0..3).map(|_| scope.spawn(|| engine.delete_session("t", &id))).collect();
+        deletes.into_iter().map(|d| d.join().unwrap()).collect()
+    });
+    let deleted = outcomes.iter().filter(|o| o.is_ok()).count();
+    let not_found = outcomes.iter().filter(|o| matches!(o, Err(EngineError::SessionNotFound))).count();
+    assert_eq!((deleted, not_found), (1, 2), "{outcomes:?}");
+    drop(release);
+    engine.shutdown(Duration::from_secs(1));
+    bus.shutdown();
+    writer.shutdown();
 }

@@ -171,7 +171,7 @@ enum BodyEnd {
 enum Served {
     Done(Next),
     /// An event stream to write; tiny_http's side of the connection can go.
-    Stream(EventStream),
+    Stream(Box<EventStream>),
 }
 
 /// How a large body's forwarding ended.
@@ -280,7 +280,7 @@ impl Gate {
                 // tiny_http is done with this connection: its socket and pool thread go back
                 // before a stream that may last for hours.
                 drop(unix);
-                respond::stream(&self.link.tcp, stream, head.version, &self.edge);
+                respond::stream(&self.link.tcp, *stream, head.version, &self.edge);
                 Next::Close
             }
         }
@@ -314,7 +314,7 @@ impl Gate {
                 return Served::Done(self.refuse(Some(head.path()), &error));
             }
             respond::release(request);
-            return Served::Stream(stream);
+            return Served::Stream(Box::new(stream));
         }
         let keep_alive = head.keep_alive && body_done && !self.edge.stopping.load(Ordering::SeqCst);
         let written = respond::reply(self.tcp(), reply, head, &request, keep_alive);

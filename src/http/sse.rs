@@ -8,12 +8,11 @@
 //! write fails or when the bus closes the channel (shutdown, or the client fell behind).
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use crate::bus::{Envelope, Live, Subscription};
+use crate::bus::{Envelope, Format, Live, Subscription};
 
 /// Frames queued at once are sent together up to this many bytes.
 const BURST_BYTES: usize = 64 * 1024;
@@ -22,6 +21,9 @@ pub struct EventStream {
     subscription: Subscription,
     /// Frames sent right after `retry`, before any replay.
     preamble: String,
+    /// The protocol's frame of an envelope, cached on the envelope per format.
+    format: Format,
+    render: fn(&Envelope) -> String,
 }
 
 /// How a stream's body is framed: chunked for HTTP/1.1, raw until close for HTTP/1.0.
@@ -32,8 +34,9 @@ pub enum Framing {
 }
 
 impl EventStream {
-    pub fn new(subscription: Subscription) -> EventStream {
-        EventStream { subscription, preamble: String::new() }
+    /// A stream of `subscription`'s envelopes, each as `render` makes it for `format`.
+    pub fn new(subscription: Subscription, format: Format, render: fn(&Envelope) -> String) -> EventStream {
+        EventStream { subscription, preamble: String::new(), format, render }
     }
 
     /// Frames to send first, already in SSE form (`event: …\ndata: …\n\n`).
@@ -64,10 +67,11 @@ impl EventStream {
         let mut burst = String::with_capacity(4096);
         burst.push_str("retry: 3000\n\n");
         burst.push_str(&self.preamble);
+        let (format, render) = (self.format, self.render);
         let mut subscription = self.subscription;
         while let Some(page) = subscription.next_replay() {
             for envelope in &page {
-                push_frame(&mut burst, envelope);
+                burst.push_str(envelope.frame(format, render));
                 if burst.len() >= BURST_BYTES {
                     out.write(&burst)?;
                     burst.clear();
@@ -85,7 +89,7 @@ impl EventStream {
                     let mut next = Some(batch);
                     while let Some(batch) = next.take() {
                         for envelope in batch.iter() {
-                            push_frame(&mut burst, envelope);
+                            burst.push_str(envelope.frame(format, render));
                             if burst.len() >= BURST_BYTES {
                                 out.write(&burst)?;
                                 burst.clear();
@@ -133,9 +137,4 @@ impl Chunks<'_> {
         }
         self.socket.flush()
     }
-}
-
-fn push_frame(burst: &mut String, envelope: &Arc<Envelope>) {
-    let frame = envelope.frame.get_or_init(|| format!("id: {}\ndata: {}\n\n", envelope.seq, envelope.json));
-    burst.push_str(frame);
 }

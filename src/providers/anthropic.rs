@@ -8,7 +8,7 @@ use super::openai::parse_arguments;
 use super::sse::SseEvent;
 use super::transport::CallError;
 use super::{CompletionRequest, Delta, Finish, StreamState};
-use crate::domain::{ChatMessage, Role, ToolCall, Usage};
+use crate::domain::{Message, Role, ToolCall, Usage};
 
 pub(super) const API_VERSION: &str = "2023-06-01";
 
@@ -49,36 +49,39 @@ pub(super) fn request_body(request: &CompletionRequest<'_>, model: &str, max_tok
     body
 }
 
-fn user_blocks(message: &ChatMessage) -> Vec<Value> {
+fn user_blocks(message: &Message) -> Vec<Value> {
     let mut blocks = Vec::new();
-    for image in &message.images {
+    for image in message.images() {
         blocks.push(json!({ "type": "image", "source": {
             "type": "base64", "media_type": image.mime_type, "data": image.data,
         }}));
     }
-    if !message.content.is_empty() {
-        blocks.push(json!({ "type": "text", "text": message.content }));
+    let text = message.text();
+    if !text.is_empty() {
+        blocks.push(json!({ "type": "text", "text": text }));
     }
     blocks
 }
 
-fn assistant_blocks(message: &ChatMessage) -> Vec<Value> {
+fn assistant_blocks(message: &Message) -> Vec<Value> {
     let mut blocks = Vec::new();
-    if !message.content.is_empty() {
-        blocks.push(json!({ "type": "text", "text": message.content }));
+    let text = message.text();
+    if !text.is_empty() {
+        blocks.push(json!({ "type": "text", "text": text }));
     }
-    for call in &message.tool_calls {
+    for call in message.tool_calls() {
         blocks.push(json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments }));
     }
     blocks
 }
 
-fn tool_result(message: &ChatMessage) -> Value {
-    let failed = message.meta.as_ref().and_then(|m| m.get("ok")).and_then(Value::as_bool) == Some(false);
+fn tool_result(message: &Message) -> Value {
+    let result = message.tool_result();
+    let failed = result.is_some_and(|r| !r.ok);
     json!({
         "type": "tool_result",
-        "tool_use_id": message.tool_call_id.clone().unwrap_or_default(),
-        "content": message.content,
+        "tool_use_id": result.map_or("", |r| r.call_id.as_str()),
+        "content": result.map_or("", |r| r.content.as_str()),
         "is_error": failed,
     })
 }
@@ -213,7 +216,7 @@ impl AnthropicStream {
             .blocks
             .into_values()
             .filter_map(|block| match block {
-                Block::ToolUse { id, name, json } => Some(ToolCall { id, name, arguments: parse_arguments(&json) }),
+                Block::ToolUse { id, name, json } => Some(ToolCall::new(id, name, parse_arguments(&json))),
                 _ => None,
             })
             .collect();

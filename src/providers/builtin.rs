@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::{Completion, CompletionRequest, Delta, Finish, Provider, ProviderError};
 use crate::cancel::CancelToken;
-use crate::domain::{new_id, ChatMessage, ModelInfo, Role, ToolCall, Usage};
+use crate::domain::{new_id, Message, ModelInfo, Role, ToolCall, Usage};
 
 pub const ECHO_MODEL_ID: &str = "builtin/echo";
 
@@ -54,7 +54,7 @@ impl Provider for EchoProvider {
         }
 
         let input_chars: usize =
-            request.messages.iter().map(|m| m.content.len()).sum::<usize>() + request.system_prompt.map_or(0, str::len);
+            request.messages.iter().map(|m| m.text().len()).sum::<usize>() + request.system_prompt.map_or(0, str::len);
         let input_tokens = (input_chars / 4 + 1) as u64;
         let output_tokens = completion.text.split_whitespace().count() as u64 + 1;
         completion.usage = Usage {
@@ -87,9 +87,9 @@ struct Plan {
 
 /// Decides the answer from the transcript: a summary after tool results, else an echo of the
 /// last user message with its `/tool` lines turned into calls.
-fn plan_answer(messages: &[ChatMessage]) -> Plan {
+fn plan_answer(messages: &[Message]) -> Plan {
     let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
-    let results: Vec<&ChatMessage> = match last_assistant {
+    let results: Vec<&Message> = match last_assistant {
         Some(at) => messages[at + 1..].iter().filter(|m| m.role == Role::Tool).collect(),
         None => Vec::new(),
     };
@@ -103,7 +103,7 @@ fn plan_answer(messages: &[ChatMessage]) -> Plan {
     }
 
     let user = messages.iter().rev().find(|m| m.role == Role::User);
-    let (text, images) = user.map_or(("", 0), |m| (m.content.as_str(), m.images.len()));
+    let (text, images) = user.map_or((String::new(), 0), |m| (m.text(), m.images().count()));
     let mut plain = Vec::new();
     let mut tool_calls = Vec::new();
     for line in text.lines() {
@@ -126,10 +126,12 @@ fn plan_answer(messages: &[ChatMessage]) -> Plan {
     }
 }
 
-fn summarize_result(message: &ChatMessage) -> String {
-    let ok = message.meta.as_ref().and_then(|meta| meta.get("ok")).and_then(Value::as_bool).unwrap_or(true);
-    let first_line: String = message.content.lines().next().unwrap_or("").chars().take(120).collect();
-    let name = message.tool_name.as_deref().unwrap_or("tool");
+fn summarize_result(message: &Message) -> String {
+    let result = message.tool_result();
+    let ok = result.is_none_or(|r| r.ok);
+    let content = result.map_or("", |r| r.content.as_str());
+    let first_line: String = content.lines().next().unwrap_or("").chars().take(120).collect();
+    let name = result.map_or("tool", |r| r.name.as_str());
     format!("{name} {} — {first_line}", if ok { "ok" } else { "failed" })
 }
 
@@ -143,15 +145,15 @@ fn parse_tool_line(line: &str) -> Option<ToolCall> {
     if name.is_empty() {
         return None;
     }
-    Some(ToolCall { id: new_id("call"), name: name.to_string(), arguments })
+    Some(ToolCall::new(new_id("call"), name, arguments))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn user(text: &str) -> ChatMessage {
-        ChatMessage::new(Role::User, text)
+    fn user(text: &str) -> Message {
+        Message::text_of(Role::User, text)
     }
 
     #[test]
@@ -173,11 +175,18 @@ mod tests {
 
     #[test]
     fn summarizes_results_after_tools() {
-        let mut call = ChatMessage::new(Role::Assistant, "");
-        call.tool_calls.push(ToolCall { id: "c1".into(), name: "t".into(), arguments: Map::new() });
-        let mut result = ChatMessage::new(Role::Tool, "boom\nmore");
-        result.tool_name = Some("t".into());
-        result.meta = Some(serde_json::json!({"ok": false}).as_object().unwrap().clone());
+        let mut call = Message::new(Role::Assistant);
+        call.blocks.push(crate::domain::Block::ToolCall(ToolCall::new("c1", "t", Map::new())));
+        let mut result = Message::new(Role::Tool);
+        result.blocks.push(crate::domain::Block::ToolResult(crate::domain::ToolResult {
+            call_id: "c1".into(),
+            name: "t".into(),
+            ok: false,
+            content: "boom\nmore".into(),
+            duration_ms: None,
+            error: None,
+            data: None,
+        }));
         let plan = plan_answer(&[user("/tool t"), call, result]);
         assert_eq!(plan.text, "Tool results: t failed — boom");
         assert!(plan.tool_calls.is_empty());

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::cancel::CancelToken;
 use crate::config::Config;
-use crate::domain::{ChatMessage, ModelInfo, ToolCall, ToolSchema, Usage};
+use crate::domain::{Message, ModelInfo, ToolCall, ToolSchema, Usage};
 
 pub use builtin::{EchoProvider, ECHO_MODEL_ID};
 
@@ -30,7 +30,7 @@ pub use builtin::{EchoProvider, ECHO_MODEL_ID};
 /// for.
 pub struct CompletionRequest<'a> {
     pub system_prompt: Option<&'a str>,
-    pub messages: &'a [ChatMessage],
+    pub messages: &'a [Message],
     pub tools: &'a [ToolSchema],
 }
 

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use super::sse::SseEvent;
 use super::transport::CallError;
 use super::{CompletionRequest, Delta, Finish, StreamState};
-use crate::domain::{new_id, ChatMessage, Role, ToolCall, Usage};
+use crate::domain::{new_id, Message, Role, ToolCall, Usage};
 
 /// The request body for one call.
 pub(super) fn request_body(
@@ -51,47 +51,49 @@ pub(super) fn request_body(
     body
 }
 
-fn message(message: &ChatMessage) -> Option<Value> {
+fn message(message: &Message) -> Option<Value> {
+    let text = message.text();
+    let mut images = message.images().peekable();
     Some(match message.role {
-        Role::System => json!({ "role": "system", "content": message.content }),
-        Role::User if message.images.is_empty() => {
-            json!({ "role": "user", "content": message.content })
-        }
+        Role::System => json!({ "role": "system", "content": text }),
+        Role::User if images.peek().is_none() => json!({ "role": "user", "content": text }),
         Role::User => {
             let mut parts = Vec::new();
-            if !message.content.is_empty() {
-                parts.push(json!({ "type": "text", "text": message.content }));
+            if !text.is_empty() {
+                parts.push(json!({ "type": "text", "text": text }));
             }
-            for image in &message.images {
+            for image in images {
                 let url = format!("data:{};base64,{}", image.mime_type, image.data);
                 parts.push(json!({ "type": "image_url", "image_url": { "url": url } }));
             }
             json!({ "role": "user", "content": parts })
         }
         Role::Assistant => {
-            let mut turn = json!({ "role": "assistant", "content": message.content });
-            if !message.tool_calls.is_empty() {
-                let calls: Vec<Value> = message
-                    .tool_calls
-                    .iter()
-                    .map(|call| {
-                        json!({ "id": call.id, "type": "function", "function": {
-                            "name": call.name, "arguments": Value::Object(call.arguments.clone()).to_string(),
-                        }})
-                    })
-                    .collect();
-                turn["tool_calls"] = Value::Array(calls);
-                if message.content.is_empty() {
+            let calls: Vec<Value> = message
+                .tool_calls()
+                .map(|call| {
+                    json!({ "id": call.id, "type": "function", "function": {
+                        "name": call.name, "arguments": Value::Object(call.arguments.clone()).to_string(),
+                    }})
+                })
+                .collect();
+            let mut turn = json!({ "role": "assistant", "content": text });
+            if !calls.is_empty() {
+                if text.is_empty() {
                     turn["content"] = Value::Null;
                 }
+                turn["tool_calls"] = Value::Array(calls);
             }
             turn
         }
-        Role::Tool => json!({
-            "role": "tool",
-            "tool_call_id": message.tool_call_id.clone().unwrap_or_default(),
-            "content": message.content,
-        }),
+        Role::Tool => {
+            let result = message.tool_result();
+            json!({
+                "role": "tool",
+                "tool_call_id": result.map_or("", |r| r.call_id.as_str()),
+                "content": result.map_or("", |r| r.content.as_str()),
+            })
+        }
     })
 }
 
@@ -220,10 +222,8 @@ impl OpenAiStream {
         state.tool_calls = self
             .calls
             .into_values()
-            .map(|call| ToolCall {
-                id: call.id.unwrap_or_else(|| new_id("call")),
-                name: call.name,
-                arguments: parse_arguments(&call.arguments),
+            .map(|call| {
+                ToolCall::new(call.id.unwrap_or_else(|| new_id("call")), call.name, parse_arguments(&call.arguments))
             })
             .collect();
         state

@@ -6,6 +6,7 @@
 //! with `synchronous=FULL`: a write whose reply has arrived survives a power cut.
 
 mod lock;
+mod migrate;
 mod reader;
 mod writer;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::domain::{ChatMessage, SessionRecord, SessionStatus};
+use crate::domain::{Message, SessionRecord, SessionStatus};
 
 pub use reader::{EventQuery, ReaderPool};
 pub use writer::WriterHandle;
@@ -110,7 +111,7 @@ pub enum WriteOp {
     /// Appends to a transcript, bumping the session's message count and `updated_at`.
     AppendMessage {
         session_id: String,
-        message: ChatMessage,
+        message: Message,
         updated_at: String,
     },
     /// Every session stored as `running` becomes `interrupted` (run once at boot).

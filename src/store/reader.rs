@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
 use super::{IdempotentAnswer, LoggedEvent, StoreError, IDEMPOTENCY_TTL_MS};
-use crate::domain::{ChatMessage, SessionRecord, SessionStatus, SessionSummary};
+use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
 const MAX_IDLE: usize = 64;
@@ -70,7 +70,7 @@ impl ReaderPool {
         })
     }
 
-    pub fn messages(&self, session_id: &str) -> Result<Vec<ChatMessage>, StoreError> {
+    pub fn messages(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
         self.with(|conn| {
             let mut statement =
                 conn.prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY rowid")?;

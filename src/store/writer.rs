@@ -19,13 +19,6 @@ use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
 
-const MIGRATIONS: &[&str] = &[
-    include_str!("migrations/0001_init.sql"),
-    include_str!("migrations/0002_tool_call_starts.sql"),
-    include_str!("migrations/0003_idempotency.sql"),
-    include_str!("migrations/0004_events.sql"),
-];
-
 pub(super) struct Writer {
     conn: Connection,
 }
@@ -57,7 +50,7 @@ impl Writer {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrate(&mut conn)?;
+        super::migrate::migrate(&mut conn)?;
         Ok(Writer { conn })
     }
 
@@ -281,26 +274,9 @@ fn update_session(tx: &Transaction<'_>, id: &str, patch: &SessionPatch, updated_
     Ok(())
 }
 
-/// Applies every migration above the database's `user_version`, each in its own transaction.
-fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    let current: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    for (index, sql) in MIGRATIONS.iter().enumerate() {
-        let version = index as i64 + 1;
-        if version <= current {
-            continue;
-        }
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.pragma_update(None, "user_version", version)?;
-        tx.commit()?;
-        log::info!("applied migration {version}");
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use crate::domain::{ChatMessage, Role, SessionRecord, SessionStatus, SessionSummary};
+    use crate::domain::{Message, Role, SessionRecord, SessionStatus, SessionSummary};
     use crate::store::{Store, StoreError, WriteOp};
 
     fn session(id: &str) -> WriteOp {
@@ -323,7 +299,7 @@ mod tests {
     fn append(session_id: &str) -> WriteOp {
         WriteOp::AppendMessage {
             session_id: session_id.into(),
-            message: ChatMessage::new(Role::User, "hi"),
+            message: Message::text_of(Role::User, "hi"),
             updated_at: "2026-01-01T00:00:01.000Z".into(),
         }
     }

@@ -10,6 +10,7 @@ mod hammer;
 mod hardening;
 mod http;
 mod idempotency;
+mod migrate;
 mod providers;
 mod restart;
 mod runs;

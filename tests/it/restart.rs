@@ -85,9 +85,13 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
     // The state a crash leaves when it strikes while a tool runs: the assistant message with
     // the call is stored, its result is not, and the session was running.
     let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
-    let call = json!({ "id": "call_pending", "name": "dangerous_tool", "arguments": { "rm": "-rf" } });
-    let user = json!({ "id": "msg_u", "role": "user", "content": "/tool dangerous_tool", "createdAt": "2026-01-01T00:00:00.000Z" });
-    let assistant = json!({ "id": "msg_a", "role": "assistant", "content": "", "toolCalls": [call], "createdAt": "2026-01-01T00:00:00.001Z" });
+    // Rows in the store's own form: a message is its blocks.
+    let call =
+        json!({ "type": "tool_call", "id": "call_pending", "name": "dangerous_tool", "arguments": { "rm": "-rf" } });
+    let text = json!({ "type": "text", "text": "/tool dangerous_tool" });
+    let user = json!({ "id": "msg_u", "role": "user", "blocks": [text], "created_at": "2026-01-01T00:00:00.000Z" });
+    let assistant =
+        json!({ "id": "msg_a", "role": "assistant", "blocks": [call], "created_at": "2026-01-01T00:00:00.001Z" });
     for message in [&user, &assistant] {
         db.execute(
             "INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)",

@@ -1,31 +1,44 @@
 //! The two SSE routes: every session of the caller's tenant, or one session.
 
-use super::{ApiError, Caller, KestrelApi};
+use super::{wire, ApiError, Caller, KestrelApi};
 use serde_json::json;
 
 use crate::bus::{Filter, Scope, Subscription};
 use crate::http::{EventStream, Reply, Request};
 
 pub fn all(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply, ApiError> {
-    subscribe(api, Filter { tenant: caller.tenant.clone(), scope: Scope::AllSessions }, request)
+    subscribe(
+        api,
+        Filter { tenant: caller.tenant.clone(), scope: Scope::AllSessions, format: Some(wire::FORMAT) },
+        request,
+    )
 }
 
 pub fn session(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
     api.engine.check_session(&caller.tenant, id)?;
-    subscribe(api, Filter { tenant: caller.tenant.clone(), scope: Scope::Session(id.to_string()) }, request)
+    subscribe(
+        api,
+        Filter { tenant: caller.tenant.clone(), scope: Scope::Session(id.to_string()), format: Some(wire::FORMAT) },
+        request,
+    )
 }
 
 /// `/api/plugins/events`: a `ready` frame saying hot reload is off and no plugins are loaded,
 /// then pings until the client leaves. `plugins.changed` would come through the bus.
 pub fn plugins(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
-    let subscription = bus_subscription(api, Filter { tenant: caller.tenant.clone(), scope: Scope::Plugins }, None)?;
+    let subscription = bus_subscription(
+        api,
+        Filter { tenant: caller.tenant.clone(), scope: Scope::Plugins, format: Some(wire::FORMAT) },
+        None,
+    )?;
     let ready = json!({ "enabled": false, "plugins": [] });
-    Ok(Reply::Events(EventStream::new(subscription).with_preamble(format!("event: ready\ndata: {ready}\n\n"))))
+    let stream = EventStream::new(subscription, wire::FORMAT, wire::sse_frame);
+    Ok(Reply::Events(stream.with_preamble(format!("event: ready\ndata: {ready}\n\n"))))
 }
 
 fn subscribe(api: &KestrelApi, filter: Filter, request: &Request) -> Result<Reply, ApiError> {
     let after = last_event_id(request)?;
-    Ok(Reply::Events(EventStream::new(bus_subscription(api, filter, after)?)))
+    Ok(Reply::Events(EventStream::new(bus_subscription(api, filter, after)?, wire::FORMAT, wire::sse_frame)))
 }
 
 fn bus_subscription(api: &KestrelApi, filter: Filter, after: Option<u64>) -> Result<Subscription, ApiError> {

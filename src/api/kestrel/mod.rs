@@ -13,6 +13,7 @@ mod idempotency;
 mod meta;
 mod runs;
 mod sessions;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +23,9 @@ use crate::engine::Engine;
 use crate::http::auth::TokenSet;
 use crate::http::{EdgeError, Handler, Reply, Request};
 pub use error::ApiError;
+
+/// How the bus renders envelopes for each format; Kestrel's streams are SSE.
+pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] = [Some(wire::sse_frame), None];
 
 /// The Kestrel front door.
 pub struct KestrelApi {

@@ -5,8 +5,9 @@ use serde_json::Value;
 
 use super::body::JsonBody;
 use super::idempotency;
+use super::wire::WireSession;
 use super::{json, ApiError, Caller, KestrelApi};
-use crate::domain::{SessionDetail, SessionSummary};
+use crate::domain::SessionSummary;
 use crate::engine::idempotency::Render;
 use crate::engine::{Created, NewSession};
 use crate::http::{Reply, Request};
@@ -23,7 +24,7 @@ struct SessionList<'a> {
 
 #[derive(Serialize)]
 struct OneSession<'a> {
-    session: &'a SessionDetail,
+    session: WireSession<'a>,
 }
 const MAX_PROMPT_CHARS: usize = 100_000;
 
@@ -36,7 +37,9 @@ pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Resul
     let bytes = request.read_body()?;
     let key = idempotency::key(request)?;
     let render: Render = Box::new(|created| match created {
-        Created::Session(session) => (201, serde_json::to_vec(&OneSession { session }).unwrap_or_default()),
+        Created::Session(session) => {
+            (201, serde_json::to_vec(&OneSession { session: WireSession::from(session) }).unwrap_or_default())
+        }
         Created::Run(_) => unreachable!("a session create creates a session"),
     });
     idempotency::once(api, caller, key, ("POST", request.path(), &bytes), render, |idempotent| {
@@ -48,13 +51,13 @@ pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Resul
             workspace: body.optional_string("workspace", "invalid_body")?,
         };
         let session = api.engine.create_session(&caller.tenant, new, idempotent)?;
-        Ok(json(201, &OneSession { session: &session }))
+        Ok(json(201, &OneSession { session: WireSession::from(&session) }))
     })
 }
 
 pub fn get(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
     let session = api.engine.session(&caller.tenant, id)?;
-    Ok(json(200, &OneSession { session: &session }))
+    Ok(json(200, &OneSession { session: WireSession::from(&session) }))
 }
 
 pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
@@ -70,7 +73,7 @@ pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request)
     let workspace = body.optional_string("workspace", "invalid_body")?;
     let patch = SessionPatch { title: title(&body)?, model, system_prompt: prompt(&body)?, status: None, workspace };
     let session = api.engine.patch_session(&caller.tenant, id, patch)?;
-    Ok(json(200, &OneSession { session: &session }))
+    Ok(json(200, &OneSession { session: WireSession::from(&session) }))
 }
 
 pub fn delete(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::calls::Repair;
-use super::session::{SessionMsg, TurnMsg};
+use super::session::{SessionMsg, TurnMsg, TurnOutcome};
 use super::{EngineError, Shared};
 use crate::cancel::{CancelReason, CancelToken};
 use crate::domain::{
@@ -57,9 +57,21 @@ impl Run {
             log::error!("run {} panicked", self.run_id);
             Err(EngineError::Store(crate::store::StoreError::Corrupt("the run panicked".into())))
         });
+        let ended = self.turn_outcome(&outcome);
         self.finish(outcome, usage);
         // The very last step: the session is free once its actor reads this.
-        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id: self.run_id.clone() }));
+        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id: self.run_id.clone(), outcome: ended }));
+    }
+
+    /// How the turn ended, for its session's actor.
+    fn turn_outcome(&self, outcome: &Result<Stop, EngineError>) -> TurnOutcome {
+        match outcome {
+            Ok(Stop::Finished(RunOutcome::MaxSteps)) => TurnOutcome::MaxSteps,
+            Ok(Stop::Finished(_)) => TurnOutcome::Completed,
+            Ok(Stop::Cancelled) if self.cancel.reason() == Some(CancelReason::Shutdown) => TurnOutcome::Interrupted,
+            Ok(Stop::Cancelled) => TurnOutcome::Cancelled,
+            Err(_) => TurnOutcome::Failed,
+        }
     }
 
     fn steps(&self, usage: &mut Usage) -> Result<Stop, EngineError> {

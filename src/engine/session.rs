@@ -55,7 +55,19 @@ pub(super) enum TurnMsg {
     /// The approval was answered or the wait ended.
     Closed { approval_id: String },
     /// The worker's last word: the turn is over and the session free.
-    Ended { run_id: String },
+    Ended { run_id: String, outcome: TurnOutcome },
+}
+
+/// How a turn ended. A turn paused for client tools comes with the BAE front door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TurnOutcome {
+    Completed,
+    MaxSteps,
+    /// A person cancelled it.
+    Cancelled,
+    /// The server stopped it; the session is `interrupted`, to be resumed.
+    Interrupted,
+    Failed,
 }
 
 pub(super) enum SessionMsg {
@@ -272,7 +284,8 @@ impl SessionActor {
             TurnMsg::Closed { approval_id } => {
                 self.approvals.remove(&approval_id);
             }
-            TurnMsg::Ended { run_id } => {
+            TurnMsg::Ended { run_id, outcome } => {
+                log::debug!("session {}: run {run_id} ended {outcome:?}", self.id);
                 if self.turn.as_ref().is_some_and(|t| t.run_id == run_id) {
                     self.turn = None;
                     self.approvals.clear();

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::kestrel::KestrelApi;
+use crate::auth::TokenSet;
 use crate::bus::{Bus, BusConfig, BusHandle};
 use crate::config::{Config, ConfigError};
 use crate::engine::tools::ToolRegistry;
 use crate::engine::{Engine, EngineConfig};
-use crate::http::auth::TokenSet;
 use crate::http::{HttpConfig, HttpServer};
 use crate::providers::{EchoProvider, ModelRegistry};
 use crate::store::{Store, StoreError, WriteOp, WriterHandle};

@@ -7,6 +7,7 @@
 
 pub mod api;
 mod app;
+pub mod auth;
 pub mod bus;
 pub mod cancel;
 pub mod config;

@@ -19,7 +19,6 @@
 //! This module knows nothing of routes or JSON shapes: the handler decides those, error
 //! bodies included (`Handler::edge_error`).
 
-pub mod auth;
 mod backend;
 mod chunked;
 mod gate;

@@ -18,9 +18,9 @@ mod wire;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::auth::{self, Principal, TokenSet};
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
-use crate::http::auth::TokenSet;
 use crate::http::{EdgeError, Handler, Reply, Request};
 pub use error::ApiError;
 
@@ -125,13 +125,10 @@ impl KestrelApi {
         if self.tokens.is_open() {
             return Ok(Caller { tenant: DEFAULT_TENANT.to_string() });
         }
-        let presented = request
-            .header("Authorization")
-            .and_then(|value| value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")))
-            .map(str::trim)
-            .or_else(|| request.query("token"));
-        match presented.and_then(|token| self.tokens.tenant_for(token)) {
-            Some(tenant) => Ok(Caller { tenant: tenant.to_string() }),
+        // `?token=` is for clients that cannot set headers (EventSource).
+        let presented = auth::bearer(request.header("Authorization")).ok().or_else(|| request.query("token"));
+        match presented.and_then(|token| self.tokens.principal(token)) {
+            Some(Principal::Tenant(tenant)) => Ok(Caller { tenant }),
             None => Err(ApiError::unauthorized()),
         }
     }

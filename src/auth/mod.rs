@@ -1,0 +1,119 @@
+//! Who is calling: bearer tokens parsed one way for every front door, compared in constant
+//! time, and the principal a token admits.
+//!
+//! Pure logic, used on connection threads. Every candidate token is compared in full, in
+//! constant time, so the time an answer takes says nothing about how close a guess was.
+//! Kestrel's tenant tokens live here; the BAE door's keys (client, session, admin) will add
+//! their principals beside them.
+
+use crate::config::TenantToken;
+
+/// Why an `Authorization` header gave no token; the messages are BAE's, word for word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BearerError {
+    Missing,
+    NotBearer,
+    Empty,
+}
+
+impl std::fmt::Display for BearerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BearerError::Missing => "missing Authorization header",
+            BearerError::NotBearer => "Authorization header must be a Bearer token",
+            BearerError::Empty => "empty bearer token",
+        })
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (`bearer` is accepted too).
+pub fn bearer(header: Option<&str>) -> Result<&str, BearerError> {
+    let header = header.ok_or(BearerError::Missing)?;
+    let token =
+        header.strip_prefix("Bearer ").or_else(|| header.strip_prefix("bearer ")).ok_or(BearerError::NotBearer)?;
+    match token.trim() {
+        "" => Err(BearerError::Empty),
+        token => Ok(token),
+    }
+}
+
+/// Whom a request acts for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// A Kestrel tenant: its sessions, and nobody else's.
+    Tenant(String),
+}
+
+pub struct TokenSet {
+    tokens: Vec<TenantToken>,
+}
+
+impl TokenSet {
+    pub fn new(tokens: Vec<TenantToken>) -> TokenSet {
+        TokenSet { tokens }
+    }
+
+    /// True when no token is configured: every request is the default tenant's.
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Whom a presented token admits.
+    pub fn principal(&self, presented: &str) -> Option<Principal> {
+        self.tenant_for(presented).map(|tenant| Principal::Tenant(tenant.to_string()))
+    }
+
+    /// The tenant a presented token belongs to.
+    pub fn tenant_for(&self, presented: &str) -> Option<&str> {
+        let mut found = None;
+        for candidate in &self.tokens {
+            // No early exit: every token is compared whatever matched before.
+            if constant_time_eq(candidate.token.as_bytes(), presented.as_bytes()) {
+                found = Some(candidate.tenant.as_str());
+            }
+        }
+        found
+    }
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut difference = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        difference |= u64::from(x ^ y);
+    }
+    difference == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_only_the_whole_token() {
+        let set = TokenSet::new(vec![
+            TenantToken { tenant: "a".into(), token: "secret-a".into() },
+            TenantToken { tenant: "b".into(), token: "secret-b".into() },
+        ]);
+        assert_eq!(set.tenant_for("secret-b"), Some("b"));
+        assert_eq!(set.tenant_for("secret-"), None);
+        assert_eq!(set.tenant_for("secret-bb"), None);
+        assert_eq!(set.tenant_for(""), None);
+        assert_eq!(set.principal("secret-a"), Some(Principal::Tenant("a".into())));
+        assert!(!set.is_open());
+    }
+
+    #[test]
+    fn bearer_headers_are_parsed_the_one_way() {
+        assert_eq!(bearer(Some("Bearer abc")), Ok("abc"));
+        assert_eq!(bearer(Some("bearer  abc ")), Ok("abc"));
+        assert_eq!(bearer(None), Err(BearerError::Missing));
+        assert_eq!(bearer(Some("Basic abc")), Err(BearerError::NotBearer));
+        assert_eq!(bearer(Some("BEARER abc")), Err(BearerError::NotBearer));
+        assert_eq!(bearer(Some("Bearer")), Err(BearerError::NotBearer));
+        assert_eq!(bearer(Some("Bearer   ")), Err(BearerError::Empty));
+        assert_eq!(BearerError::Empty.to_string(), "empty bearer token");
+    }
+}

@@ -209,7 +209,8 @@ impl Server {
             config.agent.file_read_limit_bytes.max(1),
         );
         let http_config = http_config(&config, crate::http::raise_open_file_limit());
-        let http = HttpServer::start(listener, api, http_config).map_err(|e| StartError::Bind(addr, e))?;
+        let http = HttpServer::start(vec![(listener, api as Arc<dyn crate::http::Handler>)], http_config)
+            .map_err(|e| StartError::Bind(addr, e))?;
         log::info!("listening on http://{}", http.addr());
         Ok(Server { http: Some(http), engine, store, bus: Some(bus_handle), store_writer: Some(store_writer) })
     }

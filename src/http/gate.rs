@@ -28,7 +28,7 @@ use crossbeam_channel::Receiver;
 use super::backend::{out_of_descriptors, wait_kicking, Backend, Backends, CONN_HEADER, DISPATCH_DEADLINE};
 use super::chunked;
 use super::head::{self, Head};
-use super::{respond, EdgeError, EventStream, Gauges, Handler, HttpConfig, Quiet, Reply};
+use super::{respond, EdgeError, Gauges, Handler, HttpConfig, Quiet, Reply, Stream};
 
 /// Bodies up to this size are read by the gate and forwarded with their head in one write;
 /// larger ones stream through a `kestrel-body` thread.
@@ -40,7 +40,6 @@ const GATE_STACK: usize = 2 * 1024 * 1024;
 
 /// What every gate shares.
 pub struct Edge {
-    handler: Arc<dyn Handler>,
     pub config: HttpConfig,
     backends: Arc<Backends>,
     gauges: Arc<Gauges>,
@@ -60,9 +59,8 @@ pub struct Link {
 }
 
 impl Edge {
-    pub fn new(handler: Arc<dyn Handler>, config: HttpConfig, backends: Arc<Backends>, gauges: Arc<Gauges>) -> Edge {
+    pub fn new(config: HttpConfig, backends: Arc<Backends>, gauges: Arc<Gauges>) -> Edge {
         Edge {
-            handler,
             config,
             backends,
             gauges,
@@ -77,17 +75,17 @@ impl Edge {
         &self.gauges
     }
 
-    pub fn handler(&self) -> &dyn Handler {
-        self.handler.as_ref()
-    }
-
     fn links(&self, id: u64) -> MutexGuard<'_, HashMap<u64, Arc<Link>>> {
         self.links[(id % 16) as usize].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts the gate of a connection whose slot is already taken; hands the stream back if
-    /// the thread cannot start.
-    pub fn spawn_gate(edge: &Arc<Edge>, tcp: TcpStream) -> Result<(), (std::io::Error, TcpStream)> {
+    /// Starts the gate of a connection whose slot is already taken, serving it with `handler`
+    /// (its listener's); hands the stream back if the thread cannot start.
+    pub fn spawn_gate(
+        edge: &Arc<Edge>,
+        tcp: TcpStream,
+        handler: &Arc<dyn Handler>,
+    ) -> Result<(), (std::io::Error, TcpStream)> {
         let setup = tcp.set_nodelay(true).and_then(|()| tcp.set_write_timeout(Some(edge.config.write_timeout)));
         if let Err(error) = setup {
             log::debug!("a connection closed before it was set up: {error}");
@@ -98,7 +96,16 @@ impl Edge {
         let link = Arc::new(Link { tcp, idle: AtomicBool::new(false) });
         let requests = edge.backends.routes().register(id);
         edge.links(id).insert(id, Arc::clone(&link));
-        let gate = Gate { edge: Arc::clone(edge), id, link, buffer: Vec::new(), requests, backend: None, served: 0 };
+        let gate = Gate {
+            edge: Arc::clone(edge),
+            handler: Arc::clone(handler),
+            id,
+            link,
+            buffer: Vec::new(),
+            requests,
+            backend: None,
+            served: 0,
+        };
         let spawned =
             std::thread::Builder::new().name("kestrel-conn".into()).stack_size(GATE_STACK).spawn(move || gate.run());
         match spawned {
@@ -171,7 +178,7 @@ enum BodyEnd {
 enum Served {
     Done(Next),
     /// An event stream to write; tiny_http's side of the connection can go.
-    Stream(Box<EventStream>),
+    Stream(Box<Stream>),
 }
 
 /// How a large body's forwarding ended.
@@ -183,6 +190,8 @@ pub enum Forwarded {
 
 struct Gate {
     edge: Arc<Edge>,
+    /// What the connection's listener serves: a protocol's front door.
+    handler: Arc<dyn Handler>,
     id: u64,
     link: Arc<Link>,
     /// Bytes read from the client and not used yet.
@@ -298,13 +307,13 @@ impl Gate {
             return Served::Done(self.refuse(Some(head.path()), &EdgeError::Unavailable));
         };
         let mut request = super::Request::new(request, self.edge.config.body_limit);
-        let handler = self.edge.handler();
+        let handler = self.handler.as_ref();
         let reply = catch_unwind(AssertUnwindSafe(|| handler.handle(&mut request))).unwrap_or_else(|_| {
             log::error!("handler panicked on {} {}", request.method(), request.path());
             handler.internal_error()
         });
         let body_done = forwarder.as_ref().is_none_or(|f| f.is_finished());
-        if let Reply::Events(stream) = reply {
+        if let Reply::Stream(stream) = reply {
             if !body_done {
                 // A stream asked for with a large body still arriving: refused. The read side
                 // goes first, so the body thread stops and tiny_http's drain ends.
@@ -339,7 +348,7 @@ impl Gate {
 
     /// Writes the edge's refusal and closes the connection.
     fn refuse(&mut self, path: Option<&str>, error: &EdgeError) -> Next {
-        respond::refusal(self.tcp(), self.edge.handler(), path, error);
+        respond::refusal(self.tcp(), self.handler.as_ref(), path, error);
         linger(self.tcp());
         Next::Close
     }

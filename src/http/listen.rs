@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::gate::Edge;
-use super::Quiet;
+use super::{Handler, Quiet};
 
 /// File descriptors one connection holds: its TCP socket, both ends of its Unix connection to
 /// tiny_http, and tiny_http's clone of its end.
@@ -85,9 +85,10 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    pub fn start(listener: TcpListener, edge: Arc<Edge>) -> std::io::Result<Acceptor> {
+    /// Accepts on `listener`, serving each connection with `handler`.
+    pub fn start(listener: TcpListener, handler: Arc<dyn Handler>, edge: Arc<Edge>) -> std::io::Result<Acceptor> {
         let listener = Arc::new(listener);
-        let thread = spawn(Arc::clone(&listener), Arc::clone(&edge))?;
+        let thread = spawn(Arc::clone(&listener), handler, Arc::clone(&edge))?;
         Ok(Acceptor { listener, thread: Some(thread), edge })
     }
 
@@ -102,11 +103,11 @@ impl Acceptor {
     }
 }
 
-fn spawn(listener: Arc<TcpListener>, edge: Arc<Edge>) -> std::io::Result<JoinHandle<()>> {
+fn spawn(listener: Arc<TcpListener>, handler: Arc<dyn Handler>, edge: Arc<Edge>) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name("kestrel-accept".into()).spawn(move || {
         let errors = Quiet::default();
         while !edge.stopping.load(Ordering::SeqCst) {
-            let outcome = catch_unwind(AssertUnwindSafe(|| accept_one(&listener, &edge, &errors)));
+            let outcome = catch_unwind(AssertUnwindSafe(|| accept_one(&listener, &handler, &edge, &errors)));
             if outcome.is_err() {
                 log::error!("the accept loop panicked; it goes on");
             }
@@ -114,7 +115,7 @@ fn spawn(listener: Arc<TcpListener>, edge: Arc<Edge>) -> std::io::Result<JoinHan
     })
 }
 
-fn accept_one(listener: &TcpListener, edge: &Arc<Edge>, errors: &Quiet) {
+fn accept_one(listener: &TcpListener, handler: &Arc<dyn Handler>, edge: &Arc<Edge>, errors: &Quiet) {
     match listener.accept() {
         Ok((stream, _peer)) => {
             if edge.stopping.load(Ordering::SeqCst) {
@@ -122,13 +123,13 @@ fn accept_one(listener: &TcpListener, edge: &Arc<Edge>, errors: &Quiet) {
             }
             if !edge.gauges().try_open_connection(edge.config.max_connections) {
                 edge.gauges().refused.fetch_add(1, Ordering::Relaxed);
-                refuse(stream, edge);
+                refuse(stream, handler.as_ref());
                 return;
             }
-            if let Err((error, stream)) = Edge::spawn_gate(edge, stream) {
+            if let Err((error, stream)) = Edge::spawn_gate(edge, stream, handler) {
                 log::error!("cannot start a connection thread: {error}");
                 edge.gauges().close_connection();
-                refuse(stream, edge);
+                refuse(stream, handler.as_ref());
             }
         }
         Err(_) if edge.stopping.load(Ordering::SeqCst) => {}
@@ -151,11 +152,11 @@ fn accept_one(listener: &TcpListener, edge: &Arc<Edge>, errors: &Quiet) {
 /// Answers a connection there is no room for with a 503 and closes it. What the client already
 /// sent is read first (without waiting), so the close does not reset the connection before the
 /// client has read the answer.
-fn refuse(stream: TcpStream, edge: &Edge) {
+fn refuse(stream: TcpStream, handler: &dyn Handler) {
     let _ = stream.set_nonblocking(true);
     let _ = (&stream).read(&mut [0u8; 4096]);
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-    super::respond::refusal(&stream, edge.handler(), None, &super::EdgeError::TooManyConnections);
+    super::respond::refusal(&stream, handler, None, &super::EdgeError::TooManyConnections);
     let _ = stream.shutdown(std::net::Shutdown::Write);
 }

@@ -26,6 +26,7 @@ mod head;
 mod listen;
 mod respond;
 mod sse;
+mod stream;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
@@ -36,12 +37,20 @@ use std::time::Duration;
 
 pub use listen::{bind, raise_open_file_limit, FileLimit};
 pub use sse::EventStream;
+pub use stream::{Frames, Framing, JsonLines, Stream, StreamBody};
 
 /// What a handler answers.
 pub enum Reply {
-    Json { status: u16, body: Vec<u8>, headers: Vec<(&'static str, String)> },
-    Empty { status: u16 },
-    Events(EventStream),
+    Json {
+        status: u16,
+        body: Vec<u8>,
+        headers: Vec<(&'static str, String)>,
+    },
+    Empty {
+        status: u16,
+    },
+    /// A body streamed for as long as it lasts: server-sent events or NDJSON.
+    Stream(Stream),
 }
 
 /// Why a body could not be read.
@@ -254,26 +263,38 @@ impl Gauges {
     }
 }
 
-/// The running edge: the accept thread, the tiny_http backend and every connection.
+/// The running edge: an accept thread per listener, the tiny_http backend and every
+/// connection. Each listener has its own front door (the admin port's comes next); the
+/// connection cap, deadlines and backend are shared.
 pub struct HttpServer {
     edge: Arc<gate::Edge>,
-    accept: Option<listen::Acceptor>,
-    addr: SocketAddr,
+    accepts: Vec<listen::Acceptor>,
+    addrs: Vec<SocketAddr>,
 }
 
 impl HttpServer {
-    /// Starts serving `listener`.
-    pub fn start(listener: TcpListener, handler: Arc<dyn Handler>, config: HttpConfig) -> std::io::Result<HttpServer> {
-        let addr = listener.local_addr()?;
+    /// Starts serving each listener with its handler.
+    pub fn start(listeners: Vec<(TcpListener, Arc<dyn Handler>)>, config: HttpConfig) -> std::io::Result<HttpServer> {
         let gauges = Arc::new(Gauges::default());
         let backends = backend::Backends::start(&config.runtime_dir, Arc::clone(&gauges))?;
-        let edge = Arc::new(gate::Edge::new(handler, config, backends, gauges));
-        let accept = listen::Acceptor::start(listener, Arc::clone(&edge))?;
-        Ok(HttpServer { edge, accept: Some(accept), addr })
+        let edge = Arc::new(gate::Edge::new(config, backends, gauges));
+        let mut accepts = Vec::new();
+        let mut addrs = Vec::new();
+        for (listener, handler) in listeners {
+            addrs.push(listener.local_addr()?);
+            accepts.push(listen::Acceptor::start(listener, handler, Arc::clone(&edge))?);
+        }
+        Ok(HttpServer { edge, accepts, addrs })
     }
 
+    /// The first listener's address (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// Every listener's address, in the order they were given.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     pub fn gauges(&self) -> &Arc<Gauges> {
@@ -282,7 +303,7 @@ impl HttpServer {
 
     /// Stops accepting and closes idle keep-alive connections; requests being handled go on.
     pub fn stop_accepting(&mut self) {
-        if let Some(accept) = self.accept.take() {
+        for accept in self.accepts.drain(..) {
             accept.stop();
         }
         self.edge.stop();

@@ -1,9 +1,9 @@
 //! Writing replies to the client's socket, on the gate's thread.
 //!
 //! JSON and empty replies are serialized by tiny_http (`Response::raw_print`) straight onto the
-//! client's socket; tiny_http's own side of the connection never writes. An event stream gets
-//! its head and chunks from `sse.rs`, with a `kestrel-watch` thread that blocks on the socket's
-//! read side and stops the stream the moment the client closes.
+//! client's socket; tiny_http's own side of the connection never writes. A streamed reply gets
+//! its head and chunks from `stream.rs`, with a `kestrel-watch` thread that blocks on the
+//! socket's read side and stops the stream the moment the client closes.
 
 use std::io::{BufWriter, Read, Write};
 use std::net::TcpStream;
@@ -11,8 +11,7 @@ use std::sync::atomic::Ordering;
 
 use super::gate::Edge;
 use super::head::{Head, Version};
-use super::sse::Framing;
-use super::{EdgeError, EventStream, Handler, Reply, Request};
+use super::{EdgeError, Handler, Reply, Request, Stream};
 
 /// The watcher only waits on a socket.
 const WATCH_STACK: usize = 64 * 1024;
@@ -27,7 +26,7 @@ pub fn reply(tcp: &TcpStream, reply: Reply, head: &Head, request: &Request, keep
             (status, body, all)
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
-        Reply::Events(_) => unreachable!("streams are written by `stream`"),
+        Reply::Stream(_) => unreachable!("streams are written by `stream`"),
     };
     write_response(tcp, status, body, &headers, head.version, request.inner.headers(), head_only, keep_alive)
 }
@@ -41,7 +40,7 @@ pub fn refusal(tcp: &TcpStream, handler: &dyn Handler, path: Option<&str>, error
             (status, body, all)
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
-        Reply::Events(_) => (error.status(), Vec::new(), Vec::new()),
+        Reply::Stream(_) => (error.status(), Vec::new(), Vec::new()),
     };
     let mut headers = headers;
     if matches!(error, EdgeError::TooManyConnections | EdgeError::Unavailable) {
@@ -93,9 +92,8 @@ pub fn release(request: Request) {
     drop(request.inner.into_writer());
 }
 
-/// Writes an event stream until it ends, then closes the connection.
-pub fn stream(tcp: &TcpStream, stream: EventStream, version: Version, edge: &Edge) {
-    let framing = if version == Version::Http11 { Framing::Chunked } else { Framing::UntilClose };
+/// Writes a streamed reply until it ends, then closes the connection.
+pub fn stream(tcp: &TcpStream, stream: Stream, version: Version, edge: &Edge) {
     let gauges = edge.gauges();
     gauges.streams.fetch_add(1, Ordering::Relaxed);
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
@@ -112,10 +110,7 @@ pub fn stream(tcp: &TcpStream, stream: EventStream, version: Version, edge: &Edg
             return;
         }
         let mut writer = BufWriter::with_capacity(64 * 1024 + 64, tcp);
-        let written = writer
-            .write_all(EventStream::head(framing, version.as_str()).as_bytes())
-            .and_then(|()| stream.write_to(&mut writer, edge.config.ping_interval, &stop_rx, framing));
-        if let Err(error) = written {
+        if let Err(error) = stream.write_to(&mut writer, version, edge.config.ping_interval, &stop_rx) {
             log::debug!("stream ended: {error}");
         }
         // Wakes the watcher, which is blocked on a read.

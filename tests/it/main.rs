@@ -15,6 +15,7 @@ mod providers;
 mod restart;
 mod runs;
 mod sessions;
+mod streams;
 mod support;
 mod tools;
 mod workspaces;

@@ -4,7 +4,7 @@ use super::{wire, ApiError, Caller, KestrelApi};
 use serde_json::json;
 
 use crate::bus::{Filter, Scope, Subscription};
-use crate::http::{EventStream, Reply, Request};
+use crate::http::{EventStream, Framing, Reply, Request, Stream};
 
 pub fn all(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply, ApiError> {
     subscribe(
@@ -33,12 +33,14 @@ pub fn plugins(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
     )?;
     let ready = json!({ "enabled": false, "plugins": [] });
     let stream = EventStream::new(subscription, wire::FORMAT, wire::sse_frame);
-    Ok(Reply::Events(stream.with_preamble(format!("event: ready\ndata: {ready}\n\n"))))
+    let stream = stream.with_preamble(format!("event: ready\ndata: {ready}\n\n"));
+    Ok(Reply::Stream(Stream::new(Framing::EventStream, stream)))
 }
 
 fn subscribe(api: &KestrelApi, filter: Filter, request: &Request) -> Result<Reply, ApiError> {
     let after = last_event_id(request)?;
-    Ok(Reply::Events(EventStream::new(bus_subscription(api, filter, after)?, wire::FORMAT, wire::sse_frame)))
+    let stream = EventStream::new(bus_subscription(api, filter, after)?, wire::FORMAT, wire::sse_frame);
+    Ok(Reply::Stream(Stream::new(Framing::EventStream, stream)))
 }
 
 fn bus_subscription(api: &KestrelApi, filter: Filter, after: Option<u64>) -> Result<Subscription, ApiError> {

@@ -1,9 +1,11 @@
-//! The engine: sessions and their runs, shared by every front door.
+//! The engine: sessions and their turns, shared by every front door.
 //!
-//! Handlers call `Engine` methods on their request threads; each run executes on its own
-//! `kestrel-run` worker thread (see `run.rs`), which owns its session while it runs. The only
-//! shared mutable state is the table of active runs, one entry per running session, which is
-//! how `session_busy` is decided. The engine does no socket I/O and knows no wire format.
+//! Handlers call `Engine` methods on their connection threads. Reads and plain changes go to
+//! the store directly; every operation that must not race a turn (send, resume, cancel, an
+//! approval's decision, a move to another workspace, delete) goes to the session's actor
+//! (`session.rs`) as an `Op`, and the actor runs each turn on a `kestrel-run` worker
+//! (`run.rs`). The registry of live actors' inboxes is the only shared map. The engine does no
+//! socket I/O and knows no wire format.
 
 mod calls;
 pub mod idempotency;

@@ -4,6 +4,7 @@ use serde_json::json;
 
 use crate::engine::EngineError;
 use crate::http::{BodyError, EdgeError, Reply};
+use crate::store::StoreError;
 use crate::tools::workspace::PathError;
 
 #[derive(Debug)]
@@ -72,6 +73,10 @@ impl From<EngineError> for ApiError {
             EngineError::IdempotencyConflict => ApiError::new(409, "idempotency_conflict", message),
             EngineError::IdempotencyInFlight => ApiError::new(409, "idempotency_in_progress", message),
             EngineError::Workspace(path_error) => ApiError::from(path_error),
+            // A unique key that already exists: the request collides with another.
+            EngineError::Store(StoreError::Conflict(_)) => {
+                ApiError::new(409, "conflict", "the request conflicts with another")
+            }
             EngineError::Provider(_) | EngineError::Store(_) | EngineError::Internal(_) => ApiError::internal(&error),
         }
     }

@@ -130,3 +130,19 @@ impl From<&EdgeError> for ApiError {
         ApiError::new(error.status(), code, error.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_map_by_kind() {
+        let conflict = ApiError::from(EngineError::Store(StoreError::Conflict("UNIQUE constraint failed".into())));
+        assert_eq!((conflict.status, conflict.code), (409, "conflict"));
+        assert!(!conflict.message.contains("UNIQUE"), "the store's words stay in the log");
+        let gone = ApiError::from(EngineError::from(StoreError::MissingSession));
+        assert_eq!((gone.status, gone.code), (404, "session_not_found"));
+        let full = ApiError::from(EngineError::Store(StoreError::Sqlite("database or disk is full".into())));
+        assert_eq!((full.status, full.code), (500, "internal_error"));
+    }
+}

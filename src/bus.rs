@@ -47,6 +47,10 @@ pub struct Envelope {
     /// `None` for events every tenant may see (notices).
     pub tenant: Option<Arc<str>>,
     pub session_id: Option<Arc<str>>,
+    /// Whom the event is attributed to (a BAE client key id); kept in the log.
+    pub actor: Option<Arc<str>>,
+    /// The turn (run id) that emitted it, for streams that follow one turn; live only.
+    pub turn: Option<Arc<str>>,
     pub event: Arc<Event>,
     /// One frame per `Format`: with a thousand streams of one format, one serialization
     /// instead of a thousand.
@@ -65,8 +69,17 @@ pub enum Format {
 pub const FORMATS: usize = 2;
 
 impl Envelope {
-    fn new(seq: u64, at: String, tenant: Option<Arc<str>>, event: Arc<Event>) -> Envelope {
-        Envelope { seq, at, tenant, session_id: event.session_id().map(Arc::from), event, frames: Default::default() }
+    fn new(seq: u64, at: String, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
+        Envelope {
+            seq,
+            at,
+            tenant,
+            session_id: event.session_id().map(Arc::from),
+            actor: origin.actor,
+            turn: origin.turn,
+            event,
+            frames: Default::default(),
+        }
     }
 
     /// The envelope in `format`, rendered by `render` the first time it is asked for.
@@ -77,13 +90,24 @@ impl Envelope {
     /// The envelope of an event read back from the log.
     fn from_log(logged: LoggedEvent) -> Option<Envelope> {
         match serde_json::from_str::<Event>(&logged.body) {
-            Ok(event) => Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), Arc::new(event))),
+            Ok(event) => {
+                let origin = Origin { actor: logged.actor.map(Arc::from), turn: None };
+                Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), origin, Arc::new(event)))
+            }
             Err(error) => {
                 log::error!("logged event {} cannot be read ({error}); it is skipped", logged.seq);
                 None
             }
         }
     }
+}
+
+/// Where an event comes from beyond its tenant: whom it is attributed to and which turn
+/// emitted it.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub actor: Option<Arc<str>>,
+    pub turn: Option<Arc<str>>,
 }
 
 /// Which envelopes a subscriber wants, and in which format it sends them.
@@ -245,7 +269,13 @@ impl Drop for Subscription {
 }
 
 enum BusMsg {
-    Publish { tenant: Option<Arc<str>>, event: Box<Event> },
+    Publish {
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Box<Event>,
+        /// Told the event's seq once it is committed to the log.
+        committed: Option<Sender<u64>>,
+    },
     Subscribe { filter: Filter, after: Option<u64>, reply: Sender<Subscription> },
     Unsubscribe { id: u64 },
     Shutdown,
@@ -291,6 +321,7 @@ impl Bus {
             own_tx: bus_tx.clone(),
             ring: VecDeque::with_capacity(config.replay_capacity.min(1 << 16)),
             unlogged: Vec::new(),
+            acks: Vec::new(),
             subscribers: Vec::new(),
             subscriber_gauge: Arc::clone(&subscribers),
         };
@@ -309,9 +340,24 @@ impl Bus {
     /// `publish` for a hot path that keeps its tenant as an `Arc`, saving an allocation per
     /// event (a run publishes one per streamed delta).
     pub fn publish_shared(&self, tenant: Option<Arc<str>>, event: Event) {
-        if self.bus_tx.send(BusMsg::Publish { tenant, event: Box::new(event) }).is_err() {
+        self.publish_from(tenant, Origin::default(), event);
+    }
+
+    /// Publishes an event with its attribution and turn.
+    pub fn publish_from(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) {
+        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: None };
+        if self.bus_tx.send(message).is_err() {
             log::debug!("event dropped: the bus has stopped");
         }
+    }
+
+    /// Publishes an event and returns its seq once it is committed to the log, so a reply can
+    /// acknowledge it. `None`: the bus has stopped or the log write failed.
+    pub fn publish_durable(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) -> Option<u64> {
+        let (committed, seq) = bounded(1);
+        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: Some(committed) };
+        self.bus_tx.send(message).ok()?;
+        seq.recv().ok()
     }
 
     /// Subscribes; `after` replays buffered envelopes with a greater seq first.
@@ -359,6 +405,8 @@ struct BusActor {
     ring: VecDeque<Arc<Envelope>>,
     /// Stamped events not yet in the log; written before their batch is fanned out.
     unlogged: Vec<LoggedEvent>,
+    /// Publishers waiting for their event's commit, with its seq.
+    acks: Vec<(Sender<u64>, u64)>,
     subscribers: Vec<Subscriber>,
     subscriber_gauge: Arc<AtomicUsize>,
 }
@@ -369,8 +417,12 @@ impl BusActor {
         let mut next = inbox.recv().ok();
         while let Some(message) = next.take() {
             match message {
-                BusMsg::Publish { tenant, event } => {
-                    batch.extend(self.stamp(tenant, event));
+                BusMsg::Publish { tenant, origin, event, committed } => {
+                    let envelope = self.stamp(tenant, origin, event);
+                    if let (Some(envelope), Some(committed)) = (&envelope, committed) {
+                        self.acks.push((committed, envelope.seq));
+                    }
+                    batch.extend(envelope);
                     if batch.len() < MAX_BATCH {
                         next = inbox.try_recv().ok();
                     }
@@ -398,7 +450,7 @@ impl BusActor {
 
     /// Gives an event its seq and time, keeps it in the ring, and queues it for the log unless
     /// it is a delta. Frames are built later, by the streams, once per format.
-    fn stamp(&mut self, tenant: Option<Arc<str>>, event: Box<Event>) -> Option<Arc<Envelope>> {
+    fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Box<Event>) -> Option<Arc<Envelope>> {
         let body = match event.is_delta() {
             true => None,
             false => match serde_json::to_string(&*event) {
@@ -417,12 +469,13 @@ impl BusActor {
                 seq,
                 tenant: tenant.as_deref().map(str::to_string),
                 session_id: event.session_id().map(str::to_string),
+                actor: origin.actor.as_deref().map(str::to_string),
                 kind: event.kind().to_string(),
                 at: at.clone(),
                 body,
             });
         }
-        let envelope = Arc::new(Envelope::new(seq, at, tenant, event));
+        let envelope = Arc::new(Envelope::new(seq, at, tenant, origin, event));
         if self.ring.len() == self.config.replay_capacity {
             self.ring.pop_front();
         }
@@ -436,14 +489,21 @@ impl BusActor {
     /// so nothing but a delta is streamed before it is durable. Publishers never wait on this:
     /// what they send meanwhile queues in the inbox and goes out in the next, larger batch.
     fn log(&mut self) {
+        let acks = std::mem::take(&mut self.acks);
         if self.unlogged.is_empty() {
             return;
         }
         let events = std::mem::take(&mut self.unlogged);
         let keep = self.config.log_capacity;
-        if let Err(error) = self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
+        match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
+            Ok(()) => {
+                for (ack, seq) in acks {
+                    let _ = ack.send(seq);
+                }
+            }
             // Streaming anyway: live clients keep their events; a replay will miss these.
-            log::error!("events could not be logged: {error}");
+            // Whoever waits for a commit learns it failed (its sender is dropped).
+            Err(error) => log::error!("events could not be logged: {error}"),
         }
     }
 

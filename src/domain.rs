@@ -40,6 +40,8 @@ pub enum Dispatch {
     Mcp { server: String },
     /// A sandbox.
     Sandbox,
+    /// A remote subagent.
+    Subagent,
 }
 
 impl Dispatch {
@@ -184,6 +186,10 @@ pub struct ToolResult {
     /// For clients only; never sent to the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
+    /// The result as content blocks, when a BAE client sent blocks rather than a string: they
+    /// reach the provider as they are, and `content` is their text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<Value>>,
 }
 
 /// A tool call waiting for a person's decision.
@@ -304,7 +310,7 @@ pub struct ModelInfo {
     pub supports_reasoning: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolSchema {
     pub name: String,
@@ -377,6 +383,113 @@ pub enum Event {
     SessionDeleted { session_id: String },
     #[serde(rename = "notice", rename_all = "camelCase")]
     Notice { level: NoticeLevel, message: String },
+    /// A client opened (`joined: false`) or joined a session, declaring its tools.
+    #[serde(rename = "client.attached")]
+    ClientAttached {
+        session_id: String,
+        joined: bool,
+        client_version: Option<String>,
+        tools: Vec<String>,
+        sandbox_tools: Vec<String>,
+        subagent_tools: Vec<String>,
+    },
+    /// A client registered as a driver of the session.
+    #[serde(rename = "driver.registered")]
+    DriverRegistered { session_id: String },
+    /// One provider attempt of a turn is about to be made.
+    #[serde(rename = "provider.request")]
+    ProviderRequest(Box<ProviderRequest>),
+    /// How that attempt went.
+    #[serde(rename = "provider.response")]
+    ProviderResponse(Box<ProviderResponse>),
+    /// Something went wrong in a session; `fault.reason` says what.
+    #[serde(rename = "session.fault")]
+    SessionFault { session_id: String, fault: Fault },
+    /// A session reached its end (BAE sessions close rather than being deleted).
+    #[serde(rename = "session.closed")]
+    SessionClosed { session_id: String, reason: CloseReason },
+    #[serde(rename = "compaction.started")]
+    CompactionStarted { session_id: String, trigger: CompactionTrigger, message_count: u64 },
+    #[serde(rename = "compaction.completed")]
+    CompactionCompleted(Box<CompactionCompleted>),
+}
+
+/// A provider attempt, as the turn makes it (no key or header ever).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderRequest {
+    pub session_id: String,
+    /// Index in the turn's provider chain: 0 the primary, then each fallback.
+    pub attempt: u32,
+    /// The wire format (`anthropic`, `openai`, `builtin`).
+    pub provider: String,
+    pub base_url: Option<String>,
+    pub model: String,
+    pub max_tokens: Option<u32>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSchema>,
+}
+
+/// What an attempt got back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderResponse {
+    pub session_id: String,
+    pub attempt: u32,
+    pub provider: String,
+    pub ok: bool,
+    /// The HTTP status, when a response arrived.
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    /// The provider's answer: its JSON on success, its raw text on failure.
+    pub body: Option<Value>,
+}
+
+/// What went wrong in a session, with what each kind of fault carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Fault {
+    ProviderConfig { detail: String },
+    ProviderCallFailed { provider: String, detail: String },
+    AllProvidersFailed { attempts: u32 },
+    LoopLimit { max_iterations: u32 },
+    ProfileUnavailable { profile_id: String },
+    PrimaryProviderUnavailable { profile_id: String, primary_provider: String },
+    DriverTurnAbandoned { owner_client_key_id: String },
+    ToolResultMergeInvalid { detail: String },
+}
+
+impl Fault {
+    /// Whether the session cannot go on after it.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Fault::ProviderCallFailed { .. } | Fault::DriverTurnAbandoned { .. })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CloseReason {
+    ClientClose,
+    ClientKeyRevoked,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionTrigger {
+    Auto,
+    Client,
+}
+
+/// A compaction that replaced the history before it with a summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactionCompleted {
+    pub session_id: String,
+    pub trigger: CompactionTrigger,
+    /// The messages the summary replaced.
+    pub compacted_message_count: u64,
+    pub input_tokens: u64,
+    pub summary_tokens: u64,
+    /// The ids of the stored preamble and summary messages.
+    pub preamble_message_id: String,
+    pub summary_message_id: String,
 }
 
 impl Event {
@@ -396,6 +509,14 @@ impl Event {
             Event::ApprovalResolved { .. } => "approval.resolved",
             Event::SessionDeleted { .. } => "session.deleted",
             Event::Notice { .. } => "notice",
+            Event::ClientAttached { .. } => "client.attached",
+            Event::DriverRegistered { .. } => "driver.registered",
+            Event::ProviderRequest(_) => "provider.request",
+            Event::ProviderResponse(_) => "provider.response",
+            Event::SessionFault { .. } => "session.fault",
+            Event::SessionClosed { .. } => "session.closed",
+            Event::CompactionStarted { .. } => "compaction.started",
+            Event::CompactionCompleted(_) => "compaction.completed",
         }
     }
 
@@ -418,7 +539,15 @@ impl Event {
             | Event::ToolFinished { session_id, .. }
             | Event::ApprovalRequested { session_id, .. }
             | Event::ApprovalResolved { session_id, .. }
-            | Event::SessionDeleted { session_id } => Some(session_id),
+            | Event::SessionDeleted { session_id }
+            | Event::ClientAttached { session_id, .. }
+            | Event::DriverRegistered { session_id }
+            | Event::SessionFault { session_id, .. }
+            | Event::SessionClosed { session_id, .. }
+            | Event::CompactionStarted { session_id, .. } => Some(session_id),
+            Event::ProviderRequest(request) => Some(&request.session_id),
+            Event::ProviderResponse(response) => Some(&response.session_id),
+            Event::CompactionCompleted(completed) => Some(&completed.session_id),
             Event::Notice { .. } => None,
         }
     }

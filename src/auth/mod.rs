@@ -6,6 +6,8 @@
 //! Kestrel's tenant tokens live here; the BAE door's keys (client, session, admin) will add
 //! their principals beside them.
 
+pub mod keys;
+
 use crate::config::TenantToken;
 
 /// Why an `Authorization` header gave no token; the messages are BAE's, word for word.

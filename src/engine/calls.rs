@@ -238,6 +238,7 @@ fn failed_result(call: &ToolCall, content: String, error: &str) -> ToolResult {
         duration_ms: Some(0),
         error: Some(error.to_string()),
         data: None,
+        blocks: None,
     }
 }
 

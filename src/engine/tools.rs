@@ -131,6 +131,7 @@ impl ToolRegistry {
             duration_ms: Some(started.elapsed().as_millis() as u64),
             error: output.error,
             data: output.data,
+            blocks: None,
         }
     }
 }

@@ -20,6 +20,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Sql(include_str!("migrations/0004_events.sql")),
     // 5: messages from Kestrel's `ChatMessage` JSON to the engine's blocks.
     Migration::Code(messages_to_blocks),
+    Migration::Sql(include_str!("migrations/0006_bae.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.
@@ -92,6 +93,7 @@ impl From<LegacyMessage> for Message {
                     duration_ms: None,
                     error: None,
                     data: None,
+                    blocks: None,
                 }));
             }
             _ if !old.content.is_empty() => blocks.push(Block::Text { text: old.content }),

@@ -5,6 +5,7 @@
 //! from a small pool on the calling thread (see `reader.rs`). The database runs in WAL mode
 //! with `synchronous=FULL`: a write whose reply has arrived survives a power cut.
 
+mod bae;
 mod lock;
 mod migrate;
 mod reader;
@@ -17,6 +18,9 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::domain::{Message, SessionRecord, SessionStatus};
 
+pub use bae::{
+    BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT,
+};
 pub use reader::{EventQuery, ReaderPool};
 pub use writer::WriterHandle;
 
@@ -43,6 +47,10 @@ pub enum StoreError {
     MissingSession,
     /// The write would repeat a unique key.
     Conflict(String),
+    /// The row the write changes does not exist (or was soft-deleted).
+    NotFound,
+    /// The profile still has this many active client keys.
+    InUse(u64),
 }
 
 impl std::fmt::Display for StoreError {
@@ -54,6 +62,8 @@ impl std::fmt::Display for StoreError {
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
             StoreError::MissingSession => write!(f, "the session does not exist"),
             StoreError::Conflict(message) => write!(f, "conflict: {message}"),
+            StoreError::NotFound => write!(f, "no such row"),
+            StoreError::InUse(count) => write!(f, "still used by {count} active key(s)"),
             StoreError::Locked { dir, holder } => {
                 write!(f, "the data dir {} is in use by another Kestrel server", dir.display())?;
                 match holder {
@@ -129,11 +139,14 @@ pub enum WriteOp {
     SetSeqCeiling(u64),
     /// The answer to a request sent with an Idempotency-Key; also drops expired answers.
     RecordIdempotent(IdempotentAnswer),
-    /// Appends events to the log, dropping those more than `keep` seqs older than the last.
+    /// Appends events to the log, dropping those more than `keep` seqs older than the last
+    /// (a BAE session's events are its permanent history and are never dropped).
     AppendEvents {
         events: Vec<LoggedEvent>,
         keep: u64,
     },
+    /// A change to the BAE client API's own tables.
+    Bae(BaeWrite),
 }
 
 /// An event as the log keeps it.
@@ -142,6 +155,8 @@ pub struct LoggedEvent {
     pub seq: u64,
     pub tenant: Option<String>,
     pub session_id: Option<String>,
+    /// Whom the event is attributed to (a BAE client key id), if anyone.
+    pub actor: Option<String>,
     /// The event's `type`.
     pub kind: String,
     /// When it was published (RFC 3339).

@@ -24,7 +24,7 @@ impl ReaderPool {
         ReaderPool { path, idle: Mutex::new(Vec::new()) }
     }
 
-    fn with<T>(&self, query: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    pub(super) fn with<T>(&self, query: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match pooled {
             Some(conn) => conn,
@@ -126,12 +126,12 @@ impl ReaderPool {
         self.with(|conn| {
             let sql = match query.session {
                 Some(_) => {
-                    "SELECT seq, tenant, session_id, type, at, body FROM events
+                    "SELECT seq, tenant, session_id, type, at, body, actor FROM events
                      WHERE session_id = ?4 AND seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL)
                      ORDER BY seq LIMIT ?5"
                 }
                 None => {
-                    "SELECT seq, tenant, session_id, type, at, body FROM events
+                    "SELECT seq, tenant, session_id, type, at, body, actor FROM events
                      WHERE seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL) AND ?4 IS NULL
                      ORDER BY seq LIMIT ?5"
                 }
@@ -139,16 +139,7 @@ impl ReaderPool {
             let mut statement = conn.prepare_cached(sql)?;
             let rows = statement.query_map(
                 params![query.after as i64, query.before as i64, query.tenant, query.session, limit as i64],
-                |row| {
-                    Ok(LoggedEvent {
-                        seq: row.get::<_, i64>(0)? as u64,
-                        tenant: row.get(1)?,
-                        session_id: row.get(2)?,
-                        kind: row.get(3)?,
-                        at: row.get(4)?,
-                        body: row.get(5)?,
-                    })
-                },
+                logged_event,
             )?;
             let mut events = Vec::new();
             for row in rows {
@@ -181,6 +172,19 @@ pub struct EventQuery<'a> {
     pub tenant: &'a str,
     /// One session's events, or every session's.
     pub session: Option<&'a str>,
+}
+
+/// A row of `SELECT seq, tenant, session_id, type, at, body, actor FROM events`.
+pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
+    Ok(LoggedEvent {
+        seq: row.get::<_, i64>(0)? as u64,
+        tenant: row.get(1)?,
+        session_id: row.get(2)?,
+        kind: row.get(3)?,
+        at: row.get(4)?,
+        body: row.get(5)?,
+        actor: row.get(6)?,
+    })
 }
 
 const SESSION_COLUMNS: &str =

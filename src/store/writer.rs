@@ -21,6 +21,9 @@ const MAX_BATCH: usize = 4096;
 
 pub(super) struct Writer {
     conn: Connection,
+    /// Every logged event below this seq that may be dropped has been; `None` until the first
+    /// trim. Keeps each trim a range on the primary key however much BAE history is kept.
+    trimmed_below: Option<u64>,
 }
 
 pub struct WriterHandle {
@@ -51,7 +54,7 @@ impl Writer {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::migrate::migrate(&mut conn)?;
-        Ok(Writer { conn })
+        Ok(Writer { conn, trimmed_below: None })
     }
 
     pub(super) fn spawn(
@@ -93,14 +96,18 @@ impl Writer {
     }
 
     fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<super::Reply>)>) {
+        let mut trimmed_below = self.trimmed_below;
         let outcome = (|| -> Result<(), StoreError> {
             let tx = self.conn.transaction()?;
             for (ops, _) in batch.iter() {
-                apply_all(&tx, ops)?;
+                apply_all(&tx, ops, &mut trimmed_below)?;
             }
             tx.commit()?;
             Ok(())
         })();
+        if outcome.is_ok() {
+            self.trimmed_below = trimmed_below;
+        }
         match outcome {
             Ok(()) => {
                 for (_, reply) in batch.drain(..) {
@@ -125,9 +132,11 @@ impl Writer {
     }
 
     fn commit_one(&mut self, ops: &[WriteOp]) -> Result<(), StoreError> {
+        let mut trimmed_below = self.trimmed_below;
         let tx = self.conn.transaction()?;
-        apply_all(&tx, ops)?;
+        apply_all(&tx, ops, &mut trimmed_below)?;
         tx.commit()?;
+        self.trimmed_below = trimmed_below;
         Ok(())
     }
 }
@@ -145,14 +154,14 @@ fn respond(reply: Option<super::Reply>, result: Result<(), StoreError>) {
     }
 }
 
-fn apply_all(tx: &Transaction<'_>, ops: &[WriteOp]) -> Result<(), StoreError> {
+fn apply_all(tx: &Transaction<'_>, ops: &[WriteOp], trimmed_below: &mut Option<u64>) -> Result<(), StoreError> {
     for op in ops {
-        apply(tx, op)?;
+        apply(tx, op, trimmed_below)?;
     }
     Ok(())
 }
 
-fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
+fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) -> Result<(), StoreError> {
     match op {
         WriteOp::InsertSession(record) => {
             let s = &record.summary;
@@ -203,7 +212,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp) -> Result<(), StoreError> {
             .execute(params![session_id, call_id, at])?;
         }
         WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
-        WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep)?,
+        WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep, trimmed_below)?,
+        WriteOp::Bae(write) => super::bae::apply(tx, write)?,
         WriteOp::SetSeqCeiling(ceiling) => {
             tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('seq_ceiling', ?1)
@@ -234,16 +244,39 @@ fn record_idempotent(tx: &Transaction<'_>, record: &super::IdempotentAnswer) -> 
     Ok(())
 }
 
-fn append_events(tx: &Transaction<'_>, events: &[super::LoggedEvent], keep: u64) -> Result<(), StoreError> {
+fn append_events(
+    tx: &Transaction<'_>,
+    events: &[super::LoggedEvent],
+    keep: u64,
+    trimmed_below: &mut Option<u64>,
+) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO events (seq, tenant, session_id, type, at, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR REPLACE INTO events (seq, tenant, session_id, type, at, body, actor)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
     for event in events {
-        insert.execute(params![event.seq as i64, event.tenant, event.session_id, event.kind, event.at, event.body])?;
+        insert.execute(params![
+            event.seq as i64,
+            event.tenant,
+            event.session_id,
+            event.kind,
+            event.at,
+            event.body,
+            event.actor
+        ])?;
     }
-    if let Some(last) = events.last() {
-        // The oldest go as new ones come: a range delete on the primary key.
-        tx.prepare_cached("DELETE FROM events WHERE seq < ?1")?.execute([last.seq.saturating_sub(keep) as i64])?;
+    let Some(last) = events.last() else { return Ok(()) };
+    // The oldest go as new ones come, but never a BAE session's: that is its history. Only
+    // the seqs not trimmed before are looked at, so this stays a range on the primary key.
+    let below = last.seq.saturating_sub(keep);
+    let from = trimmed_below.unwrap_or(0);
+    if below > from {
+        tx.prepare_cached("DELETE FROM events WHERE seq >= ?1 AND seq < ?2 AND tenant IS NOT ?3")?.execute(params![
+            from as i64,
+            below as i64,
+            super::BAE_TENANT
+        ])?;
+        *trimmed_below = Some(below);
     }
     Ok(())
 }

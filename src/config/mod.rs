@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::tools::Permission;
 
+pub mod bae;
+pub use bae::BaeConfig;
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -20,6 +23,8 @@ pub struct Config {
     pub builtin: BuiltinConfig,
     /// Model providers by name; a model's id is `<provider>/<model name>`.
     pub providers: BTreeMap<String, ProviderConfig>,
+    /// The BAE client API.
+    pub bae: BaeConfig,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,
@@ -48,6 +53,9 @@ pub struct ProviderConfig {
     /// A key given directly (providers registered from OPENAI_API_KEY / ANTHROPIC_API_KEY).
     #[serde(default, skip)]
     pub api_key: Option<String>,
+    /// A key that may hold `${VAR}`, resolved at each call (BAE config files' `auth_token`).
+    #[serde(default, skip)]
+    pub api_key_template: Option<String>,
     /// Providers tried in order when this one fails before producing output.
     #[serde(default)]
     pub fallbacks: Vec<String>,
@@ -96,6 +104,7 @@ impl ProviderConfig {
             base_url: base_url.into(),
             api_key_env: None,
             api_key: None,
+            api_key_template: None,
             fallbacks: Vec::new(),
             timeout_secs: defaults::timeout_secs(),
             idle_timeout_secs: defaults::idle_timeout_secs(),
@@ -278,6 +287,8 @@ pub enum ConfigError {
     Env(&'static str, String),
     /// A token entry whose secret could not be found.
     MissingToken(String),
+    /// A setting that cannot be served as given.
+    Invalid(String),
 }
 
 impl std::fmt::Display for ConfigError {
@@ -293,6 +304,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::MissingToken(tenant) => {
                 write!(f, "auth token for tenant `{tenant}` is empty or its token_env variable is unset")
             }
+            ConfigError::Invalid(why) => write!(f, "{why}"),
         }
     }
 }
@@ -319,6 +331,39 @@ impl std::fmt::Debug for TenantToken {
     }
 }
 
+/// The variables a `${VAR}` template names.
+pub fn template_vars(template: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("${") {
+        let Some(end) = rest[start + 2..].find('}') else { break };
+        names.push(rest[start + 2..start + 2 + end].to_string());
+        rest = &rest[start + 3 + end..];
+    }
+    names
+}
+
+/// Resolves every `${NAME}` of a template from `env`; `$` not followed by `{` is literal.
+/// An unterminated `${` or an unset variable is an error naming it (never its value).
+pub fn resolve_template(template: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(end) = rest[start + 2..].find('}') else {
+            return Err("unterminated ${ in a token template".to_string());
+        };
+        let name = &rest[start + 2..start + 2 + end];
+        match env(name) {
+            Some(value) => out.push_str(&value),
+            None => return Err(format!("environment variable {name} is not set")),
+        }
+        rest = &rest[start + 3 + end..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 /// The tenant of every session when auth is off, and of `auth.token` / `KESTREL_TOKEN`.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -336,7 +381,54 @@ impl Config {
             None => Config::default(),
         };
         config.apply_env(env)?;
+        config.bae.apply_env(env)?;
+        config.read_bae_file()?;
+        config.check()?;
         Ok(config)
+    }
+
+    /// Reads `bae.config_file`: its provider entries join `providers` (a name already there
+    /// is an error), the rest is kept for the admin API.
+    fn read_bae_file(&mut self) -> Result<(), ConfigError> {
+        let Some(path) = self.bae.config_file.clone() else { return Ok(()) };
+        let file = bae::BaeFile::read(&path)?;
+        for (name, provider) in file.providers() {
+            if self.providers.contains_key(&name) {
+                return Err(ConfigError::Invalid(format!(
+                    "provider `{name}` of {} is also configured in [providers]",
+                    path.display()
+                )));
+            }
+            self.providers.insert(name, provider);
+        }
+        self.bae.file = file;
+        Ok(())
+    }
+
+    /// What cannot be served as configured.
+    fn check(&self) -> Result<(), ConfigError> {
+        // `@` starts the BAE door's own tenant; no configured tenant may look like it.
+        if let Some(token) = self.auth.tokens.iter().find(|t| t.tenant.starts_with('@') || t.tenant.is_empty()) {
+            return Err(ConfigError::Invalid(format!("tenant name {:?} is empty or starts with `@`", token.tenant)));
+        }
+        Ok(())
+    }
+
+    /// The admin API's address, if it is served; only a loopback address is accepted.
+    pub fn admin_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        let text = self.bae.admin_addr.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let addr: SocketAddr = text
+            .parse()
+            .map_err(|_| ConfigError::Invalid(format!("admin address {text:?} is not an IP:port literal")))?;
+        if !addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "admin address {addr} is not a loopback address; the admin API never leaves the host"
+            )));
+        }
+        Ok(Some(addr))
     }
 
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
@@ -407,6 +499,7 @@ impl Config {
             ["KESTREL_TOKEN", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"].iter().map(|s| s.to_string()).collect();
         names.extend(self.auth.tokens.iter().filter_map(|t| t.token_env.clone()));
         names.extend(self.providers.values().filter_map(|p| p.api_key_env.clone()));
+        names.extend(self.providers.values().filter_map(|p| p.api_key_template.as_deref()).flat_map(template_vars));
         names.sort();
         names.dedup();
         names

@@ -186,6 +186,7 @@ mod tests {
             duration_ms: None,
             error: None,
             data: None,
+            blocks: None,
         }));
         let plan = plan_answer(&[user("/tool t"), call, result]);
         assert_eq!(plan.text, "Tool results: t failed — boom");

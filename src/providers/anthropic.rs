@@ -8,7 +8,7 @@ use super::openai::parse_arguments;
 use super::sse::SseEvent;
 use super::transport::CallError;
 use super::{CompletionRequest, Delta, Finish, StreamState};
-use crate::domain::{Message, Role, ToolCall, Usage};
+use crate::domain::{Block as MessageBlock, Message, Role, ToolCall, Usage};
 
 pub(super) const API_VERSION: &str = "2023-06-01";
 
@@ -50,6 +50,9 @@ pub(super) fn request_body(request: &CompletionRequest<'_>, model: &str, max_tok
 }
 
 fn user_blocks(message: &Message) -> Vec<Value> {
+    if message.blocks.iter().any(|block| matches!(block, MessageBlock::ToolResult(_))) {
+        return message.blocks.iter().filter_map(user_block).collect();
+    }
     let mut blocks = Vec::new();
     for image in message.images() {
         blocks.push(json!({ "type": "image", "source": {
@@ -61,6 +64,28 @@ fn user_blocks(message: &Message) -> Vec<Value> {
         blocks.push(json!({ "type": "text", "text": text }));
     }
     blocks
+}
+
+/// One block of a user turn that carries tool results (a BAE client's), in its order.
+fn user_block(block: &MessageBlock) -> Option<Value> {
+    Some(match block {
+        MessageBlock::Text { text } => json!({ "type": "text", "text": text }),
+        MessageBlock::Image(image) => json!({ "type": "image", "source": {
+            "type": "base64", "media_type": image.mime_type, "data": image.data,
+        }}),
+        MessageBlock::ToolResult(result) => {
+            let content = match &result.blocks {
+                Some(blocks) => Value::Array(blocks.clone()),
+                None => Value::String(result.content.clone()),
+            };
+            let mut block = json!({ "type": "tool_result", "tool_use_id": result.call_id, "content": content });
+            if !result.ok {
+                block["is_error"] = Value::Bool(true);
+            }
+            block
+        }
+        MessageBlock::Reasoning { .. } | MessageBlock::ToolCall(_) => return None,
+    })
 }
 
 fn assistant_blocks(message: &Message) -> Vec<Value> {

@@ -32,6 +32,10 @@ pub(super) fn echo_model_info() -> ModelInfo {
 }
 
 impl Provider for EchoProvider {
+    fn target(&self) -> super::Target {
+        super::Target { wire: "builtin", base_url: None, model: "echo".into(), max_tokens: None }
+    }
+
     fn complete(
         &self,
         request: &CompletionRequest<'_>,

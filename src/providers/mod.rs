@@ -12,6 +12,7 @@
 
 mod anthropic;
 mod builtin;
+mod exchange;
 mod openai;
 mod route;
 mod sse;
@@ -25,6 +26,7 @@ use crate::config::Config;
 use crate::domain::{Message, ModelInfo, ToolCall, ToolSchema, Usage};
 
 pub use builtin::{EchoProvider, ECHO_MODEL_ID};
+pub use exchange::{Exchanged, Refused, Target};
 
 /// Everything a provider needs for one call. The model is the one the provider was resolved
 /// for.
@@ -100,6 +102,24 @@ pub trait Provider: Send + Sync {
         on_delta: &mut dyn FnMut(Delta<'_>),
         cancel: &CancelToken,
     ) -> Result<Completion, ProviderError>;
+
+    /// What an attempt is made against. Providers with no wire of their own are `builtin`.
+    fn target(&self) -> Target {
+        Target { wire: "builtin", base_url: None, model: String::new(), max_tokens: None }
+    }
+
+    /// One non-streamed attempt, with the answer's body as the provider sent it. A provider
+    /// with no wire of its own answers through `complete`, its body in the Messages shape.
+    fn exchange(&self, request: &CompletionRequest<'_>, cancel: &CancelToken) -> Result<Exchanged, Refused> {
+        match self.complete(request, &mut |_| {}, cancel) {
+            Ok(completion) => {
+                let body = exchange::messages_body(&self.target().model, &completion);
+                Ok(Exchanged { completion, body })
+            }
+            Err(ProviderError::Cancelled) => Err(Refused { cancelled: true, ..Refused::new(None, "cancelled", None) }),
+            Err(ProviderError::Failed(why)) => Err(Refused::new(None, why, None)),
+        }
+    }
 }
 
 /// What a wire decoder has assembled so far; also tells whether output has started.
@@ -220,6 +240,14 @@ impl ModelRegistry {
 
     pub fn infos(&self) -> impl Iterator<Item = &ModelInfo> {
         self.models.iter().map(|model| &model.info)
+    }
+
+    /// The model a name means: a model id, or a provider's name for its first model.
+    pub fn model_named(&self, name: &str) -> Option<&ModelInfo> {
+        match self.by_id.get(name) {
+            Some(index) => Some(&self.models[*index].info),
+            None => self.infos().find(|info| info.provider == name),
+        }
     }
 
     /// The provider that runs a model.

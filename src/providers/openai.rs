@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use super::sse::SseEvent;
 use super::transport::CallError;
 use super::{CompletionRequest, Delta, Finish, StreamState};
-use crate::domain::{new_id, Message, Role, ToolCall, Usage};
+use crate::domain::{new_id, Block, Message, Role, ToolCall, ToolResult, Usage};
 
 /// The request body for one call.
 pub(super) fn request_body(
@@ -26,7 +26,12 @@ pub(super) fn request_body(
     if let Some(prompt) = request.system_prompt {
         messages.push(json!({ "role": "system", "content": prompt }));
     }
-    messages.extend(request.messages.iter().filter_map(message));
+    for each in request.messages {
+        match tool_results(each) {
+            Some(turns) => messages.extend(turns),
+            None => messages.extend(message(each)),
+        }
+    }
     let mut body = json!({
         "model": model,
         "stream": true,
@@ -49,6 +54,42 @@ pub(super) fn request_body(
         body["max_tokens"] = json!(max_tokens);
     }
     body
+}
+
+/// A user message that carries tool results (a BAE client's): one `tool` message per result,
+/// then the user's text if it has any. `None` for any other message.
+fn tool_results(message: &Message) -> Option<Vec<Value>> {
+    let results: Vec<&ToolResult> = message
+        .blocks
+        .iter()
+        .filter_map(|block| match block {
+            Block::ToolResult(result) => Some(result),
+            _ => None,
+        })
+        .collect();
+    if message.role != Role::User || results.is_empty() {
+        return None;
+    }
+    let mut turns: Vec<Value> = results
+        .into_iter()
+        .map(|result| json!({ "role": "tool", "tool_call_id": result.call_id, "content": result_text(result) }))
+        .collect();
+    let text = message.text();
+    if !text.is_empty() {
+        turns.push(json!({ "role": "user", "content": text }));
+    }
+    Some(turns)
+}
+
+/// A result's text: its content, or for blocks their text joined, or their JSON if none is text.
+fn result_text(result: &ToolResult) -> String {
+    let Some(blocks) = &result.blocks else { return result.content.clone() };
+    let text: String = blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect();
+    if text.is_empty() {
+        Value::Array(blocks.clone()).to_string()
+    } else {
+        text
+    }
 }
 
 fn message(message: &Message) -> Option<Value> {

@@ -22,13 +22,13 @@ use crate::config::{ModelConfig, ProviderConfig, Wire};
 use crate::domain::ModelInfo;
 
 /// Anthropic requires `max_tokens`; this is used when a model sets none.
-const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 8192;
+pub(super) const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 8192;
 
 pub(super) struct WireClient {
     name: String,
-    config: ProviderConfig,
+    pub(super) config: ProviderConfig,
     api_key: Option<String>,
-    agent: ureq::Agent,
+    pub(super) agent: ureq::Agent,
 }
 
 struct Candidate {
@@ -124,17 +124,18 @@ impl WireClient {
         let base = self.config.base_url.trim_end_matches('/');
         let mut headers =
             vec![("Content-Type", "application/json".to_string()), ("Accept", "text/event-stream".into())];
+        let key = self.key().map_err(CallError::Fatal)?;
         let (url, body) = match self.config.wire {
             Wire::Openai => {
-                if let Some(key) = &self.api_key {
+                if let Some(key) = &key {
                     headers.push(("Authorization", format!("Bearer {key}")));
                 }
                 let body = openai::request_body(request, &model.name, model.max_tokens, model.supports_tools);
                 (format!("{base}/chat/completions"), body)
             }
             Wire::Anthropic => {
-                if let Some(key) = &self.api_key {
-                    headers.push(("x-api-key", key.clone()));
+                if let Some(key) = key {
+                    headers.push(("x-api-key", key));
                 }
                 headers.push(("anthropic-version", anthropic::API_VERSION.into()));
                 let max_tokens = model.max_tokens.unwrap_or(ANTHROPIC_DEFAULT_MAX_TOKENS);
@@ -172,12 +173,28 @@ impl WireClient {
         Ok(state)
     }
 
+    /// The key for the next call: the configured one, or its `${VAR}` template resolved now.
+    /// The error names a missing variable, never a value.
+    pub(super) fn key(&self) -> Result<Option<String>, String> {
+        match &self.config.api_key_template {
+            Some(template) => crate::config::resolve_template(template, &|name| std::env::var(name).ok())
+                .map(Some)
+                .map_err(|why| format!("provider `{}`: {why}", self.name)),
+            None => Ok(self.api_key.clone()),
+        }
+    }
+
+    /// The key as it would be sent, if it can be resolved: what redaction looks for.
+    pub(super) fn resolved_key(&self) -> Option<String> {
+        self.key().ok().flatten()
+    }
+
     /// A failure as the run reports it: the provider's name, the status and message, and
     /// never the key, even if an upstream echoed it back.
     fn describe(&self, message: &str) -> String {
         let mut text = format!("provider `{}`: {message}", self.name);
-        if let Some(key) = self.api_key.as_deref().filter(|k| k.len() >= 4) {
-            text = text.replace(key, "[redacted]");
+        if let Some(key) = self.resolved_key().filter(|k| k.len() >= 4) {
+            text = text.replace(&key, "[redacted]");
         }
         text
     }
@@ -216,6 +233,21 @@ impl Decoder {
 }
 
 impl Provider for ModelRoute {
+    fn target(&self) -> super::Target {
+        let own = &self.candidates[0];
+        own.client.target(&own.model)
+    }
+
+    /// One attempt against the model's own provider: BAE walks fallbacks itself.
+    fn exchange(
+        &self,
+        request: &CompletionRequest<'_>,
+        cancel: &CancelToken,
+    ) -> Result<super::Exchanged, super::Refused> {
+        let own = &self.candidates[0];
+        own.client.exchange(request, &own.model, cancel)
+    }
+
     fn complete(
         &self,
         request: &CompletionRequest<'_>,

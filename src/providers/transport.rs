@@ -82,6 +82,48 @@ pub(super) fn stream(
     }
 }
 
+/// A whole answer, or why there is none.
+pub(super) enum Fetched {
+    /// A response arrived: its status and body (error bodies are cut at 64 KiB).
+    Answer { status: u16, body: Vec<u8> },
+    Cancelled,
+    /// No response: the connection failed or timed out.
+    Failed(String),
+}
+
+/// Sends the call and reads the whole answer, at most `limit` bytes of it.
+pub(super) fn fetch(
+    agent: &ureq::Agent,
+    call: HttpCall,
+    cancel: &CancelToken,
+    deadline: Instant,
+    limit: u64,
+) -> Fetched {
+    let pieces = match spawn_reader(agent.clone(), call) {
+        Ok(pieces) => pieces,
+        Err(error) => return Fetched::Failed(format!("{error:?}")),
+    };
+    let idle = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let mut status = 0;
+    let mut body = Vec::new();
+    loop {
+        match next_piece(&pieces, cancel, idle, deadline) {
+            Err(CallError::Cancelled) => return Fetched::Cancelled,
+            Err(CallError::Transient { message, .. }) | Err(CallError::Fatal(message)) => return Fetched::Failed(message),
+            Ok(Piece::Head { status: code, error_body: Some(text), .. }) => {
+                return Fetched::Answer { status: code, body: text.into_bytes() }
+            }
+            Ok(Piece::Head { status: code, .. }) => status = code,
+            Ok(Piece::Bytes(bytes)) if body.len() as u64 + bytes.len() as u64 > limit => {
+                return Fetched::Failed(format!("the answer is larger than {limit} bytes"))
+            }
+            Ok(Piece::Bytes(bytes)) => body.extend_from_slice(&bytes),
+            Ok(Piece::End) => return Fetched::Answer { status, body },
+            Ok(Piece::Failed(message)) => return Fetched::Failed(message),
+        }
+    }
+}
+
 fn next_piece(
     pieces: &Receiver<Piece>,
     cancel: &CancelToken,

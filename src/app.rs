@@ -35,6 +35,8 @@ pub enum StartError {
     Workspace(PathBuf, std::io::Error),
     Store(StoreError),
     Bind(SocketAddr, std::io::Error),
+    /// The BAE key secret could not be read or written.
+    Keyring(crate::auth::keys::KeyringError),
 }
 
 impl std::fmt::Display for StartError {
@@ -54,6 +56,7 @@ impl std::fmt::Display for StartError {
             StartError::Workspace(path, error) => write!(f, "workspace {}: {error}", path.display()),
             StartError::Store(error) => write!(f, "cannot open the store: {error}"),
             StartError::Bind(addr, error) => write!(f, "cannot listen on {addr}: {error}"),
+            StartError::Keyring(error) => write!(f, "{error}"),
         }
     }
 }
@@ -105,6 +108,21 @@ fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
         },
         runtime_dir: server.data_dir.join("run"),
     }
+}
+
+/// The file in the data dir holding the secret BAE keys are hashed under.
+const KEY_SECRET_FILE: &str = "bae-key-secret";
+
+/// The engine's BAE settings; the key secret is created in the data dir on first start.
+fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, StartError> {
+    let keyring = crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE))
+        .map_err(StartError::Keyring)?;
+    Ok(crate::engine::bae::BaeSettings {
+        keyring: Arc::new(keyring),
+        turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),
+        loop_limit: config.bae.loop_limit.max(1),
+        mcp_servers: config.bae.file.mcp.servers.iter().map(|server| server.name.clone()).collect(),
+    })
 }
 
 /// A running server. Dropping it shuts it down.
@@ -198,7 +216,7 @@ impl Server {
             bus,
             models,
             tools,
-            EngineConfig { workspaces, max_steps: config.agent.max_steps.max(1) },
+            EngineConfig { workspaces, max_steps: config.agent.max_steps.max(1), bae: bae_settings(&config)? },
         );
 
         let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;

@@ -88,7 +88,7 @@ impl Envelope {
     }
 
     /// The envelope of an event read back from the log.
-    fn from_log(logged: LoggedEvent) -> Option<Envelope> {
+    pub(crate) fn from_log(logged: LoggedEvent) -> Option<Envelope> {
         match serde_json::from_str::<Event>(&logged.body) {
             Ok(event) => {
                 let origin = Origin { actor: logged.actor.map(Arc::from), turn: None };

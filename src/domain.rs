@@ -328,6 +328,8 @@ pub enum RunOutcome {
     Completed,
     Cancelled,
     MaxSteps,
+    /// The turn waits for a client's tool results (BAE).
+    Paused,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -374,7 +376,13 @@ pub enum Event {
     #[serde(rename = "tool.started", rename_all = "camelCase")]
     ToolStarted { session_id: String, call: ToolCall },
     #[serde(rename = "tool.finished", rename_all = "camelCase")]
-    ToolFinished { session_id: String, result: ToolResult },
+    ToolFinished {
+        session_id: String,
+        result: ToolResult,
+        /// Who produced the result, when not the server's own tools.
+        #[serde(default, skip_serializing_if = "Dispatch::is_server")]
+        dispatch: Dispatch,
+    },
     #[serde(rename = "approval.requested", rename_all = "camelCase")]
     ApprovalRequested { session_id: String, approval: ApprovalRequest },
     #[serde(rename = "approval.resolved", rename_all = "camelCase")]
@@ -487,9 +495,9 @@ pub struct CompactionCompleted {
     pub compacted_message_count: u64,
     pub input_tokens: u64,
     pub summary_tokens: u64,
-    /// The ids of the stored preamble and summary messages.
-    pub preamble_message_id: String,
-    pub summary_message_id: String,
+    /// The seqs of the events that announced the stored preamble and summary.
+    pub preamble_event: u64,
+    pub summary_event: u64,
 }
 
 impl Event {

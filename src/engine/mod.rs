@@ -7,6 +7,7 @@
 //! (`run.rs`). The registry of live actors' inboxes is the only shared map. The engine does no
 //! socket I/O and knows no wire format.
 
+pub mod bae;
 mod calls;
 pub mod idempotency;
 mod run;
@@ -52,6 +53,8 @@ pub enum EngineError {
     Workspace(PathError),
     /// The model provider failed; the message is safe to show (no keys, no headers).
     Provider(String),
+    /// A compaction did not produce a summary; the history is untouched.
+    Compaction(String),
     Store(StoreError),
 }
 
@@ -80,6 +83,7 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::Workspace(error) => write!(f, "{error}"),
             EngineError::Provider(message) => write!(f, "{message}"),
+            EngineError::Compaction(detail) => write!(f, "compaction failed: {detail}"),
             EngineError::Store(error) => write!(f, "{error}"),
         }
     }
@@ -103,6 +107,8 @@ pub struct EngineConfig {
     pub workspaces: WorkspacePolicy,
     /// Provider calls allowed in one run.
     pub max_steps: u32,
+    /// The BAE client API's settings.
+    pub bae: bae::BaeSettings,
 }
 
 pub struct NewSession {

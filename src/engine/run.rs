@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::bae::compaction::CompactionJob;
+use super::bae::turn::{BaeTurn, Link, PausedTurn};
 use super::calls::Repair;
 use super::session::{SessionMsg, TurnMsg, TurnOutcome};
 use super::{EngineError, Shared};
@@ -30,18 +32,45 @@ pub(super) struct Run {
     pub user: Option<Message>,
     /// The session's actor: told of approvals waited on, and of the end.
     pub session: crossbeam_channel::Sender<SessionMsg>,
+    /// What kind of turn this is: a Kestrel run, or a BAE client's turn.
+    pub plan: Plan,
+}
+
+/// The front door's side of a turn: which model is asked and how, which tools the model
+/// sees, and who runs its calls. The loop itself (`Run::steps`) is the same for both.
+pub(super) enum Plan {
+    /// The session's model, streamed; every call runs on the server, with approvals.
+    Kestrel,
+    /// A BAE client's turn (`bae/turn.rs`): the profile's provider chain, one attempt at a
+    /// time; the acting client's tools pause the turn.
+    Bae(Box<BaeTurn>),
+    /// A compaction asked for by a client (`bae/compaction.rs`): one summary, no loop.
+    Compaction(Box<CompactionJob>),
 }
 
 /// How the steps ended when nothing failed.
 pub(super) enum Stop {
     Finished(RunOutcome),
     Cancelled,
+    /// The turn waits for the client's tool results.
+    Paused(Box<PausedTurn>),
+    /// A fault was recorded (every provider failed, the step limit): the session is in error.
+    Faulted,
 }
 
 /// How one provider call ended.
-enum Step {
+pub(super) enum Step {
     Answered(Box<Message>),
     Cancelled,
+    /// Recorded as a fault; the turn ends.
+    Failed,
+}
+
+/// The model a turn asks.
+pub(super) enum Model {
+    Kestrel(Arc<dyn Provider>),
+    /// The provider chain: primary, then each fallback that resolves.
+    Bae(Vec<Link>),
 }
 
 impl Run {
@@ -58,60 +87,149 @@ impl Run {
             Err(EngineError::Store(crate::store::StoreError::Corrupt("the run panicked".into())))
         });
         let ended = self.turn_outcome(&outcome);
+        let (outcome, paused) = match outcome {
+            Ok(Stop::Paused(paused)) => (Ok(Stop::Finished(RunOutcome::Paused)), Some(paused)),
+            other => (other, None),
+        };
         self.finish(outcome, usage);
         // The very last step: the session is free once its actor reads this.
-        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id: self.run_id.clone(), outcome: ended }));
+        let run_id = self.run_id.clone();
+        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id, outcome: ended, paused }));
     }
 
     /// How the turn ended, for its session's actor.
     fn turn_outcome(&self, outcome: &Result<Stop, EngineError>) -> TurnOutcome {
         match outcome {
             Ok(Stop::Finished(RunOutcome::MaxSteps)) => TurnOutcome::MaxSteps,
+            Ok(Stop::Paused(_)) => TurnOutcome::Paused,
             Ok(Stop::Finished(_)) => TurnOutcome::Completed,
+            Ok(Stop::Faulted) => TurnOutcome::Failed,
             Ok(Stop::Cancelled) if self.cancel.reason() == Some(CancelReason::Shutdown) => TurnOutcome::Interrupted,
             Ok(Stop::Cancelled) => TurnOutcome::Cancelled,
             Err(_) => TurnOutcome::Failed,
         }
     }
 
+    /// The turn loop, for every front door: ask the model, run its calls, until it answers
+    /// without calls, the calls pause the turn, the step limit is reached, or a cancel.
     fn steps(&self, usage: &mut Usage) -> Result<Stop, EngineError> {
-        let mut pending = Vec::new();
-        if let Some(user) = &self.user {
-            self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: user.clone() });
-            self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
-        } else {
-            match self.repair_transcript()? {
-                // The last stored message is a complete answer: the crash came after it.
-                Repair::Complete => return Ok(Stop::Finished(RunOutcome::Completed)),
-                Repair::Dispatch(calls) => pending = calls,
-            }
+        if let Plan::Compaction(job) = &self.plan {
+            return self.compact(job, usage).map(|()| Stop::Finished(RunOutcome::Completed));
         }
+        let pending = match self.open_turn()? {
+            Ok(pending) => pending,
+            Err(stop) => return Ok(stop),
+        };
         let session = self.session()?;
-        let provider = self
-            .shared
-            .models
-            .resolve(&session.summary.model)
-            .ok_or_else(|| EngineError::InvalidModel(session.summary.model.clone()))?;
+        let model = match self.model(&session)? {
+            Some(model) => model,
+            None => return Ok(Stop::Faulted),
+        };
         if let Some(stop) = self.run_calls(&pending, &session)? {
             return Ok(stop);
         }
-        for _ in 0..self.shared.config.max_steps {
+        // A BAE turn's all-server rounds are kept here, not stored (as BAE does).
+        let mut tail = Vec::new();
+        for _ in 0..self.step_limit() {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
             }
-            let answer = match self.call_model(provider.as_ref(), &session, usage)? {
+            let answer = match self.ask_model(&model, &session, usage, &tail)? {
                 Step::Answered(answer) => answer,
                 Step::Cancelled => return Ok(Stop::Cancelled),
+                Step::Failed => return Ok(Stop::Faulted),
             };
-            let calls: Vec<ToolCall> = answer.tool_calls().cloned().collect();
-            if calls.is_empty() {
+            if !answer.has_tool_calls() {
+                self.keep_answer(*answer, usage)?;
                 return Ok(Stop::Finished(RunOutcome::Completed));
             }
-            if let Some(stop) = self.run_calls(&calls, &session)? {
+            if let Some(stop) = self.dispatch(*answer, &session, &mut tail)? {
                 return Ok(stop);
             }
         }
-        Ok(Stop::Finished(RunOutcome::MaxSteps))
+        self.step_limit_reached()
+    }
+
+    /// Announces the turn's opening message. `Ok(calls)`: calls to run before the first model
+    /// call (a resumed Kestrel run's); `Err(stop)`: nothing is left to do.
+    fn open_turn(&self) -> Result<Result<Vec<ToolCall>, Stop>, EngineError> {
+        if let Plan::Bae(turn) = &self.plan {
+            self.open_bae_turn(turn);
+            return Ok(Ok(Vec::new()));
+        }
+        if let Some(user) = &self.user {
+            self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: user.clone() });
+            self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
+            return Ok(Ok(Vec::new()));
+        }
+        Ok(match self.repair_transcript()? {
+            // The last stored message is a complete answer: the crash came after it.
+            Repair::Complete => Err(Stop::Finished(RunOutcome::Completed)),
+            Repair::Dispatch(calls) => Ok(calls),
+        })
+    }
+
+    /// The model to ask; `None` when a BAE profile's provider does not resolve (recorded).
+    fn model(&self, session: &SessionRecord) -> Result<Option<Model>, EngineError> {
+        match &self.plan {
+            Plan::Bae(turn) => Ok(self.bae_chain(&turn.primary, &turn.fallbacks).map(Model::Bae)),
+            Plan::Compaction(_) => Err(EngineError::Internal("a compaction has no turn loop")),
+            Plan::Kestrel => {
+                let provider = self
+                    .shared
+                    .models
+                    .resolve(&session.summary.model)
+                    .ok_or_else(|| EngineError::InvalidModel(session.summary.model.clone()))?;
+                Ok(Some(Model::Kestrel(provider)))
+            }
+        }
+    }
+
+    fn step_limit(&self) -> u32 {
+        match &self.plan {
+            Plan::Kestrel => self.shared.config.max_steps,
+            Plan::Bae(_) | Plan::Compaction(_) => self.shared.config.bae.loop_limit,
+        }
+    }
+
+    fn step_limit_reached(&self) -> Result<Stop, EngineError> {
+        match &self.plan {
+            Plan::Bae(_) | Plan::Compaction(_) => self.bae_loop_limit(),
+            Plan::Kestrel => Ok(Stop::Finished(RunOutcome::MaxSteps)),
+        }
+    }
+
+    fn ask_model(
+        &self,
+        model: &Model,
+        session: &SessionRecord,
+        usage: &mut Usage,
+        tail: &[Message],
+    ) -> Result<Step, EngineError> {
+        match (model, &self.plan) {
+            (Model::Bae(chain), Plan::Bae(turn)) => self.ask_chain(turn, chain, usage, tail),
+            (Model::Kestrel(provider), _) => self.call_model(provider.as_ref(), session, usage),
+            (Model::Bae(_), _) => Err(EngineError::Internal("a provider chain outside a BAE turn")),
+        }
+    }
+
+    /// Stores a final answer (a Kestrel answer is stored as it streams).
+    fn keep_answer(&self, answer: Message, usage: &Usage) -> Result<(), EngineError> {
+        match &self.plan {
+            Plan::Bae(turn) => self.keep_bae_answer(turn, answer, usage),
+            Plan::Kestrel | Plan::Compaction(_) => Ok(()),
+        }
+    }
+
+    /// Runs an answer's calls. `Some(stop)` ends the turn (a cancel, or a pause for the client).
+    fn dispatch(&self, answer: Message, session: &SessionRecord, tail: &mut Vec<Message>) -> Result<Option<Stop>, EngineError> {
+        match &self.plan {
+            Plan::Bae(turn) => self.dispatch_bae(turn, answer, tail),
+            Plan::Kestrel | Plan::Compaction(_) => {
+                let calls: Vec<ToolCall> = answer.tool_calls().cloned().collect();
+                self.run_calls(&calls, session)
+            }
+        }
     }
 
     /// One provider call, streamed to the bus; the answer is stored before it completes.
@@ -195,10 +313,10 @@ impl Run {
     fn finish(&self, outcome: Result<Stop, EngineError>, usage: Usage) {
         let shutdown = self.cancel.reason() == Some(CancelReason::Shutdown);
         let status = match &outcome {
-            Ok(Stop::Finished(_)) => SessionStatus::Idle,
+            Ok(Stop::Finished(_)) | Ok(Stop::Paused(_)) => SessionStatus::Idle,
             Ok(Stop::Cancelled) if shutdown => SessionStatus::Interrupted,
             Ok(Stop::Cancelled) => SessionStatus::Cancelled,
-            Err(_) => SessionStatus::Error,
+            Ok(Stop::Faulted) | Err(_) => SessionStatus::Error,
         };
         let patch = SessionPatch { status: Some(status), ..SessionPatch::default() };
         let write = self.shared.store.write(vec![WriteOp::UpdateSession {
@@ -213,6 +331,10 @@ impl Run {
         let (session_id, run_id) = (self.session_id.clone(), self.run_id.clone());
         let event = match outcome {
             Ok(Stop::Finished(status)) => Event::RunFinished { session_id, run_id, status, usage: Some(usage) },
+            Ok(Stop::Paused(_)) => {
+                Event::RunFinished { session_id, run_id, status: RunOutcome::Paused, usage: Some(usage) }
+            }
+            Ok(Stop::Faulted) => Event::RunFailed { session_id, run_id, error: "the turn failed; see its fault".into() },
             Ok(Stop::Cancelled) if shutdown => {
                 return log::info!("run {} stopped by shutdown; the session can be resumed", self.run_id)
             }
@@ -224,6 +346,7 @@ impl Run {
                 // A provider's message is written for the user; anything else stays in the log.
                 let error = match error {
                     EngineError::Provider(message) => message,
+                    EngineError::Compaction(_) => error.to_string(),
                     EngineError::InvalidModel(_) => error.to_string(),
                     _ => "internal error; the server log has the details".to_string(),
                 };
@@ -243,8 +366,26 @@ impl Run {
         Ok(())
     }
 
+    /// Publishes an event of this turn, attributed to the acting BAE client if there is one.
     pub(super) fn publish(&self, event: Event) {
-        self.shared.bus.publish_shared(Some(Arc::clone(&self.tenant)), event);
+        self.shared.bus.publish_from(Some(Arc::clone(&self.tenant)), self.origin(), event);
+    }
+
+    /// Publishes an event of this turn and returns its seq once it is durable.
+    pub(super) fn publish_durable(&self, event: Event) -> Result<u64, EngineError> {
+        self.shared
+            .bus
+            .publish_durable(Some(Arc::clone(&self.tenant)), self.origin(), event)
+            .ok_or(EngineError::Internal("an event could not be logged"))
+    }
+
+    fn origin(&self) -> crate::bus::Origin {
+        let actor = match &self.plan {
+            Plan::Bae(turn) => Some(Arc::clone(&turn.actor)),
+            Plan::Compaction(job) => Some(Arc::clone(&job.actor)),
+            Plan::Kestrel => None,
+        };
+        crate::bus::Origin { actor, turn: Some(Arc::from(self.run_id.as_str())) }
     }
 }
 
@@ -254,7 +395,7 @@ pub(super) fn is_interrupted_partial(message: &Message) -> bool {
 }
 
 /// An answer's blocks: its reasoning, its text, then its tool calls.
-fn answer_blocks(reasoning: String, text: String, calls: Vec<ToolCall>) -> Vec<Block> {
+pub(in crate::engine) fn answer_blocks(reasoning: String, text: String, calls: Vec<ToolCall>) -> Vec<Block> {
     let mut blocks = Vec::new();
     if !reasoning.is_empty() {
         blocks.push(Block::Reasoning { text: reasoning });

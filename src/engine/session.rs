@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
+use super::bae::runtime::BaeRuntime;
 use super::calls::Decision;
 use super::idempotency::{Created, Idempotent};
 use super::{run, EngineError, Shared};
@@ -46,6 +47,8 @@ pub(super) enum Op {
     Delete { reply: Sender<Result<(), EngineError>> },
     /// The server is stopping: cancel the turn, to be stored as `interrupted`.
     Shutdown,
+    /// An operation of the BAE client API (`bae/runtime.rs`).
+    Bae(super::bae::BaeOp),
 }
 
 /// What a turn's worker tells its session.
@@ -54,14 +57,19 @@ pub(super) enum TurnMsg {
     Awaiting { approval_id: String, decision: Sender<Decision> },
     /// The approval was answered or the wait ended.
     Closed { approval_id: String },
-    /// The worker's last word: the turn is over and the session free.
-    Ended { run_id: String, outcome: TurnOutcome },
+    /// An `auto` compaction at the end of the turn failed: later ones back off.
+    AutoCompactionFailed,
+    /// The worker's last word: the turn is over and the session free. A turn paused for
+    /// client tools says what it waits for.
+    Ended { run_id: String, outcome: TurnOutcome, paused: Option<Box<super::bae::turn::PausedTurn>> },
 }
 
-/// How a turn ended. A turn paused for client tools comes with the BAE front door.
+/// How a turn ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum TurnOutcome {
     Completed,
+    /// It waits for a client's tool results (BAE).
+    Paused,
     MaxSteps,
     /// A person cancelled it.
     Cancelled,
@@ -76,25 +84,32 @@ pub(super) enum SessionMsg {
 }
 
 /// A turn running on its worker.
-struct ActiveTurn {
-    run_id: String,
-    canceller: Canceller,
-    _thread: JoinHandle<()>,
+pub(super) struct ActiveTurn {
+    pub(super) run_id: String,
+    pub(super) canceller: Canceller,
+    pub(super) _thread: JoinHandle<()>,
+}
+
+/// A session in the registry: an actor running, or (BAE) what an idle session keeps between
+/// requests (its drivers, a paused turn) with no thread.
+pub(super) enum Slot {
+    Live(Sender<SessionMsg>),
+    Dormant(Box<BaeRuntime>),
 }
 
 /// Live sessions by id: the only shared map.
 #[derive(Default)]
 pub(super) struct Registry {
-    actors: Mutex<HashMap<String, Sender<SessionMsg>>>,
+    actors: Mutex<HashMap<String, Slot>>,
     /// Signalled whenever an actor leaves.
     left: Condvar,
     stopping: AtomicBool,
     /// Sessions with a turn running (for `Stats` and shutdown).
-    turns: AtomicUsize,
+    pub(super) turns: AtomicUsize,
 }
 
 impl Registry {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Sender<SessionMsg>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
         self.actors.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -110,26 +125,28 @@ impl Registry {
             return Err(EngineError::ShuttingDown);
         }
         let id = &record.summary.id;
-        let op = match actors.get(id) {
-            Some(actor) => match actor.send(SessionMsg::Op(op)) {
-                Ok(()) => return Ok(()),
-                // An actor whose thread died (a bug, logged where it happened): start another.
-                Err(unsent) => {
-                    actors.remove(id);
-                    match unsent.0 {
-                        SessionMsg::Op(op) => op,
-                        SessionMsg::Turn(_) => unreachable!("an op was sent"),
-                    }
+        let (op, runtime) = match actors.remove(id) {
+            Some(Slot::Live(actor)) => match actor.send(SessionMsg::Op(op)) {
+                Ok(()) => {
+                    actors.insert(id.clone(), Slot::Live(actor));
+                    return Ok(());
                 }
+                // An actor whose thread died (a bug, logged where it happened): start another.
+                Err(unsent) => match unsent.0 {
+                    SessionMsg::Op(op) => (op, BaeRuntime::default()),
+                    SessionMsg::Turn(_) => unreachable!("an op was sent"),
+                },
             },
-            None => op,
+            Some(Slot::Dormant(runtime)) => (op, *runtime),
+            None => (op, BaeRuntime::default()),
         };
         let (tx, inbox) = unbounded();
         let _ = tx.send(SessionMsg::Op(op));
-        let actor = SessionActor::new(Arc::clone(shared), record, inbox, tx.clone());
+        let mut actor = SessionActor::new(Arc::clone(shared), record, inbox, tx.clone());
+        actor.bae = runtime;
         match std::thread::Builder::new().name("kestrel-session".into()).spawn(move || actor.run()) {
             Ok(_) => {
-                actors.insert(id.clone(), tx);
+                actors.insert(id.clone(), Slot::Live(tx));
                 Ok(())
             }
             Err(error) => {
@@ -143,21 +160,25 @@ impl Registry {
     pub fn send_if_live(&self, id: &str, op: Op) -> Result<(), Op> {
         let actors = self.lock();
         match actors.get(id) {
-            Some(actor) => actor.send(SessionMsg::Op(op)).map_err(|e| match e.0 {
+            Some(Slot::Live(actor)) => actor.send(SessionMsg::Op(op)).map_err(|e| match e.0 {
                 SessionMsg::Op(op) => op,
                 SessionMsg::Turn(_) => unreachable!("an op was sent"),
             }),
-            None => Err(op),
+            _ => Err(op),
         }
     }
 
-    /// Takes an idle actor out of the map, unless something is waiting in its inbox.
-    fn retire(&self, id: &str, inbox: &Receiver<SessionMsg>) -> bool {
+    /// Takes an idle actor out of the map, unless something is waiting in its inbox. What it
+    /// keeps for BAE stays behind, with no thread, when there is any.
+    fn retire(&self, id: &str, inbox: &Receiver<SessionMsg>, bae: &mut BaeRuntime) -> bool {
         let mut actors = self.lock();
         if !inbox.is_empty() {
             return false;
         }
-        actors.remove(id);
+        match bae.worth_keeping() {
+            true => actors.insert(id.to_string(), Slot::Dormant(Box::new(std::mem::take(bae)))),
+            false => actors.remove(id),
+        };
         self.left.notify_all();
         true
     }
@@ -167,11 +188,14 @@ impl Registry {
     pub fn shutdown(&self, grace: Duration) {
         self.stopping.store(true, Ordering::SeqCst);
         let mut actors = self.lock();
-        for actor in actors.values() {
-            let _ = actor.send(SessionMsg::Op(Op::Shutdown));
+        actors.retain(|_, slot| matches!(slot, Slot::Live(_)));
+        for slot in actors.values() {
+            if let Slot::Live(actor) = slot {
+                let _ = actor.send(SessionMsg::Op(Op::Shutdown));
+            }
         }
         let deadline = Instant::now() + grace;
-        while !actors.is_empty() {
+        while actors.values().any(|slot| matches!(slot, Slot::Live(_))) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 log::warn!("{} session(s) did not stop within {grace:?}", actors.len());
@@ -182,18 +206,20 @@ impl Registry {
     }
 }
 
-struct SessionActor {
-    shared: Arc<Shared>,
-    id: String,
-    tenant: Arc<str>,
+pub(super) struct SessionActor {
+    pub(super) shared: Arc<Shared>,
+    pub(super) id: String,
+    pub(super) tenant: Arc<str>,
     inbox: Receiver<SessionMsg>,
     /// Handed to each turn's worker.
-    own_tx: Sender<SessionMsg>,
-    turn: Option<ActiveTurn>,
+    pub(super) own_tx: Sender<SessionMsg>,
+    pub(super) turn: Option<ActiveTurn>,
     approvals: HashMap<String, Sender<Decision>>,
     /// Deletes waiting for the turn to stop: the first deletes, the others find it gone.
     deleting: Vec<Sender<Result<(), EngineError>>>,
     deleted: bool,
+    /// What a BAE session keeps: drivers, the turn gate, a paused turn.
+    pub(super) bae: BaeRuntime,
 }
 
 impl SessionActor {
@@ -213,6 +239,7 @@ impl SessionActor {
             approvals: HashMap::new(),
             deleting: Vec::new(),
             deleted: false,
+            bae: BaeRuntime::default(),
         }
     }
 
@@ -227,8 +254,8 @@ impl SessionActor {
                 // Its reply channel is gone with the panic, so the caller gets an internal error.
                 log::error!("session {} panicked handling a message; it goes on", self.id);
             }
-            let idle = self.turn.is_none() && self.deleting.is_empty();
-            if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox) {
+            let idle = self.turn.is_none() && self.deleting.is_empty() && self.bae.is_idle();
+            if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox, &mut self.bae) {
                 break;
             }
         }
@@ -273,6 +300,7 @@ impl SessionActor {
                     turn.canceller.cancel(CancelReason::Shutdown);
                 }
             }
+            Op::Bae(op) => self.bae_op(op),
         }
     }
 
@@ -284,7 +312,8 @@ impl SessionActor {
             TurnMsg::Closed { approval_id } => {
                 self.approvals.remove(&approval_id);
             }
-            TurnMsg::Ended { run_id, outcome } => {
+            TurnMsg::AutoCompactionFailed => self.bae.back_off_auto_compaction(),
+            TurnMsg::Ended { run_id, outcome, paused } => {
                 log::debug!("session {}: run {run_id} ended {outcome:?}", self.id);
                 if self.turn.as_ref().is_some_and(|t| t.run_id == run_id) {
                     self.turn = None;
@@ -294,6 +323,7 @@ impl SessionActor {
                 for reply in std::mem::take(&mut self.deleting) {
                     let _ = reply.send(self.delete());
                 }
+                self.bae_turn_ended(&run_id, paused);
             }
         }
     }
@@ -339,6 +369,7 @@ impl SessionActor {
             cancel: canceller.token(),
             user,
             session: self.own_tx.clone(),
+            plan: run::Plan::Kestrel,
         };
         match (self.shared.spawn_run)(run) {
             Ok(thread) => {

@@ -20,7 +20,13 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
     let echo = EchoProvider { delay: Duration::ZERO };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
-    let config = EngineConfig { workspaces, max_steps: 5 };
+    let bae = super::bae::BaeSettings {
+        keyring: Arc::new(crate::auth::keys::Keyring::with_secret([1; 32])),
+        turn_timeout: std::time::Duration::from_secs(120),
+        loop_limit: 8,
+        mcp_servers: Vec::new(),
+    };
+    let config = EngineConfig { workspaces, max_steps: 5, bae };
     (Engine::new(store, bus, models, tools, config), writer, bus_handle)
 }
 

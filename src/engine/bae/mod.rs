@@ -1,0 +1,245 @@
+//! The engine's side of the BAE client API: profiles, keys and their checks, BAE sessions and
+//! what their actor does for them. The HTTP and JSON-RPC shapes are `api/bae`'s.
+//!
+//! - `mod.rs`: errors, profiles, keys, the admin key.
+//! - `sessions.rs`: open, join, close, revocation, event pages.
+//! - `runtime.rs`: what a session actor keeps for BAE (drivers, the turn gate and its FIFO,
+//!   a paused turn) and the operations it answers.
+//! - `merge.rs`: the resume rules for a paused turn's tool results.
+
+pub(in crate::engine) mod compaction;
+mod merge;
+pub mod runtime;
+mod sessions;
+pub(in crate::engine) mod turn;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Engine, EngineError};
+use crate::auth::keys::{new_id, write_private, KeyRole, Keyring};
+use crate::store::{BaeWrite, KeyRecord, Page, ProfileRecord, StoreError, WriteOp};
+pub use merge::MergeError;
+pub use runtime::{BaeOp, Compact, RpcError, SendMessage, Started, UserMessage};
+pub use sessions::{Attach, Attached, Compaction, EventView, SubagentDecl, ToolDef};
+
+/// The engine's BAE settings.
+#[derive(Debug, Clone)]
+pub struct BaeSettings {
+    pub keyring: Arc<Keyring>,
+    /// How long a paused turn belongs to its driver.
+    pub turn_timeout: std::time::Duration,
+    /// Provider calls one turn may make.
+    pub loop_limit: u32,
+    /// The configured MCP servers' names.
+    pub mcp_servers: Vec<String>,
+}
+
+/// Why a BAE request was refused; `api/bae` gives each its status, slug and wording.
+#[derive(Debug)]
+pub enum BaeError {
+    Unauthorized(Denied),
+    ProfileNotFound(String),
+    DuplicateProfileName,
+    ProfileInUse(u64),
+    /// A key's profile is gone (at open or join).
+    ProfileUnavailable,
+    /// A key cannot be made for a profile that is not active.
+    NoActiveProfile(String),
+    ClientKeyNotFound(String),
+    SessionNotFound(String),
+    /// The session is closed or in error.
+    SessionEnded(crate::store::BaeState),
+    ProfileMismatch,
+    ToolNotAllowed(String),
+    ReservedToolName,
+    InvalidSubagentTools(&'static str),
+    PrimaryProviderUnavailable(String),
+    Engine(EngineError),
+}
+
+/// Which key a 401 was about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    ClientKey,
+    SessionKey,
+    AdminKey,
+}
+
+impl From<StoreError> for BaeError {
+    fn from(error: StoreError) -> Self {
+        BaeError::Engine(error.into())
+    }
+}
+
+impl From<EngineError> for BaeError {
+    fn from(error: EngineError) -> Self {
+        BaeError::Engine(error)
+    }
+}
+
+/// A profile as the admin writes it.
+#[derive(Debug, Clone)]
+pub struct ProfileInput {
+    pub name: String,
+    pub primary_provider: String,
+    pub fallback_providers: Vec<String>,
+    pub mcp_servers: Vec<String>,
+    pub allowed_tools: Vec<Value>,
+    pub available_sandboxes: Vec<String>,
+}
+
+/// The tool name BAE reserves for remote subagent status.
+pub const RESERVED_TOOL: &str = "remote_subagent_status";
+
+impl Engine {
+    fn bae(&self) -> &BaeSettings {
+        &self.shared.config.bae
+    }
+
+    pub fn bae_create_profile(&self, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
+        let now = crate::time::now_rfc3339();
+        let profile = ProfileRecord {
+            id: new_id("pro_"),
+            name: input.name,
+            primary_provider: input.primary_provider,
+            fallback_providers: input.fallback_providers,
+            mcp_servers: input.mcp_servers,
+            allowed_tools: input.allowed_tools,
+            available_sandboxes: input.available_sandboxes,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        self.bae_write(BaeWrite::InsertProfile(profile.clone()))?;
+        Ok(profile)
+    }
+
+    pub fn bae_profile(&self, id: &str) -> Result<ProfileRecord, BaeError> {
+        self.shared.store.readers().bae_profile(id)?.ok_or_else(|| BaeError::ProfileNotFound(id.to_string()))
+    }
+
+    pub fn bae_profiles(&self, after: u64, limit: usize) -> Result<Page<ProfileRecord>, BaeError> {
+        Ok(self.shared.store.readers().bae_profiles(after, limit)?)
+    }
+
+    pub fn bae_replace_profile(&self, id: &str, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
+        let old = self.bae_profile(id)?;
+        let profile = ProfileRecord {
+            id: old.id,
+            name: input.name,
+            primary_provider: input.primary_provider,
+            fallback_providers: input.fallback_providers,
+            mcp_servers: input.mcp_servers,
+            allowed_tools: input.allowed_tools,
+            available_sandboxes: input.available_sandboxes,
+            created_at: old.created_at,
+            updated_at: crate::time::now_rfc3339(),
+        };
+        match self.bae_write(BaeWrite::ReplaceProfile(profile.clone())) {
+            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => Err(BaeError::ProfileNotFound(id.into())),
+            other => other.map(|()| profile),
+        }
+    }
+
+    pub fn bae_delete_profile(&self, id: &str) -> Result<(), BaeError> {
+        match self.bae_write(BaeWrite::DeleteProfile { id: id.to_string(), at: crate::time::now_rfc3339() }) {
+            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => Err(BaeError::ProfileNotFound(id.into())),
+            Err(BaeError::Engine(EngineError::Store(StoreError::InUse(keys)))) => Err(BaeError::ProfileInUse(keys)),
+            other => other,
+        }
+    }
+
+    /// A new client key for a profile: the record and the plaintext, shown once.
+    pub fn bae_create_key(&self, name: &str, profile_id: &str) -> Result<(KeyRecord, String), BaeError> {
+        let minted = self.bae().keyring.mint(KeyRole::Client);
+        let key = KeyRecord {
+            id: new_id("key_"),
+            name: name.to_string(),
+            role: KeyRole::Client,
+            prefix: minted.prefix.clone(),
+            profile_id: Some(profile_id.to_string()),
+            client_id: None,
+            session_id: None,
+            created_at: crate::time::now_rfc3339(),
+            last_used_at: None,
+        };
+        match self.bae_write(BaeWrite::InsertKey { key: key.clone(), digest: minted.digest.clone() }) {
+            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
+                Err(BaeError::NoActiveProfile(profile_id.to_string()))
+            }
+            other => other.map(|()| (key, minted.plaintext)),
+        }
+    }
+
+    pub fn bae_client_keys(&self, after: u64, limit: usize) -> Result<Page<KeyRecord>, BaeError> {
+        Ok(self.shared.store.readers().bae_client_keys(after, limit)?)
+    }
+
+    /// The active key of `role` a presented token is. Stamps `last_used_at` without waiting.
+    pub fn bae_authenticate(&self, role: KeyRole, token: &str) -> Result<Option<KeyRecord>, BaeError> {
+        // A token of another role's shape cannot match; skip the lookup.
+        let shaped = token.starts_with(role.prefix())
+            && !(role == KeyRole::Client && (token.starts_with("bae_ses_") || token.starts_with("bae_admin_")));
+        if !shaped {
+            return Ok(None);
+        }
+        let digest = self.bae().keyring.digest(token);
+        let found = self.shared.store.readers().bae_key_by_digest(role, &digest)?;
+        if let Some(key) = &found {
+            let touch = BaeWrite::TouchKey { id: key.id.clone(), at: crate::time::now_rfc3339() };
+            self.shared.store.write_detached(vec![WriteOp::Bae(touch)])?;
+        }
+        Ok(found)
+    }
+
+    /// The session key a token is, if it was minted for `session_id`.
+    pub fn bae_session_key(&self, token: &str, session_id: &str) -> Result<KeyRecord, BaeError> {
+        match self.bae_authenticate(KeyRole::Session, token)? {
+            Some(key) if key.session_id.as_deref() == Some(session_id) => Ok(key),
+            _ => Err(BaeError::Unauthorized(Denied::SessionKey)),
+        }
+    }
+
+    fn bae_write(&self, write: BaeWrite) -> Result<(), BaeError> {
+        match self.shared.store.write(vec![WriteOp::Bae(write)]) {
+            Err(StoreError::Conflict(_)) => Err(BaeError::DuplicateProfileName),
+            other => Ok(other?),
+        }
+    }
+
+    /// The admin key at start: with auth disabled nothing; `rotate` revokes every admin key and
+    /// mints a new one; else a new one is minted only when none is active. A minted key's
+    /// plaintext goes to `key_file` (mode 0600) and nowhere else.
+    pub fn bae_admin_bootstrap(&self, key_file: &Path, rotate: bool) -> Result<AdminBootstrap, BaeError> {
+        if rotate {
+            self.bae_write(BaeWrite::RevokeAdminKeys { at: crate::time::now_rfc3339() })?;
+        } else if self.shared.store.readers().bae_admin_key_exists()? {
+            return Ok(AdminBootstrap::Existing);
+        }
+        let minted = self.bae().keyring.mint(KeyRole::Admin);
+        write_private(key_file, &minted.plaintext).map_err(|e| BaeError::Engine(EngineError::Store(StoreError::Io(e))))?;
+        let key = KeyRecord {
+            id: new_id("key_"),
+            name: "bootstrap-admin".into(),
+            role: KeyRole::Admin,
+            prefix: minted.prefix.clone(),
+            profile_id: None,
+            client_id: None,
+            session_id: None,
+            created_at: crate::time::now_rfc3339(),
+            last_used_at: None,
+        };
+        self.bae_write(BaeWrite::InsertKey { key, digest: minted.digest })?;
+        Ok(if rotate { AdminBootstrap::Rotated } else { AdminBootstrap::Minted })
+    }
+}
+
+/// What the admin key bootstrap did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminBootstrap {
+    Existing,
+    Minted,
+    Rotated,
+}

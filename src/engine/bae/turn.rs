@@ -1,0 +1,291 @@
+//! A BAE client's turn, as the steps of the one turn loop (`run.rs`) take it: the profile's
+//! provider chain tried one attempt at a time, each attempt recorded (`provider.request`,
+//! `provider.response`), the acting client's tools advertised, and its calls pausing the turn.
+//!
+//! Runs on the turn's `kestrel-run` worker.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::domain::{
+    Block, Dispatch, Event, Fault, Message, ProviderRequest, ProviderResponse, Role, ToolCall, ToolResult, ToolSchema,
+    Usage,
+};
+use crate::engine::run::{Run, Step, Stop};
+use crate::engine::EngineError;
+use crate::providers::{CompletionRequest, Provider, Target};
+use crate::store::{BaeState, BaeWrite, WriteOp};
+
+/// What the turn loop needs to run a BAE client's turn.
+pub(in crate::engine) struct BaeTurn {
+    /// The acting client key: every event of the turn is attributed to it.
+    pub actor: Arc<str>,
+    pub primary: String,
+    pub fallbacks: Vec<String>,
+    /// The acting client's tools, as the model sees them.
+    pub tools: Vec<ToolSchema>,
+    pub client_tools: HashSet<String>,
+    /// Results in the opening message that the server produced (stashed across a pause):
+    /// not recorded again as the client's.
+    pub server_result_ids: HashSet<String>,
+    /// `auto` compaction's threshold in tokens, if the session has one.
+    pub auto_compaction: Option<u64>,
+}
+
+/// How a walk of the provider chain ended.
+pub(in crate::engine) enum Attempted<'c> {
+    /// A provider answered; its target is what the answer came from.
+    Answer(Box<crate::providers::Exchanged>, &'c Target),
+    AllFailed,
+    Cancelled,
+}
+
+/// One provider of the chain: the name the profile used, and what it resolved to.
+pub(in crate::engine) struct Link {
+    pub provider: Arc<dyn Provider>,
+    pub target: Target,
+}
+
+/// A turn paused for the client: the tool calls it waits on, in order, and what the server
+/// already answered.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct PausedTurn {
+    pub owner: String,
+    /// Every tool call id of the paused answer, in order.
+    pub expected: Vec<String>,
+    pub names: Vec<String>,
+    pub server_results: Vec<ToolResult>,
+}
+
+/// A stored message that starts the history the provider sees (a compaction's preamble).
+pub(in crate::engine) const HISTORY_START: &str = "historyStart";
+
+/// The messages the provider sees: from the last compaction on.
+pub(in crate::engine) fn effective_history(mut messages: Vec<Message>) -> Vec<Message> {
+    if let Some(start) = messages.iter().rposition(|m| m.flag(HISTORY_START)) {
+        messages.drain(..start);
+    }
+    messages
+}
+
+impl Run {
+    /// Announces the client's message and the tool results it carries.
+    pub(in crate::engine) fn open_bae_turn(&self, turn: &BaeTurn) {
+        let Some(user) = &self.user else { return };
+        self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
+        for block in &user.blocks {
+            if let Block::ToolResult(result) = block {
+                if !turn.server_result_ids.contains(&result.call_id) {
+                    self.publish(Event::ToolFinished {
+                        session_id: self.session_id.clone(),
+                        result: result.clone(),
+                        dispatch: Dispatch::Client,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The profile's providers: the primary (which must resolve, else a `provider_config`
+    /// fault ends the turn), then each fallback that resolves (the others are logged).
+    pub(in crate::engine) fn bae_chain(&self, primary: &str, fallbacks: &[String]) -> Option<Vec<Link>> {
+        match self.resolve_chain(primary, fallbacks) {
+            Ok(chain) => Some(chain),
+            Err(detail) => {
+                self.fault(Fault::ProviderConfig { detail });
+                None
+            }
+        }
+    }
+
+    /// The provider chain of a profile, or why its primary does not resolve.
+    pub(in crate::engine) fn resolve_chain(&self, primary: &str, fallbacks: &[String]) -> Result<Vec<Link>, String> {
+        let link = |name: &str| {
+            let info = self.shared.models.model_named(name)?;
+            let provider = self.shared.models.resolve(&info.id)?;
+            Some(Link { target: provider.target(), provider })
+        };
+        let first = link(primary).ok_or_else(|| format!("provider {primary:?} is not configured"))?;
+        let mut chain = vec![first];
+        for name in fallbacks {
+            match link(name) {
+                Some(fallback) => chain.push(fallback),
+                None => log::error!("session {}: fallback provider {name:?} is not configured; skipped", self.session_id),
+            }
+        }
+        Ok(chain)
+    }
+
+    /// One model call: each provider of the chain in turn until one answers. A failing
+    /// primary and a chain that all fails are recorded as faults.
+    pub(in crate::engine) fn ask_chain(
+        &self,
+        turn: &BaeTurn,
+        chain: &[Link],
+        usage: &mut Usage,
+        tail: &[Message],
+    ) -> Result<Step, EngineError> {
+        let mut history = effective_history(self.shared.store.readers().messages(&self.session_id)?);
+        history.extend_from_slice(tail);
+        let first_failed = |provider: &str, detail: String| {
+            self.fault(Fault::ProviderCallFailed { provider: provider.to_string(), detail });
+        };
+        match self.attempt_chain(chain, &history, &turn.tools, first_failed) {
+            Attempted::Answer(exchanged, target) => {
+                usage.add(&exchanged.completion.usage);
+                let completion = exchanged.completion;
+                let mut answer = Message::new(Role::Assistant);
+                answer.model = Some(target.model.clone());
+                answer.blocks = crate::engine::run::answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
+                let meta = answer.meta.get_or_insert_with(Default::default);
+                meta.insert("usage".into(), json!(completion.usage));
+                Ok(Step::Answered(Box::new(answer)))
+            }
+            Attempted::Cancelled => Ok(Step::Cancelled),
+            Attempted::AllFailed => {
+                self.fault(Fault::AllProvidersFailed { attempts: chain.len() as u32 });
+                Ok(Step::Failed)
+            }
+        }
+    }
+
+    /// Tries each provider of the chain once, recording every attempt, until one answers.
+    pub(in crate::engine) fn attempt_chain<'c>(
+        &self,
+        chain: &'c [Link],
+        history: &[Message],
+        tools: &[ToolSchema],
+        mut first_failed: impl FnMut(&str, String),
+    ) -> Attempted<'c> {
+        let request = CompletionRequest { system_prompt: None, messages: history, tools };
+        for (attempt, link) in chain.iter().enumerate() {
+            let attempt = attempt as u32;
+            self.publish(Event::ProviderRequest(Box::new(ProviderRequest {
+                session_id: self.session_id.clone(),
+                attempt,
+                provider: link.target.wire.to_string(),
+                base_url: link.target.base_url.clone(),
+                model: link.target.model.clone(),
+                max_tokens: link.target.max_tokens,
+                messages: history.to_vec(),
+                tools: tools.to_vec(),
+            })));
+            let response = |ok, status, error, body| {
+                let provider = link.target.wire.to_string();
+                let session_id = self.session_id.clone();
+                Event::ProviderResponse(Box::new(ProviderResponse { session_id, attempt, provider, ok, status, error, body }))
+            };
+            match link.provider.exchange(&request, &self.cancel) {
+                Ok(exchanged) => {
+                    self.publish(response(true, Some(200), None, Some(exchanged.body.clone())));
+                    return Attempted::Answer(Box::new(exchanged), &link.target);
+                }
+                Err(refused) if refused.cancelled => return Attempted::Cancelled,
+                Err(refused) => {
+                    self.publish(response(false, refused.status, Some(refused.error.clone()), refused.body.map(Value::String)));
+                    if attempt == 0 {
+                        first_failed(link.target.wire, refused.error);
+                    }
+                }
+            }
+        }
+        Attempted::AllFailed
+    }
+
+    /// Stores the final answer (`server.message.send`), then compacts if the session asks to.
+    pub(in crate::engine) fn keep_bae_answer(&self, turn: &BaeTurn, answer: Message, _usage: &Usage) -> Result<(), EngineError> {
+        let reported = answer_usage(&answer);
+        self.append(answer)?;
+        if let (Some(size), Some(reported)) = (turn.auto_compaction, reported) {
+            if reported.input_tokens + reported.output_tokens > size {
+                self.auto_compact(turn);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the answer's calls (`tool.call`, each with who runs it), answers the ones no
+    /// server tool can run, then pauses for the client's calls or goes round again.
+    pub(in crate::engine) fn dispatch_bae(
+        &self,
+        turn: &BaeTurn,
+        mut answer: Message,
+        tail: &mut Vec<Message>,
+    ) -> Result<Option<Stop>, EngineError> {
+        let mut calls = Vec::new();
+        for block in &mut answer.blocks {
+            if let Block::ToolCall(call) = block {
+                call.dispatch = match turn.client_tools.contains(&call.name) {
+                    true => Dispatch::Client,
+                    false => Dispatch::Mcp { server: String::new() },
+                };
+                calls.push(call.clone());
+            }
+        }
+        for call in &calls {
+            self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone() });
+        }
+        let server_results: Vec<ToolResult> = calls.iter().filter(|c| c.dispatch != Dispatch::Client).map(unroutable).collect();
+        for result in &server_results {
+            let dispatch = Dispatch::Mcp { server: String::new() };
+            self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone(), dispatch });
+        }
+        if calls.iter().any(|c| c.dispatch == Dispatch::Client) {
+            self.append(answer)?;
+            let paused = PausedTurn {
+                owner: turn.actor.to_string(),
+                expected: calls.iter().map(|c| c.id.clone()).collect(),
+                names: calls.iter().map(|c| c.name.clone()).collect(),
+                server_results,
+            };
+            return Ok(Some(Stop::Paused(Box::new(paused))));
+        }
+        // Every call was the server's: round again, these rounds in memory only.
+        let mut results = Message::new(Role::User);
+        results.blocks = server_results.into_iter().map(Block::ToolResult).collect();
+        tail.push(answer);
+        tail.push(results);
+        Ok(None)
+    }
+
+    /// The turn asked the model more often than a turn may: the session ends in error.
+    pub(in crate::engine) fn bae_loop_limit(&self) -> Result<Stop, EngineError> {
+        self.fault(Fault::LoopLimit { max_iterations: self.shared.config.bae.loop_limit });
+        Ok(Stop::Faulted)
+    }
+
+    /// Records a fault; a terminal one moves the session to `error`.
+    pub(in crate::engine) fn fault(&self, fault: Fault) {
+        let terminal = fault.is_terminal();
+        self.publish(Event::SessionFault { session_id: self.session_id.clone(), fault });
+        if terminal {
+            let end = BaeWrite::EndSession { id: self.session_id.clone(), state: BaeState::Error, at: crate::time::now_rfc3339() };
+            if let Err(error) = self.shared.store.write(vec![WriteOp::Bae(end)]) {
+                log::debug!("session {}: not moved to error: {error}", self.session_id);
+            }
+        }
+    }
+}
+
+/// The usage an answer's provider reported, kept in its `meta`.
+fn answer_usage(answer: &Message) -> Option<Usage> {
+    let usage = answer.meta.as_ref()?.get("usage")?;
+    serde_json::from_value(usage.clone()).ok()
+}
+
+/// The result of a call no server tool can run.
+fn unroutable(call: &ToolCall) -> ToolResult {
+    let text = format!("no MCP server is configured for tool '{}'", call.name);
+    ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        ok: false,
+        content: text.clone(),
+        duration_ms: None,
+        error: Some(text.clone()),
+        data: None,
+        blocks: Some(vec![json!({ "type": "text", "text": text })]),
+    }
+}

@@ -37,6 +37,8 @@ pub enum StartError {
     Bind(SocketAddr, std::io::Error),
     /// The BAE key secret could not be read or written.
     Keyring(crate::auth::keys::KeyringError),
+    /// The admin key could not be set up.
+    AdminKey(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -57,6 +59,7 @@ impl std::fmt::Display for StartError {
             StartError::Store(error) => write!(f, "cannot open the store: {error}"),
             StartError::Bind(addr, error) => write!(f, "cannot listen on {addr}: {error}"),
             StartError::Keyring(error) => write!(f, "{error}"),
+            StartError::AdminKey(why) => write!(f, "admin key: {why}"),
         }
     }
 }
@@ -110,6 +113,61 @@ fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
     }
 }
 
+/// The main port (Kestrel's routes and BAE's client routes) and, when configured, the admin
+/// API on its loopback address.
+fn serve(
+    config: &Config,
+    engine: &Engine,
+    tokens: Vec<crate::config::TenantToken>,
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+) -> Result<HttpServer, StartError> {
+    let kestrel = KestrelApi::new(
+        engine.clone(),
+        TokenSet::new(tokens),
+        config.sanitized(),
+        config.agent.file_read_limit_bytes.max(1),
+    );
+    let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(engine.clone()) });
+    let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
+    let mut listeners: Vec<(std::net::TcpListener, Arc<dyn crate::http::Handler>)> = vec![(listener, main)];
+    if let Some(admin_addr) = admin_addr {
+        let listener = crate::http::bind(admin_addr).map_err(|e| StartError::Bind(admin_addr, e))?;
+        let views = crate::api::bae::admin::views(config, engine);
+        let admin = crate::api::bae::admin::AdminApi::new(engine.clone(), config.bae.dangerously_disable_admin_auth, views);
+        listeners.push((listener, admin));
+    }
+    let http_config = http_config(config, crate::http::raise_open_file_limit());
+    let http = HttpServer::start(listeners, http_config).map_err(|e| StartError::Bind(addr, e))?;
+    if let Some(admin) = http.addrs().get(1) {
+        log::info!("admin API on http://{admin}");
+    }
+    Ok(http)
+}
+
+/// The admin key: minted into the key file on first start, or rotated on request; nothing
+/// when admin auth is disabled (said loudly at every start).
+fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
+    let bae = &config.bae;
+    if bae.dangerously_disable_admin_auth {
+        if bae.rotate_admin_key {
+            return Err(StartError::AdminKey("--rotate-admin-key cannot be combined with disabled admin auth".into()));
+        }
+        log::warn!("admin API authentication is DISABLED: anyone who can reach the admin port has full control");
+        return Ok(());
+    }
+    let path = bae.admin_key_path(&config.server.data_dir);
+    match engine.bae_admin_bootstrap(&path, bae.rotate_admin_key) {
+        Ok(crate::engine::bae::AdminBootstrap::Minted) => {
+            log::info!("no admin key found; a new one was written to {}", path.display())
+        }
+        Ok(crate::engine::bae::AdminBootstrap::Rotated) => log::info!("admin key rotated; the new one is in {}", path.display()),
+        Ok(crate::engine::bae::AdminBootstrap::Existing) => {}
+        Err(error) => return Err(StartError::AdminKey(format!("{error:?}"))),
+    }
+    Ok(())
+}
+
 /// The file in the data dir holding the secret BAE keys are hashed under.
 const KEY_SECRET_FILE: &str = "bae-key-secret";
 
@@ -153,6 +211,7 @@ impl Server {
     /// Starts a server; returns once it is accepting connections.
     pub fn start(config: Config) -> Result<Server, StartError> {
         let addr = config.socket_addr().map_err(StartError::Config)?;
+        let admin_addr = config.admin_addr().map_err(StartError::Config)?;
         let tokens = config.tenant_tokens(&|name| std::env::var(name).ok()).map_err(StartError::Config)?;
         if tokens.is_empty() && !addr.ip().is_loopback() && !config.server.allow_unauthenticated {
             return Err(StartError::Unauthenticated(addr));
@@ -196,7 +255,7 @@ impl Server {
             replay_capacity: config.server.replay_buffer,
             subscriber_capacity: config.server.subscriber_buffer.max(1),
             log_capacity: config.server.event_log_events.max(1),
-            renderers: crate::api::kestrel::RENDERERS,
+            renderers: crate::api::RENDERERS,
         };
         let (bus, bus_handle) = Bus::start(store.clone(), bus_config)?;
         let mut tools = ToolRegistry::new(
@@ -219,16 +278,8 @@ impl Server {
             EngineConfig { workspaces, max_steps: config.agent.max_steps.max(1), bae: bae_settings(&config)? },
         );
 
-        let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
-        let api = KestrelApi::new(
-            engine.clone(),
-            TokenSet::new(tokens),
-            config.sanitized(),
-            config.agent.file_read_limit_bytes.max(1),
-        );
-        let http_config = http_config(&config, crate::http::raise_open_file_limit());
-        let http = HttpServer::start(vec![(listener, api as Arc<dyn crate::http::Handler>)], http_config)
-            .map_err(|e| StartError::Bind(addr, e))?;
+        bootstrap_admin(&config, &engine)?;
+        let http = serve(&config, &engine, tokens, addr, admin_addr)?;
         log::info!("listening on http://{}", http.addr());
         Ok(Server { http: Some(http), engine, store, bus: Some(bus_handle), store_writer: Some(store_writer) })
     }
@@ -236,6 +287,11 @@ impl Server {
     /// The bound address (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.http.as_ref().map(HttpServer::addr).expect("a running server has an address")
+    }
+
+    /// The admin API's bound address, when it is served.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|http| http.addrs().get(1).copied())
     }
 
     pub fn stats(&self) -> Stats {

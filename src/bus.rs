@@ -252,6 +252,23 @@ impl Subscription {
         }
     }
 
+    /// Like `recv_or_stop`, but also ends when `other` has a message (or disconnects), which
+    /// it returns: a stream waiting on its envelopes and one answer at once.
+    pub fn recv_or<T>(&self, other: &Receiver<T>, timeout: std::time::Duration, stop: &Receiver<()>) -> Result<Live, Option<T>> {
+        crossbeam_channel::select! {
+            recv(other) -> message => Err(message.ok()),
+            recv(self.live) -> batch => Ok(match batch {
+                Ok(batch) => {
+                    self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+                    Live::Batch(batch)
+                }
+                Err(_) => Live::Closed,
+            }),
+            recv(stop) -> _ => Ok(Live::Stopped),
+            default(timeout) => Ok(Live::Idle),
+        }
+    }
+
     /// A batch if one is waiting.
     pub fn try_recv(&self) -> Option<Batch> {
         let batch = self.live.try_recv().ok()?;
@@ -451,7 +468,7 @@ impl BusActor {
     /// Gives an event its seq and time, keeps it in the ring, and queues it for the log unless
     /// it is a delta. Frames are built later, by the streams, once per format.
     fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Box<Event>) -> Option<Arc<Envelope>> {
-        let body = match event.is_delta() {
+        let body = match event.is_transient() {
             true => None,
             false => match serde_json::to_string(&*event) {
                 Ok(body) => Some(body),

@@ -420,6 +420,9 @@ pub enum Event {
     CompactionStarted { session_id: String, trigger: CompactionTrigger, message_count: u64 },
     #[serde(rename = "compaction.completed")]
     CompactionCompleted(Box<CompactionCompleted>),
+    /// Every watcher of the session is let go (BAE's `session.unsubscribe`); never logged.
+    #[serde(rename = "streams.released")]
+    StreamsReleased { session_id: String },
 }
 
 /// A provider attempt, as the turn makes it (no key or header ever).
@@ -525,12 +528,14 @@ impl Event {
             Event::SessionClosed { .. } => "session.closed",
             Event::CompactionStarted { .. } => "compaction.started",
             Event::CompactionCompleted(_) => "compaction.completed",
+            Event::StreamsReleased { .. } => "streams.released",
         }
     }
 
-    /// Token deltas live only in the in-memory ring; every other event goes to the log.
-    pub fn is_delta(&self) -> bool {
-        matches!(self, Event::MessageDelta { .. })
+    /// Token deltas (and stream signals) live only in the in-memory ring; every other event
+    /// goes to the log.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Event::MessageDelta { .. } | Event::StreamsReleased { .. })
     }
 
     /// The session an event belongs to, if any; session streams filter on it.
@@ -552,7 +557,8 @@ impl Event {
             | Event::DriverRegistered { session_id }
             | Event::SessionFault { session_id, .. }
             | Event::SessionClosed { session_id, .. }
-            | Event::CompactionStarted { session_id, .. } => Some(session_id),
+            | Event::CompactionStarted { session_id, .. }
+            | Event::StreamsReleased { session_id } => Some(session_id),
             Event::ProviderRequest(request) => Some(&request.session_id),
             Event::ProviderResponse(response) => Some(&response.session_id),
             Event::CompactionCompleted(completed) => Some(&completed.session_id),

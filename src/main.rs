@@ -5,18 +5,23 @@ use std::process::ExitCode;
 
 use kestrel::{Config, Server};
 
-const USAGE: &str = "usage: kestrel [--config PATH] [--allow-unauthenticated]
+const USAGE: &str = "usage: kestrel [--config PATH] [--allow-unauthenticated] [BAE admin flags]
 
-  --config PATH             a TOML config file (or KESTREL_CONFIG)
-  --allow-unauthenticated   serve a non-loopback address without a token
+  --config PATH                       a TOML config file (or KESTREL_CONFIG)
+  --allow-unauthenticated             serve a non-loopback address without a token
+  --admin-key-file PATH               where the BAE admin key is written (or BAE_ADMIN_KEY_FILE)
+  --rotate-admin-key                  revoke the BAE admin key and write a new one
+  --dangerously-disable-admin-auth    serve the BAE admin API with no key (local development only)
 
 Environment: KESTREL_ADDR, KESTREL_DATA_DIR, KESTREL_WORKSPACE, KESTREL_TOKEN,
-KESTREL_DEFAULT_MODEL, KESTREL_BUILTIN_DELAY_MS, RUST_LOG (default info).";
+KESTREL_DEFAULT_MODEL, KESTREL_BUILTIN_DELAY_MS, KESTREL_ADMIN_ADDR (or BAE_ADMIN_ADDR),
+BAE_CONFIG, BAE_TURN_TIMEOUT, BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH, RUST_LOG (default info).";
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let mut config_path = std::env::var_os("KESTREL_CONFIG").map(PathBuf::from);
     let mut allow_unauthenticated = false;
+    let (mut admin_key_file, mut rotate_admin_key, mut disable_admin_auth) = (None, false, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -25,6 +30,12 @@ fn main() -> ExitCode {
                 None => return usage_error("--config needs a path"),
             },
             "--allow-unauthenticated" => allow_unauthenticated = true,
+            "--admin-key-file" => match args.next() {
+                Some(path) => admin_key_file = Some(PathBuf::from(path)),
+                None => return usage_error("--admin-key-file needs a path"),
+            },
+            "--rotate-admin-key" => rotate_admin_key = true,
+            "--dangerously-disable-admin-auth" => disable_admin_auth = true,
             "--version" => {
                 println!("kestrel {}", env!("CARGO_PKG_VERSION"));
                 return ExitCode::SUCCESS;
@@ -42,6 +53,9 @@ fn main() -> ExitCode {
         Err(error) => return fail(&error),
     };
     config.server.allow_unauthenticated |= allow_unauthenticated;
+    config.bae.admin_key_file = admin_key_file.or(config.bae.admin_key_file.take());
+    config.bae.rotate_admin_key = rotate_admin_key;
+    config.bae.dangerously_disable_admin_auth |= disable_admin_auth;
 
     // Not dumpable: `/proc/<pid>/environ` (every API key) and ptrace are then closed to other
     // processes of the same user, such as the commands the agent runs. Commands are new

@@ -213,6 +213,7 @@ impl Spawned {
             .arg(&config_path)
             .env("KESTREL_ADDR", "127.0.0.1:0")
             .env("KESTREL_DATA_DIR", data.path().join("data"))
+            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
             .env("KESTREL_WORKSPACE", data.path())
             .env("RUST_LOG", "error");
         for (name, value) in env {

@@ -21,6 +21,7 @@ impl Kestrel {
             .arg(&config_path)
             .env("KESTREL_ADDR", "127.0.0.1:0")
             .env("KESTREL_DATA_DIR", data.join("data"))
+            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
             .env("KESTREL_WORKSPACE", workspace)
             .env("RUST_LOG", "error")
             .stdout(Stdio::piped())

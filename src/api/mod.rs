@@ -1,3 +1,42 @@
 //! The front doors. Only `api/*` knows wire formats: request bodies, error bodies, routes.
 
+pub mod bae;
 pub mod kestrel;
+
+use std::sync::Arc;
+
+use crate::http::{EdgeError, Handler, Reply, Request};
+
+/// How the bus renders envelopes for each format: Kestrel's SSE, BAE's NDJSON.
+pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] =
+    [Some(kestrel::wire_sse_frame), Some(bae::wire::ndjson_frame)];
+
+/// The main port: BAE's client routes (`/healthz`, `/api/v1/…`) beside the Kestrel routes.
+pub struct MainDoor {
+    pub kestrel: Arc<kestrel::KestrelApi>,
+    pub bae: Arc<bae::ClientApi>,
+}
+
+impl MainDoor {
+    fn door(&self, path: Option<&str>) -> &dyn Handler {
+        match path {
+            Some(path) if bae::owns(path) => self.bae.as_ref(),
+            _ => self.kestrel.as_ref(),
+        }
+    }
+}
+
+impl Handler for MainDoor {
+    fn handle(&self, request: &mut Request) -> Reply {
+        let path = request.path().to_string();
+        self.door(Some(&path)).handle(request)
+    }
+
+    fn internal_error(&self) -> Reply {
+        self.kestrel.internal_error()
+    }
+
+    fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply {
+        self.door(path).edge_error(path, error)
+    }
+}

@@ -49,6 +49,8 @@ pub enum Reply {
     Empty {
         status: u16,
     },
+    /// A whole NDJSON body (a 200 of one or a few lines, sent with its length).
+    Ndjson(Vec<u8>),
     /// A body streamed for as long as it lasts: server-sent events or NDJSON.
     Stream(Stream),
 }

@@ -7,6 +7,7 @@ fn kestrel(data: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kestrel"));
     command
         .env("KESTREL_DATA_DIR", data.join("data"))
+        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
         .env("KESTREL_WORKSPACE", data)
         .env_remove("KESTREL_TOKEN")
         .env("RUST_LOG", "error")
@@ -104,6 +105,7 @@ fn the_server_is_not_dumpable_so_its_environment_is_closed_to_its_users_processe
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
         .arg(&binary)
         .env("KESTREL_DATA_DIR", data.path().join("data"))
+        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
         .env("KESTREL_WORKSPACE", data.path())
         .env("KESTREL_ADDR", "127.0.0.1:0")
         .env("OPENAI_API_KEY", "sk-not-for-other-processes")

@@ -207,6 +207,7 @@ fn kestrel_with_file_limit(files: u32, data: &std::path::Path, config: &str) -> 
         .arg(env!("CARGO_BIN_EXE_kestrel"))
         .arg(&config_path)
         .env("KESTREL_DATA_DIR", data.join("data"))
+        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
         .env("KESTREL_WORKSPACE", data)
         .env("KESTREL_ADDR", "127.0.0.1:0")
         .env_remove("KESTREL_TOKEN")

@@ -30,6 +30,7 @@ pub fn test_config(data_dir: &Path, workspace: &Path) -> Config {
     config.server.sse_ping_interval_ms = 200;
     config.agent.workspace = Some(workspace.to_path_buf());
     config.builtin.delay_ms = 2;
+    config.bae.admin_addr = "127.0.0.1:0".into();
     config
 }
 

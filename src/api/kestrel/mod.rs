@@ -24,8 +24,10 @@ use crate::engine::Engine;
 use crate::http::{EdgeError, Handler, Reply, Request};
 pub use error::ApiError;
 
-/// How the bus renders envelopes for each format; Kestrel's streams are SSE.
-pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] = [Some(wire::sse_frame), None];
+/// How the bus renders an envelope as one of Kestrel's SSE frames.
+pub fn wire_sse_frame(envelope: &crate::bus::Envelope) -> String {
+    wire::sse_frame(envelope)
+}
 
 /// The Kestrel front door.
 pub struct KestrelApi {

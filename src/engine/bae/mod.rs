@@ -7,8 +7,8 @@
 //!   a paused turn) and the operations it answers.
 //! - `merge.rs`: the resume rules for a paused turn's tool results.
 
-pub(in crate::engine) mod compaction;
-mod merge;
+pub mod compaction;
+pub mod merge;
 pub mod runtime;
 mod sessions;
 pub(in crate::engine) mod turn;
@@ -23,7 +23,7 @@ use crate::auth::keys::{new_id, write_private, KeyRole, Keyring};
 use crate::store::{BaeWrite, KeyRecord, Page, ProfileRecord, StoreError, WriteOp};
 pub use merge::MergeError;
 pub use runtime::{BaeOp, Compact, RpcError, SendMessage, Started, UserMessage};
-pub use sessions::{Attach, Attached, Compaction, EventView, SubagentDecl, ToolDef};
+pub use sessions::{Attach, Attached, Compaction, EventView, SubagentDecl, ToolDef, MIN_AUTO_SIZE};
 
 /// The engine's BAE settings.
 #[derive(Debug, Clone)]
@@ -200,6 +200,18 @@ impl Engine {
             Some(key) if key.session_id.as_deref() == Some(session_id) => Ok(key),
             _ => Err(BaeError::Unauthorized(Denied::SessionKey)),
         }
+    }
+
+    /// Every name a profile can give as a provider: each model id, and each provider's name
+    /// (for its first model), with what it resolves to.
+    pub fn bae_providers(&self) -> Vec<(String, crate::providers::Target)> {
+        let models = &self.shared.models;
+        let mut names = std::collections::BTreeMap::new();
+        for info in models.infos() {
+            names.entry(info.provider.clone()).or_insert_with(|| info.id.clone());
+            names.insert(info.id.clone(), info.id.clone());
+        }
+        names.into_iter().filter_map(|(name, id)| Some((name, models.resolve(&id)?.target()))).collect()
     }
 
     fn bae_write(&self, write: BaeWrite) -> Result<(), BaeError> {

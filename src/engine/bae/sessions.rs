@@ -332,6 +332,18 @@ impl Engine {
         Ok(session::ask(&self.shared, &record, |reply| session::Op::Bae(BaeOp::Drivers { reply }))?)
     }
 
+    /// Ends every `session.subscribe` stream of the session.
+    pub fn bae_release_streams(&self, session_id: &str) -> Result<(), BaeError> {
+        let event = Event::StreamsReleased { session_id: session_id.to_string() };
+        self.shared.bus.publish(Some(BAE_TENANT), event);
+        Ok(())
+    }
+
+    /// The session a logged event belongs to.
+    pub fn bae_event_session(&self, seq: u64) -> Option<String> {
+        self.shared.store.readers().event_session(seq).ok().flatten()
+    }
+
     /// Sends an RPC operation to the session's actor.
     pub fn bae_op(&self, session_id: &str, op: BaeOp) -> Result<(), BaeError> {
         let record = self.bae_engine_record(session_id)?;

@@ -1,0 +1,351 @@
+//! The BAE admin API (`/admin/v1/*`) on its own loopback listener: profiles, client keys,
+//! sessions and their events, and read-only views of the configured MCP servers, providers,
+//! config (secrets masked) and sandbox images.
+//!
+//! Every route needs the admin key unless admin auth is disabled for local development.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::problem::Problem;
+use super::{authenticate, body, events_page, json_reply, page};
+use crate::auth::keys::KeyRole;
+use crate::config::Config;
+use crate::engine::bae::ProfileInput;
+use crate::engine::Engine;
+use crate::http::{EdgeError, Handler, Reply, Request};
+use crate::store::{BaeSessionRecord, BaeState, KeyRecord, Page, ProfileRecord};
+
+/// What secrets are shown as.
+pub const MASK: &str = "••••••••";
+
+pub struct AdminApi {
+    engine: Engine,
+    auth_disabled: bool,
+    /// `GET /admin/v1/config`, `/providers`, `/mcp-servers`: fixed at start.
+    config: Value,
+    providers: Value,
+    mcp_servers: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route<'a> {
+    Profiles,
+    Profile(&'a str),
+    Keys,
+    Key(&'a str),
+    Sessions,
+    SessionEvents(&'a str),
+    McpServers,
+    Providers,
+    Config,
+    SandboxStatus,
+}
+
+impl<'a> Route<'a> {
+    fn parse(path: &'a str) -> Option<Route<'a>> {
+        let rest = path.strip_prefix("/admin/v1/")?;
+        let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+        if segments.iter().any(|segment| segment.is_empty()) {
+            return None;
+        }
+        Some(match segments.as_slice() {
+            ["profiles"] => Route::Profiles,
+            ["profiles", id] => Route::Profile(id),
+            ["keys"] => Route::Keys,
+            ["keys", id] => Route::Key(id),
+            ["sessions"] => Route::Sessions,
+            ["sessions", id, "events"] => Route::SessionEvents(id),
+            ["mcp-servers"] => Route::McpServers,
+            ["providers"] => Route::Providers,
+            ["config"] => Route::Config,
+            ["sandbox-status"] => Route::SandboxStatus,
+            _ => return None,
+        })
+    }
+
+    fn methods(self) -> &'static [&'static str] {
+        match self {
+            Route::Profiles | Route::Keys => &["GET", "POST"],
+            Route::Profile(_) => &["GET", "PUT", "DELETE"],
+            Route::Key(_) => &["DELETE"],
+            _ => &["GET"],
+        }
+    }
+}
+
+/// Fixed views for the read-only routes.
+pub struct AdminViews {
+    pub config: Value,
+    pub providers: Value,
+    pub mcp_servers: Value,
+}
+
+impl AdminApi {
+    pub fn new(engine: Engine, auth_disabled: bool, views: AdminViews) -> Arc<AdminApi> {
+        Arc::new(AdminApi {
+            engine,
+            auth_disabled,
+            config: views.config,
+            providers: views.providers,
+            mcp_servers: views.mcp_servers,
+        })
+    }
+
+    fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
+        let path = request.path().to_string();
+        if !path.starts_with("/admin/v1/") {
+            return Err(Problem::not_found(format!("no route for {path}")));
+        }
+        if !self.auth_disabled {
+            authenticate(&self.engine, request, KeyRole::Admin)?;
+        }
+        let route = Route::parse(&path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        let method = request.method().to_string();
+        if !route.methods().contains(&method.as_str()) {
+            return Err(Problem::new(405, "method_not_allowed", format!("{path} accepts {}", route.methods().join(", "))));
+        }
+        match (route, method.as_str()) {
+            (Route::Profiles, "POST") => self.create_profile(request),
+            (Route::Profiles, _) => self.list_profiles(request),
+            (Route::Profile(id), "GET") => Ok(json_reply(200, &profile_view(&self.engine.bae_profile(id)?))),
+            (Route::Profile(id), "PUT") => self.replace_profile(request, id),
+            (Route::Profile(id), _) => {
+                self.engine.bae_delete_profile(id)?;
+                Ok(Reply::Empty { status: 204 })
+            }
+            (Route::Keys, "POST") => self.create_key(request),
+            (Route::Keys, _) => self.list_keys(request),
+            (Route::Key(id), _) => {
+                self.engine.bae_revoke_key(id)?;
+                Ok(Reply::Empty { status: 204 })
+            }
+            (Route::Sessions, _) => self.list_sessions(request),
+            (Route::SessionEvents(id), _) => match self.engine.bae_session(id)? {
+                Some(session) => events_page(&self.engine, request, &session.id),
+                None => Err(Problem::not_found(format!("no session {id}"))),
+            },
+            (Route::McpServers, _) => Ok(json_reply(200, &self.mcp_servers)),
+            (Route::Providers, _) => Ok(json_reply(200, &self.providers)),
+            (Route::Config, _) => Ok(json_reply(200, &self.config)),
+            (Route::SandboxStatus, _) => self.sandbox_status(),
+        }
+    }
+
+    fn create_profile(&self, request: &mut Request) -> Result<Reply, Problem> {
+        let input = profile_input(body::json_object(request)?)?;
+        let profile = self.engine.bae_create_profile(input)?;
+        Ok(json_reply(201, &json!({ "id": profile.id, "name": profile.name, "created_at": profile.created_at })))
+    }
+
+    fn replace_profile(&self, request: &mut Request, id: &str) -> Result<Reply, Problem> {
+        let input = profile_input(body::json_object(request)?)?;
+        Ok(json_reply(200, &profile_view(&self.engine.bae_replace_profile(id, input)?)))
+    }
+
+    fn list_profiles(&self, request: &Request) -> Result<Reply, Problem> {
+        let (after, limit) = page::parse(request)?;
+        Ok(page_reply(self.engine.bae_profiles(after, limit)?, profile_view))
+    }
+
+    fn create_key(&self, request: &mut Request) -> Result<Reply, Problem> {
+        let fields = body::json_object(request)?;
+        let text = |field: &str| match fields.get(field) {
+            Some(Value::String(text)) => Ok(text.clone()),
+            _ => Err(Problem::bad_request(format!("invalid request body: missing or invalid field `{field}`"))),
+        };
+        let (name, profile_id) = (text("name")?, text("profile_id")?);
+        if name.trim().is_empty() {
+            return Err(Problem::bad_request("name must not be empty"));
+        }
+        let (key, plaintext) = self.engine.bae_create_key(&name, &profile_id)?;
+        Ok(json_reply(
+            201,
+            &json!({ "id": key.id, "name": key.name, "key": plaintext, "prefix": key.prefix, "profile_id": key.profile_id, "created_at": key.created_at }),
+        ))
+    }
+
+    fn list_keys(&self, request: &Request) -> Result<Reply, Problem> {
+        let (after, limit) = page::parse(request)?;
+        Ok(page_reply(self.engine.bae_client_keys(after, limit)?, key_view))
+    }
+
+    fn list_sessions(&self, request: &Request) -> Result<Reply, Problem> {
+        let (after, limit) = page::parse(request)?;
+        let state = match request.query("state") {
+            None | Some("") => None,
+            Some(state) => Some(BaeState::parse(state).ok_or_else(|| {
+                Problem::bad_request(format!("invalid state filter {state:?}; expected one of open, closed, error"))
+            })?),
+        };
+        Ok(page_reply(self.engine.bae_sessions(after, limit, state)?, session_view))
+    }
+
+    /// Each profile's declared images. This server has no sandbox driver yet, so each one is
+    /// reported as an error that says so.
+    fn sandbox_status(&self) -> Result<Reply, Problem> {
+        let mut items = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.engine.bae_profiles(after, page::MAX_LIMIT)?;
+            for profile in page.items.iter().filter(|p| !p.available_sandboxes.is_empty()) {
+                let mut names = profile.available_sandboxes.clone();
+                names.sort();
+                names.dedup();
+                let images: Vec<Value> = names
+                    .iter()
+                    .map(|name| json!({ "name": name, "status": "error", "detail": "this server has no sandbox driver" }))
+                    .collect();
+                items.push(json!({ "profile_id": profile.id, "images": images }));
+            }
+            match page.next {
+                Some(next) => after = next,
+                None => break,
+            }
+        }
+        items.sort_by(|a, b| a["profile_id"].as_str().cmp(&b["profile_id"].as_str()));
+        Ok(json_reply(200, &json!({ "items": items })))
+    }
+}
+
+fn page_reply<T>(page: Page<T>, view: fn(&T) -> Value) -> Reply {
+    let items: Vec<Value> = page.items.iter().map(view).collect();
+    let next = page.next.map(|seq| seq.to_string());
+    json_reply(200, &json!({ "items": items, "next_cursor": next }))
+}
+
+pub fn profile_view(p: &ProfileRecord) -> Value {
+    json!({
+        "id": p.id,
+        "name": p.name,
+        "primary_provider": p.primary_provider,
+        "fallback_providers": p.fallback_providers,
+        "mcp_servers": p.mcp_servers,
+        "allowed_tools": p.allowed_tools,
+        "available_sandboxes": p.available_sandboxes,
+        "created_at": p.created_at,
+        "updated_at": p.updated_at,
+    })
+}
+
+fn key_view(k: &KeyRecord) -> Value {
+    json!({ "id": k.id, "name": k.name, "prefix": k.prefix, "profile_id": k.profile_id, "created_at": k.created_at, "last_used_at": k.last_used_at })
+}
+
+fn session_view(s: &BaeSessionRecord) -> Value {
+    json!({
+        "id": s.id,
+        "profile_id": s.profile_id,
+        "state": s.state.as_str(),
+        "client_version": s.client_version,
+        "created_at": s.created_at,
+        "closed_at": s.closed_at,
+    })
+}
+
+/// A profile body: `name` and `primary_provider` non-blank strings, the lists arrays (of
+/// strings, `allowed_tools` excepted), each defaulting to `[]`.
+fn profile_input(mut fields: Map<String, Value>) -> Result<ProfileInput, Problem> {
+    let mut text = |field: &str| match fields.remove(field) {
+        Some(Value::String(text)) if !text.trim().is_empty() => Ok(text),
+        Some(Value::String(_)) => Err(Problem::bad_request(format!("{field} must not be empty"))),
+        _ => Err(Problem::bad_request(format!("invalid request body: missing or invalid field `{field}`"))),
+    };
+    let name = text("name")?;
+    let primary_provider = text("primary_provider")?;
+    Ok(ProfileInput {
+        name,
+        primary_provider,
+        fallback_providers: strings(&mut fields, "fallback_providers")?,
+        mcp_servers: strings(&mut fields, "mcp_servers")?,
+        allowed_tools: array(&mut fields, "allowed_tools")?,
+        available_sandboxes: strings(&mut fields, "available_sandboxes")?,
+    })
+}
+
+fn array(fields: &mut Map<String, Value>, field: &str) -> Result<Vec<Value>, Problem> {
+    match fields.remove(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(Problem::bad_request(format!("{field} must be an array"))),
+    }
+}
+
+fn strings(fields: &mut Map<String, Value>, field: &str) -> Result<Vec<String>, Problem> {
+    let items = array(fields, field)?;
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(text) => Ok(text),
+            _ => Err(Problem::bad_request(format!("{field}[{i}] must be a string (a bae-config.toml registry name)"))),
+        })
+        .collect()
+}
+
+impl Handler for AdminApi {
+    fn handle(&self, request: &mut Request) -> Reply {
+        self.dispatch(request).unwrap_or_else(Problem::into_reply)
+    }
+
+    fn internal_error(&self) -> Reply {
+        Problem::new(500, "internal", "internal server error").into_reply()
+    }
+
+    fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
+        Problem::from(error).into_reply()
+    }
+}
+
+/// The read-only views, computed once at start. Every secret is masked.
+pub fn views(config: &Config, engine: &Engine) -> AdminViews {
+    let providers: Vec<Value> = engine
+        .bae_providers()
+        .into_iter()
+        .map(|(name, target)| json!({ "name": name, "provider": target.wire, "model": target.model, "base_url": target.base_url }))
+        .collect();
+    let entries: Vec<Value> = providers
+        .iter()
+        .map(|p| {
+            let mut entry = p.clone();
+            entry["auth_token"] = json!(MASK);
+            entry
+        })
+        .collect();
+    let mut servers = config.bae.file.mcp.servers.clone();
+    servers.sort_by(|a, b| a.name.cmp(&b.name));
+    let mcp_servers: Vec<Value> = servers.iter().map(|s| json!({ "name": s.name, "transport": s.transport.as_str() })).collect();
+    let mcp_config: Vec<Value> = servers
+        .iter()
+        .map(|s| json!({ "name": s.name, "transport": s.transport.as_str(), "command": s.command, "args": s.args, "url": s.url, "headers": masked(&s.headers) }))
+        .collect();
+    AdminViews {
+        config: json!({ "mcp": { "servers": mcp_config }, "providers": { "entries": entries }, "telemetry": telemetry(config) }),
+        providers: json!({ "items": providers }),
+        mcp_servers: json!({ "items": mcp_servers }),
+    }
+}
+
+fn masked(map: &std::collections::BTreeMap<String, String>) -> Value {
+    Value::Object(map.keys().map(|key| (key.clone(), json!(MASK))).collect())
+}
+
+/// The `[telemetry]` section as given (this server exports none), or BAE's defaults.
+fn telemetry(config: &Config) -> Value {
+    match &config.bae.file.telemetry {
+        Some(t) => json!({
+            "enabled": t.enabled,
+            "otlp_endpoint": t.otlp_endpoint,
+            "otlp_headers": t.otlp_headers.as_ref().map(masked).unwrap_or_else(|| json!({})),
+            "sample_ratio": t.sample_ratio,
+            "service_name": t.service_name.as_deref().unwrap_or("baesrv"),
+            "traces": { "enabled": t.traces.enabled },
+            "metrics": { "enabled": t.metrics.enabled, "disabled": t.metrics.disabled },
+        }),
+        None => json!({
+            "enabled": false, "otlp_endpoint": null, "otlp_headers": {}, "sample_ratio": 1.0, "service_name": "baesrv",
+            "traces": { "enabled": true }, "metrics": { "enabled": true, "disabled": [] },
+        }),
+    }
+}

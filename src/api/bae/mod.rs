@@ -1,0 +1,223 @@
+//! The BAE client API v1: REST for sessions (`/api/v1/sessions*`, `/api/v1/meta`, `/healthz`)
+//! and JSON-RPC over NDJSON for the live loop (`rpc.rs`); the admin API on its own listener
+//! (`admin.rs`). Errors are RFC 7807 problems (`problem.rs`); events, messages and frames are
+//! shaped in `wire.rs`.
+//!
+//! Runs on request threads. Authentication comes first on every route that has it, so a bad
+//! key wins over a malformed body.
+
+pub mod admin;
+mod body;
+mod page;
+pub mod problem;
+mod rpc;
+mod streams;
+pub mod wire;
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::auth::keys::KeyRole;
+use crate::auth::{self, BearerError};
+use crate::engine::bae::{Attached, BaeError, Denied};
+use crate::engine::Engine;
+use crate::http::{EdgeError, Handler, Reply, Request};
+use crate::store::{BaeSessionRecord, KeyRecord};
+use problem::Problem;
+
+/// The client door.
+pub struct ClientApi {
+    engine: Engine,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route<'a> {
+    Health,
+    Meta,
+    Sessions,
+    Session(&'a str),
+    Join(&'a str),
+    Events(&'a str),
+    Participants(&'a str),
+    Rpc(&'a str),
+}
+
+impl<'a> Route<'a> {
+    fn parse(path: &'a str) -> Option<Route<'a>> {
+        if path == "/healthz" {
+            return Some(Route::Health);
+        }
+        let rest = path.strip_prefix("/api/v1/")?;
+        let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+        if segments.iter().any(|segment| segment.is_empty()) {
+            return None;
+        }
+        Some(match segments.as_slice() {
+            ["meta"] => Route::Meta,
+            ["sessions"] => Route::Sessions,
+            ["sessions", id] => Route::Session(id),
+            ["sessions", id, "join"] => Route::Join(id),
+            ["sessions", id, "events"] => Route::Events(id),
+            ["sessions", id, "participants"] => Route::Participants(id),
+            ["sessions", id, "rpc"] => Route::Rpc(id),
+            _ => return None,
+        })
+    }
+
+    fn method(self) -> &'static str {
+        match self {
+            Route::Health | Route::Meta | Route::Events(_) | Route::Participants(_) => "GET",
+            Route::Sessions | Route::Join(_) | Route::Rpc(_) => "POST",
+            Route::Session(_) => "DELETE",
+        }
+    }
+}
+
+/// Whether a path belongs to this door on the main port.
+pub fn owns(path: &str) -> bool {
+    path == "/healthz" || path.starts_with("/api/v1/") || path == "/api/v1"
+}
+
+impl ClientApi {
+    pub fn new(engine: Engine) -> Arc<ClientApi> {
+        Arc::new(ClientApi { engine })
+    }
+
+    fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
+        let path = request.path().to_string();
+        let route = Route::parse(&path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        let method = request.method().to_string();
+        let allowed = route.method() == method || (route.method() == "GET" && method == "HEAD");
+        if !allowed {
+            return Err(Problem::new(405, "method_not_allowed", format!("{path} accepts {} only", route.method())));
+        }
+        match route {
+            Route::Health => Ok(Reply::Empty { status: 200 }),
+            Route::Meta => Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] }))),
+            Route::Sessions => self.open(request),
+            Route::Join(id) => self.join(request, id),
+            Route::Session(id) => self.close(request, id),
+            Route::Events(id) => self.events(request, id),
+            Route::Participants(id) => self.participants(request, id),
+            Route::Rpc(id) => rpc::handle(&self.engine, request, id),
+        }
+    }
+
+    fn open(&self, request: &mut Request) -> Result<Reply, Problem> {
+        let client = authenticate(&self.engine, request, KeyRole::Client)?;
+        let attach = body::attach(request, false)?;
+        let attached = self.engine.bae_open(&client, attach)?;
+        Ok(json_reply(201, &attached_json(&attached)))
+    }
+
+    fn join(&self, request: &mut Request, id: &str) -> Result<Reply, Problem> {
+        let client = authenticate(&self.engine, request, KeyRole::Client)?;
+        let attach = body::attach(request, true)?;
+        let attached = self.engine.bae_join(&client, id, attach)?;
+        Ok(json_reply(201, &attached_json(&attached)))
+    }
+
+    fn close(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
+        let (_, session) = authorize_session(&self.engine, request, id)?;
+        self.engine.bae_close(&session)?;
+        Ok(json_reply(200, &json!({ "session_id": session.id, "state": "closed" })))
+    }
+
+    fn events(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
+        let (_, session) = authorize_session(&self.engine, request, id)?;
+        events_page(&self.engine, request, &session.id)
+    }
+
+    fn participants(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
+        let (_, session) = authorize_session(&self.engine, request, id)?;
+        let drivers = self.engine.bae_drivers(&session.id)?;
+        Ok(json_reply(200, &json!({ "drivers": drivers })))
+    }
+}
+
+/// A page of a session's events as `{items, next_cursor}` (the admin door shares it).
+pub(crate) fn events_page(engine: &Engine, request: &Request, session_id: &str) -> Result<Reply, Problem> {
+    let (after, limit) = page::parse(request)?;
+    let page = engine.bae_events(session_id, after, limit)?;
+    let views: Vec<String> = page.items.iter().filter_map(|envelope| wire::view(envelope)).collect();
+    let next = match page.next {
+        Some(seq) => json!(seq.to_string()),
+        None => Value::Null,
+    };
+    let body = format!("{{\"items\":[{}],\"next_cursor\":{next}}}", views.join(","));
+    Ok(Reply::Json { status: 200, body: body.into_bytes(), headers: Vec::new() })
+}
+
+/// The key of `role` the request's bearer token is; 401 with BAE's wording otherwise.
+pub(crate) fn authenticate(engine: &Engine, request: &Request, role: KeyRole) -> Result<KeyRecord, Problem> {
+    let token = bearer(request)?;
+    let denied = match role {
+        KeyRole::Client => Denied::ClientKey,
+        KeyRole::Session => Denied::SessionKey,
+        KeyRole::Admin => Denied::AdminKey,
+    };
+    engine.bae_authenticate(role, token)?.ok_or_else(|| BaeError::Unauthorized(denied).into())
+}
+
+fn bearer(request: &Request) -> Result<&str, Problem> {
+    auth::bearer(request.header("Authorization")).map_err(|error: BearerError| Problem::unauthorized(error.to_string()))
+}
+
+/// The session key of `id` the request carries, and the session; 401 for any other key or
+/// a session that does not exist.
+pub(crate) fn authorize_session(engine: &Engine, request: &Request, id: &str) -> Result<(KeyRecord, BaeSessionRecord), Problem> {
+    let token = bearer(request)?;
+    Ok(engine.bae_authorize_session(token, id)?)
+}
+
+fn attached_json(attached: &Attached) -> Value {
+    let profile = &attached.profile;
+    let provider = match &attached.target {
+        Some(target) => json!({ "provider": target.wire, "model": target.model }),
+        None => json!({ "provider": null, "model": null }),
+    };
+    json!({
+        "session_id": attached.session_id,
+        "session_key": attached.session_key,
+        "profile": {
+            "id": profile.id,
+            "name": profile.name,
+            "allowed_tools": profile.allowed_tools,
+            "mcp_servers": profile.mcp_servers,
+            "provider": provider,
+        },
+    })
+}
+
+pub(crate) fn json_reply(status: u16, value: &Value) -> Reply {
+    Reply::Json { status, body: value.to_string().into_bytes(), headers: Vec::new() }
+}
+
+impl Handler for ClientApi {
+    fn handle(&self, request: &mut Request) -> Reply {
+        self.dispatch(request).unwrap_or_else(Problem::into_reply)
+    }
+
+    fn internal_error(&self) -> Reply {
+        Problem::new(500, "internal", "internal server error").into_reply()
+    }
+
+    fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
+        Problem::from(error).into_reply()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Route;
+
+    #[test]
+    fn parses_the_client_routes() {
+        assert_eq!(Route::parse("/healthz"), Some(Route::Health));
+        assert_eq!(Route::parse("/api/v1/sessions/ses_1/rpc"), Some(Route::Rpc("ses_1")));
+        assert_eq!(Route::parse("/api/v1/sessions/ses_1"), Some(Route::Session("ses_1")));
+        assert_eq!(Route::parse("/admin/v1/profiles"), None);
+        assert_eq!(Route::parse("/api/v1/sessions//join"), None);
+    }
+}

@@ -1,0 +1,127 @@
+//! RFC 7807 problem replies, as BAE shapes them: `{type, title, status, detail}` with a short
+//! stable slug for `type` and the title its status has.
+
+use serde::Serialize;
+
+use crate::engine::bae::{BaeError, Denied};
+use crate::engine::EngineError;
+use crate::http::{EdgeError, Reply};
+use crate::store::StoreError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+}
+
+fn title(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Payload Too Large",
+        415 => "Unsupported Media Type",
+        417 => "Expectation Failed",
+        422 => "Unprocessable Entity",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        _ => "Internal Server Error",
+    }
+}
+
+impl Problem {
+    pub fn new(status: u16, slug: &'static str, detail: impl Into<String>) -> Problem {
+        Problem { slug, title: title(status), status, detail: detail.into() }
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Problem {
+        Problem::new(400, "bad_request", detail)
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Problem {
+        Problem::new(401, "unauthorized", detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Problem {
+        Problem::new(404, "not_found", detail)
+    }
+
+    /// A failure whose cause is logged here and not shown.
+    pub fn internal(cause: &dyn std::fmt::Display) -> Problem {
+        log::error!("BAE request failed: {cause}");
+        Problem::new(500, "internal", "an internal error occurred")
+    }
+
+    pub fn into_reply(self) -> Reply {
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        Reply::Json { status: self.status, body, headers: Vec::new() }
+    }
+}
+
+impl From<BaeError> for Problem {
+    fn from(error: BaeError) -> Problem {
+        match error {
+            BaeError::Unauthorized(Denied::ClientKey) => Problem::unauthorized("invalid client key"),
+            BaeError::Unauthorized(Denied::SessionKey) => Problem::unauthorized("invalid session key"),
+            BaeError::Unauthorized(Denied::AdminKey) => Problem::unauthorized("invalid admin key"),
+            BaeError::ProfileNotFound(id) => Problem::not_found(format!("no profile {id}")),
+            BaeError::DuplicateProfileName => Problem::new(409, "duplicate_name", "a profile with that name already exists"),
+            BaeError::ProfileInUse(keys) => Problem::new(
+                409,
+                "profile_in_use",
+                format!("profile has {keys} active client key(s); revoke them before deleting"),
+            ),
+            BaeError::ProfileUnavailable => Problem::new(
+                422,
+                "profile_unavailable",
+                "the profile bound to this client key is no longer available",
+            ),
+            BaeError::NoActiveProfile(id) => Problem::new(422, "profile_unavailable", format!("no active profile {id}")),
+            BaeError::ClientKeyNotFound(id) => Problem::not_found(format!("no active client key {id}")),
+            BaeError::SessionNotFound(id) => Problem::not_found(format!("no session {id}")),
+            BaeError::SessionEnded(state) => {
+                Problem::new(409, "session_closed", format!("session is already {}", state.as_str()))
+            }
+            BaeError::ProfileMismatch => Problem::new(
+                403,
+                "profile_mismatch",
+                "the client key's profile does not match this session's profile",
+            ),
+            BaeError::ToolNotAllowed(name) => {
+                Problem::new(403, "tool_not_allowed", format!("tool {name:?} is not in the profile's allowlist"))
+            }
+            BaeError::ReservedToolName => Problem::new(422, "reserved_tool_name", "remote_subagent_status is reserved"),
+            BaeError::InvalidSubagentTools(detail) => Problem::new(422, "invalid_subagent_tools", detail),
+            BaeError::PrimaryProviderUnavailable(name) => Problem::new(
+                422,
+                "primary_provider_unavailable",
+                format!("the profile's primary provider {name:?} is not configured"),
+            ),
+            BaeError::Engine(EngineError::Store(StoreError::Closed)) | BaeError::Engine(EngineError::ShuttingDown) => {
+                Problem::new(503, "unavailable", "the server is shutting down")
+            }
+            BaeError::Engine(error) => Problem::internal(&error),
+        }
+    }
+}
+
+impl From<&EdgeError> for Problem {
+    fn from(error: &EdgeError) -> Problem {
+        let slug = match error {
+            EdgeError::BodyTooLarge { .. } => "payload_too_large",
+            EdgeError::Timeout => "request_timeout",
+            EdgeError::TooManyConnections | EdgeError::Unavailable => "unavailable",
+            _ => "bad_request",
+        };
+        Problem::new(error.status(), slug, error.to_string())
+    }
+}

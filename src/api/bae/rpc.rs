@@ -1,0 +1,287 @@
+//! `POST /api/v1/sessions/{id}/rpc`: one JSON-RPC 2.0 request (or notification) per call,
+//! answered as NDJSON with HTTP 200 whatever happens after authentication.
+//!
+//! Order: the session key (a 401 problem, the only non-200), the body as JSON (-32700), one
+//! object (-32600; batches are refused), `jsonrpc` and `method` (-32600), a known method
+//! (-32601); then the method's own checks. A notification (no `id`) gets no terminal frame.
+
+use crossbeam_channel::bounded;
+use serde_json::{Map, Value};
+
+use super::problem::Problem;
+use super::streams::{error_frame, TurnKind, TurnStream, WatchStream};
+use super::{authorize_session, body, wire};
+use crate::bus::{Filter, Scope};
+use crate::domain::Role;
+use crate::engine::bae::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
+use crate::engine::Engine;
+use crate::http::{Framing, Reply, Request, Stream};
+use crate::store::{KeyRecord, BAE_TENANT};
+
+/// A parsed request: its id (`None` for a notification), method and params.
+struct Call {
+    id: Option<Value>,
+    method: String,
+    params: Map<String, Value>,
+}
+
+/// What the caller is and where: the acting key and the session.
+struct Context<'a> {
+    engine: &'a Engine,
+    key: KeyRecord,
+    session_id: String,
+}
+
+pub fn handle(engine: &Engine, request: &mut Request, session_id: &str) -> Result<Reply, Problem> {
+    let (key, session) = authorize_session(engine, request, session_id)?;
+    let bytes = body::read(request)?;
+    let call = match parse(&bytes) {
+        Ok(call) => call,
+        Err(frame) => return Ok(Reply::Ndjson(frame.into_bytes())),
+    };
+    let context = Context { engine, key, session_id: session.id };
+    Ok(match dispatch(&context, call) {
+        Answer::Frame(Some(frame)) => Reply::Ndjson(frame.into_bytes()),
+        Answer::Frame(None) => Reply::Ndjson(Vec::new()),
+        Answer::Stream(stream) => Reply::Stream(stream),
+    })
+}
+
+enum Answer {
+    /// One frame (or none, for a notification).
+    Frame(Option<String>),
+    Stream(Stream),
+}
+
+/// The envelope checks; an error is the frame that answers it.
+fn parse(bytes: &[u8]) -> Result<Call, String> {
+    let null = Value::Null;
+    let value: Value = serde_json::from_slice(bytes).map_err(|_| error_frame(&null, -32700, "Parse error"))?;
+    let mut object = match value {
+        Value::Object(object) => object,
+        Value::Array(_) => return Err(error_frame(&null, -32600, "Invalid Request: batch requests are not supported")),
+        _ => return Err(error_frame(&null, -32600, "Invalid Request")),
+    };
+    let id = object.remove("id");
+    let refuse = |message: &str| match &id {
+        Some(id) => Err(error_frame(id, -32600, message)),
+        None => Err(String::new()),
+    };
+    if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return refuse("Invalid Request: missing or wrong \"jsonrpc\" version");
+    }
+    let Some(method) = object.get("method").and_then(Value::as_str).map(str::to_string) else {
+        return refuse("Invalid Request: missing \"method\"");
+    };
+    let params = match object.remove("params") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(params)) => params,
+        Some(_) => return Err(id.map(|id| error_frame(&id, -32602, "Invalid params: params must be an object")).unwrap_or_default()),
+    };
+    Ok(Call { id, method, params })
+}
+
+fn dispatch(context: &Context<'_>, call: Call) -> Answer {
+    let Call { id, method, params } = call;
+    match method.as_str() {
+        "session.registerDriver" => {
+            let key = context.key_id();
+            reply(&id, context.ask(|reply| BaeOp::RegisterDriver { key, reply }), &method, serde_json::json!({ "registered": true }))
+        }
+        "session.updateClientTools" => {
+            let tools = client_tools(&params);
+            let key = context.key_id();
+            reply(&id, context.ask(|reply| BaeOp::UpdateTools { key, tools, reply }), &method, serde_json::json!({ "updated": true }))
+        }
+        "session.unsubscribe" => {
+            let released = context.engine.bae_release_streams(&context.session_id);
+            let outcome = released.map_err(|_| RpcError::Internal);
+            reply(&id, outcome, &method, serde_json::json!({ "unsubscribed": true }))
+        }
+        "session.sendMessage" => turn(context, id, TurnKind::Send, |key, run_id, reply| {
+            BaeOp::Send(Box::new(SendMessage { key, run_id, message: user_message(&params), reply }))
+        }),
+        "session.compact" => turn(context, id, TurnKind::Compact, |key, run_id, reply| {
+            BaeOp::Compact(Box::new(Compact { key, run_id, prompt: prompt(&params), reply }))
+        }),
+        "session.subscribe" => watch(context, id, &params),
+        _ => Answer::Frame(id.map(|id| error_frame(&id, -32601, &format!("Method not found: {method}")))),
+    }
+}
+
+impl Context<'_> {
+    fn key_id(&self) -> String {
+        self.key.id.clone()
+    }
+
+    /// Sends an op to the session's actor and waits for its answer.
+    fn ask<T>(&self, op: impl FnOnce(crossbeam_channel::Sender<Result<T, RpcError>>) -> BaeOp) -> Result<T, RpcError> {
+        let (reply, answer) = bounded(1);
+        self.engine.bae_op(&self.session_id, op(reply)).map_err(|_| RpcError::Internal)?;
+        answer.recv().unwrap_or(Err(RpcError::Internal))
+    }
+}
+
+fn reply(id: &Option<Value>, outcome: Result<(), RpcError>, method: &str, result: Value) -> Answer {
+    let Some(id) = id else { return Answer::Frame(None) };
+    Answer::Frame(Some(match outcome {
+        Ok(()) => format!("{}\n", serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result })),
+        Err(error) => rpc_error_frame_for(id, &error, method),
+    }))
+}
+
+/// A turn: subscribe first, then ask for the gate; the stream follows the turn.
+fn turn(
+    context: &Context<'_>,
+    id: Option<Value>,
+    kind: TurnKind,
+    op: impl FnOnce(String, String, crossbeam_channel::Sender<Result<crate::engine::bae::Started, RpcError>>) -> BaeOp,
+) -> Answer {
+    let filter = Filter { tenant: BAE_TENANT.to_string(), scope: Scope::Session(context.session_id.clone()), format: Some(wire::FORMAT) };
+    let Some(subscription) = context.engine.bus().subscribe(filter, None) else {
+        return Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error")));
+    };
+    let run_id = crate::domain::new_id("run");
+    let (reply, started) = bounded(1);
+    if context.engine.bae_op(&context.session_id, op(context.key_id(), run_id.clone(), reply)).is_err() {
+        return Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error")));
+    }
+    let stream = TurnStream {
+        engine: context.engine.clone(),
+        session_id: context.session_id.clone(),
+        run_id,
+        kind,
+        id,
+        subscription,
+        started: Some(started),
+        events: Vec::new(),
+        message: None,
+        completed: None,
+        faulted: false,
+        done: false,
+        settled: false,
+    };
+    Answer::Stream(Stream::new(Framing::Ndjson, stream))
+}
+
+/// `session.subscribe`: no driver or state check; `since_event_id` replays what follows it
+/// (an id not of this session replays from the start).
+fn watch(context: &Context<'_>, id: Option<Value>, params: &Map<String, Value>) -> Answer {
+    let after = match params.get("since_event_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(since)) => Some(context.replay_after(since)),
+        Some(_) => {
+            let message = "Invalid params: \"since_event_id\" must be a string";
+            return Answer::Frame(id.map(|id| error_frame(&id, -32602, message)));
+        }
+    };
+    let filter = Filter { tenant: BAE_TENANT.to_string(), scope: Scope::Session(context.session_id.clone()), format: Some(wire::FORMAT) };
+    match context.engine.bus().subscribe(filter, after) {
+        Some(subscription) => Answer::Stream(Stream::new(Framing::Ndjson, WatchStream { subscription, replaying: after.is_some(), done: false })),
+        None => Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error"))),
+    }
+}
+
+impl Context<'_> {
+    /// The seq a replay starts after: the event's, when it is one of this session's.
+    fn replay_after(&self, since: &str) -> u64 {
+        let Some(seq) = wire::parse_event_id(since) else { return 0 };
+        match self.engine.bae_event_session(seq) {
+            Some(session) if session == self.session_id => seq,
+            _ => 0,
+        }
+    }
+}
+
+/// `params.message`: `{role? = "user", content}`.
+fn user_message(params: &Map<String, Value>) -> Result<UserMessage, String> {
+    let message = params.get("message").ok_or("missing \"message\"")?;
+    let message = message.as_object().ok_or("invalid type: \"message\" must be an object")?;
+    let role = match message.get("role") {
+        None => Role::User,
+        Some(Value::String(role)) if role == "user" => Role::User,
+        Some(Value::String(role)) if role == "assistant" => Role::Assistant,
+        Some(Value::String(role)) => return Err(format!("unknown role {role:?}")),
+        Some(_) => return Err("invalid type: \"role\" must be a string".into()),
+    };
+    let content = message.get("content").cloned().ok_or("missing field `content`")?;
+    // Checked now, so a malformed message never waits for the gate.
+    crate::engine::bae::merge::to_message(role, &content, &Default::default())?;
+    Ok(UserMessage { role, content })
+}
+
+fn prompt(params: &Map<String, Value>) -> Result<Option<String>, String> {
+    match params.get("prompt") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(prompt)) => Ok(Some(prompt.clone())),
+        Some(_) => Err("invalid type: \"prompt\" must be a string or null".into()),
+    }
+}
+
+/// `params.tools`: required, an array whose every entry has a non-blank string `name`.
+fn client_tools(params: &Map<String, Value>) -> Result<Vec<Value>, String> {
+    let tools = params.get("tools").ok_or("missing field `tools`")?;
+    let tools = tools.as_array().ok_or("invalid type: \"tools\" must be an array")?;
+    for tool in tools {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        if name.trim().is_empty() {
+            return Err("every tool needs a non-empty \"name\"".into());
+        }
+    }
+    Ok(tools.clone())
+}
+
+/// The frame of a refused operation.
+pub fn rpc_error_frame(id: &Value, error: &RpcError, kind: TurnKind) -> String {
+    let method = match kind {
+        TurnKind::Send => "session.sendMessage",
+        TurnKind::Compact => "session.compact",
+    };
+    rpc_error_frame_for(id, error, method)
+}
+
+fn rpc_error_frame_for(id: &Value, error: &RpcError, method: &str) -> String {
+    let (code, message) = match error {
+        RpcError::NotDriver => (-32001, format!("call session.registerDriver before {method}")),
+        RpcError::NotOpen(state) => (-32000, format!("session is {}, not open", state.as_str())),
+        RpcError::Gone => (-32000, "session no longer exists".to_string()),
+        RpcError::InvalidParams(detail) => (-32602, format!("Invalid params: {detail}")),
+        RpcError::MergeInvalid(detail) => (-32000, format!("tool result merge invalid: {detail}")),
+        RpcError::NoPausedTurn => (
+            -32000,
+            "tool result merge invalid: no paused turn is awaiting tool results (it may have timed out and been retired)"
+                .to_string(),
+        ),
+        RpcError::ProfileUnavailable => {
+            (-32000, "profile_unavailable: the profile bound to this session is no longer available".to_string())
+        }
+        RpcError::TurnInProgress => (-32020, "turn in progress: resolve the paused turn before compacting".to_string()),
+        RpcError::ToolNotAllowed(name) => (-32015, format!("tool_not_allowed: tool {name:?} is not in the profile's allowlist")),
+        RpcError::Internal => (-32603, "Internal error".to_string()),
+    };
+    error_frame(id, code, &message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(bytes: &str) -> Value {
+        let frame = parse(bytes.as_bytes()).err().unwrap();
+        serde_json::from_str(frame.trim()).unwrap()
+    }
+
+    #[test]
+    fn envelope_errors_have_their_codes() {
+        assert_eq!(frame("{nope")["error"]["code"], -32700);
+        assert_eq!(frame("[]")["error"]["message"], "Invalid Request: batch requests are not supported");
+        assert_eq!(frame("7")["error"]["code"], -32600);
+        assert_eq!(frame(r#"{"id":1,"method":"x"}"#)["error"]["message"], "Invalid Request: missing or wrong \"jsonrpc\" version");
+        assert_eq!(frame(r#"{"jsonrpc":"2.0","id":null}"#)["error"]["message"], "Invalid Request: missing \"method\"");
+        assert_eq!(frame(r#"{"jsonrpc":"2.0","id":null}"#)["id"], Value::Null);
+        // A notification with a bad envelope gets nothing.
+        assert_eq!(parse(br#"{"jsonrpc":"1.0","method":"x"}"#).err().unwrap(), "");
+        let call = parse(br#"{"jsonrpc":"2.0","id":"a","method":"m"}"#).unwrap();
+        assert_eq!((call.id, call.method, call.params.len()), (Some(Value::String("a".into())), "m".to_string(), 0));
+    }
+}

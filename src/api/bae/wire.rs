@@ -1,0 +1,265 @@
+//! BAE's shapes of the engine's events and messages: `EventView`s with `evt_` ids, content
+//! blocks, and the NDJSON notification frame the bus renders once per event.
+//!
+//! An event's id is its seq in the event log, as `evt_` and 32 hex digits: the id, the
+//! `since_event_id` of a replay and the list cursor are the same number.
+
+use serde_json::{json, Map, Value};
+
+use crate::bus::{Envelope, Format};
+use crate::domain::{Block, Dispatch, Event, Message, ProviderRequest, ProviderResponse, Role, ToolResult, ToolSchema};
+use crate::engine::bae::compaction::SYNTHETIC;
+use crate::engine::bae::merge::PLAIN;
+
+/// The format BAE's streams use.
+pub const FORMAT: Format = Format::BaeNdjson;
+
+/// What precedes an `EventView` in a notification frame, and what follows it.
+const FRAME_HEAD: &str = "{\"jsonrpc\":\"2.0\",\"method\":\"session.event\",\"params\":";
+const FRAME_TAIL: &str = "}\n";
+
+pub fn event_id(seq: u64) -> String {
+    format!("evt_{seq:032x}")
+}
+
+/// The seq an `evt_` id names, if it is one.
+pub fn parse_event_id(id: &str) -> Option<u64> {
+    let hex = id.strip_prefix("evt_")?;
+    if hex.len() != 32 {
+        return None;
+    }
+    u64::try_from(u128::from_str_radix(hex, 16).ok()?).ok()
+}
+
+/// An envelope as one notification frame; empty for events BAE has no type for.
+pub fn ndjson_frame(envelope: &Envelope) -> String {
+    match view(envelope) {
+        Some(view) => format!("{FRAME_HEAD}{view}{FRAME_TAIL}"),
+        None => String::new(),
+    }
+}
+
+/// The `EventView` inside a frame.
+pub fn view_of_frame(frame: &str) -> &str {
+    frame.strip_prefix(FRAME_HEAD).and_then(|rest| rest.strip_suffix(FRAME_TAIL)).unwrap_or("null")
+}
+
+/// An envelope as an `EventView`, or `None` when BAE has no type for its event.
+pub fn view(envelope: &Envelope) -> Option<String> {
+    let (event_type, payload) = type_and_payload(&envelope.event)?;
+    let view = json!({
+        "id": event_id(envelope.seq),
+        "session_id": envelope.session_id.as_deref(),
+        "client_key_id": envelope.actor.as_deref(),
+        "event_type": event_type,
+        "payload": payload,
+        "created_at": envelope.at,
+    });
+    Some(view.to_string())
+}
+
+fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
+    Some(match event {
+        Event::ClientAttached { joined, client_version, tools, sandbox_tools, subagent_tools, .. } => (
+            if *joined { "session.join" } else { "session.open" },
+            json!({ "client_version": client_version, "tools": tools, "sandbox_tools": sandbox_tools, "subagent_tools": subagent_tools }),
+        ),
+        Event::DriverRegistered { .. } => ("session.driver.register", json!({})),
+        Event::MessageCompleted { message, .. } => message_event(message),
+        Event::ProviderRequest(request) => ("provider.request", provider_request(request)),
+        Event::ProviderResponse(response) => ("provider.response", provider_response(response)),
+        Event::ToolStarted { call, .. } => {
+            let mut payload = json!({ "id": call.id, "name": call.name, "input": call.arguments, "dispatch": dispatch(&call.dispatch) });
+            if let Dispatch::Mcp { server } = &call.dispatch {
+                payload["server_name"] = server_name(server);
+            }
+            ("tool.call", payload)
+        }
+        Event::ToolFinished { result, dispatch: by, .. } => ("tool.result", tool_result_payload(result, by)),
+        Event::SessionFault { fault, .. } => ("session.error", serde_json::to_value(fault).ok()?),
+        Event::SessionClosed { reason, .. } => ("session.close", json!({ "reason": reason })),
+        Event::CompactionStarted { trigger, message_count, .. } => {
+            ("session.compaction.started", json!({ "trigger": trigger, "message_count": message_count }))
+        }
+        Event::CompactionCompleted(done) => (
+            "session.compaction.completed",
+            json!({
+                "preamble_event_id": event_id(done.preamble_event),
+                "summary_event_id": event_id(done.summary_event),
+                "compacted_message_count": done.compacted_message_count,
+                "input_tokens": done.input_tokens,
+                "summary_tokens": done.summary_tokens,
+            }),
+        ),
+        _ => return None,
+    })
+}
+
+/// A client's message is `client.message.send`; the model's, and anything the server wrote
+/// on its own (flagged `synthetic`), `server.message.send`.
+fn message_event(message: &Message) -> (&'static str, Value) {
+    let synthetic = message.meta.as_ref().and_then(|meta| meta.get(SYNTHETIC)).cloned();
+    let mut payload = message_json(message);
+    match synthetic {
+        Some(why) => {
+            payload["synthetic"] = why;
+            ("server.message.send", payload)
+        }
+        None if message.role == Role::User => ("client.message.send", payload),
+        None => ("server.message.send", payload),
+    }
+}
+
+/// `{role, content}`: content a string when the client sent one, else blocks.
+pub fn message_json(message: &Message) -> Value {
+    let role = match message.role {
+        Role::User | Role::Tool => "user",
+        Role::Assistant => "assistant",
+        Role::System => "system",
+    };
+    json!({ "role": role, "content": content(message) })
+}
+
+pub fn content(message: &Message) -> Value {
+    if message.flag(PLAIN) {
+        if let [Block::Text { text }] = message.blocks.as_slice() {
+            return Value::String(text.clone());
+        }
+    }
+    Value::Array(message.blocks.iter().map(block).collect())
+}
+
+fn block(block: &Block) -> Value {
+    match block {
+        Block::Text { text } => json!({ "type": "text", "text": text }),
+        Block::Reasoning { text } => json!({ "type": "thinking", "thinking": text }),
+        Block::Image(image) => json!({ "type": "image", "source": {
+            "type": "base64", "media_type": image.mime_type, "data": image.data,
+        }}),
+        Block::ToolCall(call) => {
+            let mut block = json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments });
+            if !call.dispatch.is_server() {
+                block["dispatch"] = Value::String(dispatch(&call.dispatch).into());
+            }
+            block
+        }
+        Block::ToolResult(result) => {
+            let mut block = json!({ "type": "tool_result", "tool_use_id": result.call_id, "content": result_content(result) });
+            if !result.ok {
+                block["is_error"] = Value::Bool(true);
+            }
+            block
+        }
+    }
+}
+
+fn result_content(result: &ToolResult) -> Value {
+    match &result.blocks {
+        Some(blocks) => Value::Array(blocks.clone()),
+        None => Value::String(result.content.clone()),
+    }
+}
+
+fn dispatch(dispatch: &Dispatch) -> &'static str {
+    match dispatch {
+        Dispatch::Client => "client",
+        Dispatch::Mcp { .. } | Dispatch::Server => "mcp",
+        Dispatch::Sandbox => "sandbox",
+        Dispatch::Subagent => "subagent",
+    }
+}
+
+/// An MCP server's name; `null` for a call no server could take.
+fn server_name(server: &str) -> Value {
+    if server.is_empty() {
+        Value::Null
+    } else {
+        Value::String(server.to_string())
+    }
+}
+
+fn tool_result_payload(result: &ToolResult, by: &Dispatch) -> Value {
+    let mut payload = Map::new();
+    payload.insert("tool_use_id".into(), json!(result.call_id));
+    payload.insert("dispatch".into(), json!(dispatch(by)));
+    match by {
+        Dispatch::Client => {}
+        Dispatch::Mcp { server } => {
+            payload.insert("server_name".into(), server_name(server));
+            payload.insert("is_error".into(), json!(!result.ok));
+        }
+        _ => {
+            payload.insert("is_error".into(), json!(!result.ok));
+        }
+    }
+    payload.insert("content".into(), result_content(result));
+    Value::Object(payload)
+}
+
+fn kind(attempt: u32) -> &'static str {
+    if attempt == 0 {
+        "primary"
+    } else {
+        "fallback"
+    }
+}
+
+fn provider_request(request: &ProviderRequest) -> Value {
+    json!({
+        "attempt": request.attempt,
+        "kind": kind(request.attempt),
+        "provider": request.provider,
+        "base_url": request.base_url,
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": request.messages.iter().map(message_json).collect::<Vec<_>>(),
+        "tools": request.tools.iter().map(tool).collect::<Vec<_>>(),
+    })
+}
+
+/// A tool as the provider is told of it (a blank description was given as none).
+pub fn tool(tool: &ToolSchema) -> Value {
+    let description = if tool.description.is_empty() { Value::Null } else { json!(tool.description) };
+    json!({ "name": tool.name, "description": description, "input_schema": tool.parameters })
+}
+
+fn provider_response(response: &ProviderResponse) -> Value {
+    let base = json!({ "attempt": response.attempt, "kind": kind(response.attempt), "provider": response.provider });
+    let mut payload = base.as_object().cloned().unwrap_or_default();
+    if response.ok {
+        payload.insert("ok".into(), json!(true));
+        payload.insert("status".into(), json!(200));
+        payload.insert("body".into(), response.body.clone().unwrap_or(Value::Null));
+    } else {
+        payload.insert("ok".into(), json!(false));
+        payload.insert("status".into(), json!(response.status));
+        payload.insert("error".into(), json!(response.error));
+        payload.insert("body".into(), response.body.clone().unwrap_or(Value::Null));
+    }
+    Value::Object(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_are_seqs() {
+        assert_eq!(event_id(42), "evt_0000000000000000000000000000002a");
+        assert_eq!(parse_event_id(&event_id(42)), Some(42));
+        assert_eq!(parse_event_id("evt_xyz"), None);
+        assert_eq!(parse_event_id("evt_ffffffffffffffffffffffffffffffff"), None);
+        assert_eq!(parse_event_id("nope"), None);
+    }
+
+    #[test]
+    fn plain_text_stays_a_string_and_blocks_keep_their_dispatch() {
+        let message = crate::engine::bae::merge::to_message(Role::User, &json!("hi"), &Default::default()).unwrap();
+        assert_eq!(content(&message), json!("hi"));
+        let mut answer = Message::new(Role::Assistant);
+        let mut call = crate::domain::ToolCall::new("tu_1", "clock", Map::new());
+        call.dispatch = Dispatch::Client;
+        answer.blocks.push(Block::ToolCall(call));
+        assert_eq!(content(&answer), json!([{"type": "tool_use", "id": "tu_1", "name": "clock", "input": {}, "dispatch": "client"}]));
+    }
+}

@@ -42,6 +42,12 @@ impl Reply {
         Reply::stream(body, body.len())
     }
 
+    /// A whole (non-streamed) JSON answer.
+    pub fn json(status: u16, body: &Value) -> Reply {
+        let steps = vec![Step::Write(body.to_string().into_bytes())];
+        Reply { status, headers: vec![("Content-Type".into(), "application/json".into())], steps }
+    }
+
     /// An error answer with a JSON body in the vendors' `{"error": {...}}` shape.
     pub fn error(status: u16, message: &str) -> Reply {
         let body = json!({ "error": { "type": "api_error", "message": message } }).to_string();
@@ -141,9 +147,13 @@ fn send(request: tiny_http::Request, reply: Reply, stopping: &AtomicBool) {
         500 => "Internal Server Error",
         _ => "Status",
     };
-    let content_type = if reply.status == 200 { "text/event-stream" } else { "application/json" };
-    let mut head =
-        format!("HTTP/1.1 {} {reason}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n", reply.status);
+    let given = reply.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+    let content_type = match (given, reply.status) {
+        (true, _) => String::new(),
+        (false, 200) => "Content-Type: text/event-stream\r\n".to_string(),
+        (false, _) => "Content-Type: application/json\r\n".to_string(),
+    };
+    let mut head = format!("HTTP/1.1 {} {reason}\r\n{content_type}Transfer-Encoding: chunked\r\n", reply.status);
     for (name, value) in &reply.headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -218,6 +228,28 @@ pub mod openai {
 
 pub mod anthropic {
     use serde_json::{json, Value};
+
+    /// A whole Messages answer (what a non-streamed request gets).
+    pub fn answer(content: Value, stop_reason: &str, input: u64, output: u64) -> super::Reply {
+        super::Reply::json(
+            200,
+            &json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "fake", "content": content,
+                "stop_reason": stop_reason, "stop_sequence": null,
+                "usage": { "input_tokens": input, "output_tokens": output },
+            }),
+        )
+    }
+
+    /// A whole Messages answer of one text block.
+    pub fn text_answer(text: &str) -> super::Reply {
+        answer(json!([{ "type": "text", "text": text }]), "end_turn", 10, 5)
+    }
+
+    /// A whole Messages answer calling one tool.
+    pub fn tool_answer(id: &str, name: &str, input: Value) -> super::Reply {
+        answer(json!([{ "type": "tool_use", "id": id, "name": name, "input": input }]), "tool_use", 10, 5)
+    }
 
     pub fn event(name: &str, data: Value) -> String {
         format!("event: {name}\r\ndata: {data}\r\n\r\n")

@@ -1,6 +1,7 @@
 //! The integration suite: every test starts a real server on 127.0.0.1:0 and talks HTTP.
 
 mod auth;
+mod bae;
 mod cli;
 mod edge;
 mod events;

@@ -110,8 +110,9 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
 }
 
 impl Context<'_> {
+    /// The acting key: the client key the session key was minted for.
     fn key_id(&self) -> String {
-        self.key.id.clone()
+        self.key.client_id.clone().unwrap_or_else(|| self.key.id.clone())
     }
 
     /// Sends an op to the session's actor and waits for its answer.

@@ -1,0 +1,5 @@
+//! The BAE client API v1 against the real server and the fake provider.
+
+mod admin;
+mod sessions;
+pub mod support;

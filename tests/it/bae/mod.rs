@@ -2,4 +2,5 @@
 
 mod admin;
 mod sessions;
+mod turns;
 pub mod support;

@@ -179,9 +179,10 @@ impl Frames {
         }
     }
 
-    /// Waits for the stream to end.
+    /// Waits for the stream to end; fails the test if it does not within `WAIT`.
     pub fn wait_end(&self) {
-        let _ = self.ended.recv_timeout(WAIT);
+        let ended = self.ended.recv_timeout(WAIT);
+        assert!(matches!(ended, Err(crossbeam_channel::RecvTimeoutError::Disconnected)), "the stream did not end");
     }
 }
 

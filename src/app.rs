@@ -134,7 +134,8 @@ fn serve(
     if let Some(admin_addr) = admin_addr {
         let listener = crate::http::bind(admin_addr).map_err(|e| StartError::Bind(admin_addr, e))?;
         let views = crate::api::bae::admin::views(config, engine);
-        let admin = crate::api::bae::admin::AdminApi::new(engine.clone(), config.bae.dangerously_disable_admin_auth, views);
+        let admin =
+            crate::api::bae::admin::AdminApi::new(engine.clone(), config.bae.dangerously_disable_admin_auth, views);
         listeners.push((listener, admin));
     }
     let http_config = http_config(config, crate::http::raise_open_file_limit());
@@ -161,7 +162,9 @@ fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
         Ok(crate::engine::bae::AdminBootstrap::Minted) => {
             log::info!("no admin key found; a new one was written to {}", path.display())
         }
-        Ok(crate::engine::bae::AdminBootstrap::Rotated) => log::info!("admin key rotated; the new one is in {}", path.display()),
+        Ok(crate::engine::bae::AdminBootstrap::Rotated) => {
+            log::info!("admin key rotated; the new one is in {}", path.display())
+        }
         Ok(crate::engine::bae::AdminBootstrap::Existing) => {}
         Err(error) => return Err(StartError::AdminKey(format!("{error:?}"))),
     }
@@ -173,8 +176,8 @@ const KEY_SECRET_FILE: &str = "bae-key-secret";
 
 /// The engine's BAE settings; the key secret is created in the data dir on first start.
 fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, StartError> {
-    let keyring = crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE))
-        .map_err(StartError::Keyring)?;
+    let keyring =
+        crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE)).map_err(StartError::Keyring)?;
     Ok(crate::engine::bae::BaeSettings {
         keyring: Arc::new(keyring),
         turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),

@@ -254,7 +254,12 @@ impl Subscription {
 
     /// Like `recv_or_stop`, but also ends when `other` has a message (or disconnects), which
     /// it returns: a stream waiting on its envelopes and one answer at once.
-    pub fn recv_or<T>(&self, other: &Receiver<T>, timeout: std::time::Duration, stop: &Receiver<()>) -> Result<Live, Option<T>> {
+    pub fn recv_or<T>(
+        &self,
+        other: &Receiver<T>,
+        timeout: std::time::Duration,
+        stop: &Receiver<()>,
+    ) -> Result<Live, Option<T>> {
         crossbeam_channel::select! {
             recv(other) -> message => Err(message.ok()),
             recv(self.live) -> batch => Ok(match batch {
@@ -293,8 +298,14 @@ enum BusMsg {
         /// Told the event's seq once it is committed to the log.
         committed: Option<Sender<u64>>,
     },
-    Subscribe { filter: Filter, after: Option<u64>, reply: Sender<Subscription> },
-    Unsubscribe { id: u64 },
+    Subscribe {
+        filter: Filter,
+        after: Option<u64>,
+        reply: Sender<Subscription>,
+    },
+    Unsubscribe {
+        id: u64,
+    },
     Shutdown,
 }
 

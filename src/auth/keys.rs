@@ -188,7 +188,9 @@ mod tests {
     #[test]
     fn keys_and_ids_have_the_documented_shapes() {
         let keyring = Keyring::with_secret([7; 32]);
-        for (role, prefix) in [(KeyRole::Client, "bae_"), (KeyRole::Session, "bae_ses_"), (KeyRole::Admin, "bae_admin_")] {
+        for (role, prefix) in
+            [(KeyRole::Client, "bae_"), (KeyRole::Session, "bae_ses_"), (KeyRole::Admin, "bae_admin_")]
+        {
             let key = keyring.mint(role);
             let random = key.plaintext.strip_prefix(prefix).unwrap();
             assert_eq!(random.len(), 48);

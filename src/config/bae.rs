@@ -62,8 +62,10 @@ impl BaeConfig {
             self.dangerously_disable_admin_auth = matches!(flag.trim().to_ascii_lowercase().as_str(), "1" | "true");
         }
         if let Some(secs) = env("BAE_TURN_TIMEOUT") {
-            self.turn_timeout_secs =
-                secs.trim().parse().map_err(|e: std::num::ParseIntError| ConfigError::Env("BAE_TURN_TIMEOUT", e.to_string()))?;
+            self.turn_timeout_secs = secs
+                .trim()
+                .parse()
+                .map_err(|e: std::num::ParseIntError| ConfigError::Env("BAE_TURN_TIMEOUT", e.to_string()))?;
         }
         if let Some(path) = env("BAE_CONFIG") {
             self.config_file = Some(path.into());
@@ -257,8 +259,10 @@ impl ProviderEntry {
         let base = self.base_url.as_deref().unwrap_or(default_base).trim_end_matches('/');
         let mut provider = ProviderConfig::new(self.provider, format!("{base}/v1"));
         provider.api_key_template = self.auth_token.clone();
-        provider.models =
-            vec![ModelConfig { max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), ..ModelConfig::named(&self.model) }];
+        provider.models = vec![ModelConfig {
+            max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+            ..ModelConfig::named(&self.model)
+        }];
         provider
     }
 }

@@ -177,7 +177,11 @@ impl Run {
 
     /// Announces a result and stores it as a `tool` message.
     fn finish_call(&self, result: ToolResult) -> Result<(), EngineError> {
-        self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone(), dispatch: Default::default() });
+        self.publish(Event::ToolFinished {
+            session_id: self.session_id.clone(),
+            result: result.clone(),
+            dispatch: Default::default(),
+        });
         let message = tool_message(&result);
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
         self.append(message)

@@ -222,7 +222,12 @@ impl Run {
     }
 
     /// Runs an answer's calls. `Some(stop)` ends the turn (a cancel, or a pause for the client).
-    fn dispatch(&self, answer: Message, session: &SessionRecord, tail: &mut Vec<Message>) -> Result<Option<Stop>, EngineError> {
+    fn dispatch(
+        &self,
+        answer: Message,
+        session: &SessionRecord,
+        tail: &mut Vec<Message>,
+    ) -> Result<Option<Stop>, EngineError> {
         match &self.plan {
             Plan::Bae(turn) => self.dispatch_bae(turn, answer, tail),
             Plan::Kestrel | Plan::Compaction(_) => {
@@ -334,7 +339,9 @@ impl Run {
             Ok(Stop::Paused(_)) => {
                 Event::RunFinished { session_id, run_id, status: RunOutcome::Paused, usage: Some(usage) }
             }
-            Ok(Stop::Faulted) => Event::RunFailed { session_id, run_id, error: "the turn failed; see its fault".into() },
+            Ok(Stop::Faulted) => {
+                Event::RunFailed { session_id, run_id, error: "the turn failed; see its fault".into() }
+            }
             Ok(Stop::Cancelled) if shutdown => {
                 return log::info!("run {} stopped by shutdown; the session can be resumed", self.run_id)
             }

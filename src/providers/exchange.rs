@@ -159,7 +159,8 @@ fn anthropic_answer(body: &Value) -> Completion {
     }
     let number = |field: &str| body.pointer(&format!("/usage/{field}")).and_then(Value::as_u64);
     let (input, output) = (number("input_tokens").unwrap_or(0), number("output_tokens").unwrap_or(0));
-    completion.usage = Usage { input_tokens: input, output_tokens: output, total_tokens: input + output, ..Usage::default() };
+    completion.usage =
+        Usage { input_tokens: input, output_tokens: output, total_tokens: input + output, ..Usage::default() };
     completion.finish = body.get("stop_reason").and_then(Value::as_str).map(|reason| match reason {
         "end_turn" | "stop_sequence" => Finish::Stop,
         "max_tokens" => Finish::Length,
@@ -191,8 +192,10 @@ fn openai_answer(body: &Value) -> Result<Completion, String> {
         completion.tool_calls.push(ToolCall::new(id, name, input));
     }
     let number = |pointer: &str| body.pointer(pointer).and_then(Value::as_u64);
-    let (input, output) = (number("/usage/prompt_tokens").unwrap_or(0), number("/usage/completion_tokens").unwrap_or(0));
-    completion.usage = Usage { input_tokens: input, output_tokens: output, total_tokens: input + output, ..Usage::default() };
+    let (input, output) =
+        (number("/usage/prompt_tokens").unwrap_or(0), number("/usage/completion_tokens").unwrap_or(0));
+    completion.usage =
+        Usage { input_tokens: input, output_tokens: output, total_tokens: input + output, ..Usage::default() };
     completion.finish = body.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(|reason| match reason {
         "stop" => Finish::Stop,
         "length" => Finish::Length,

@@ -85,7 +85,10 @@ pub(super) fn stream(
 /// A whole answer, or why there is none.
 pub(super) enum Fetched {
     /// A response arrived: its status and body (error bodies are cut at 64 KiB).
-    Answer { status: u16, body: Vec<u8> },
+    Answer {
+        status: u16,
+        body: Vec<u8>,
+    },
     Cancelled,
     /// No response: the connection failed or timed out.
     Failed(String),
@@ -109,7 +112,9 @@ pub(super) fn fetch(
     loop {
         match next_piece(&pieces, cancel, idle, deadline) {
             Err(CallError::Cancelled) => return Fetched::Cancelled,
-            Err(CallError::Transient { message, .. }) | Err(CallError::Fatal(message)) => return Fetched::Failed(message),
+            Err(CallError::Transient { message, .. }) | Err(CallError::Fatal(message)) => {
+                return Fetched::Failed(message)
+            }
             Ok(Piece::Head { status: code, error_body: Some(text), .. }) => {
                 return Fetched::Answer { status: code, body: text.into_bytes() }
             }

@@ -111,22 +111,50 @@ pub enum BaeWrite {
     /// Replaces every field but the id and `created_at`; `NotFound` if deleted or absent.
     ReplaceProfile(ProfileRecord),
     /// Soft-deletes; `NotFound`, or `InUse` while active client keys name the profile.
-    DeleteProfile { id: String, at: String },
+    DeleteProfile {
+        id: String,
+        at: String,
+    },
     /// A new key and its digest. A client key's profile must be active (else `NotFound`).
-    InsertKey { key: KeyRecord, digest: String },
-    TouchKey { id: String, at: String },
+    InsertKey {
+        key: KeyRecord,
+        digest: String,
+    },
+    TouchKey {
+        id: String,
+        at: String,
+    },
     /// Soft-deletes an active client key and every session key minted for it; `NotFound`
     /// if it is not an active client key.
-    RevokeClientKey { id: String, at: String },
+    RevokeClientKey {
+        id: String,
+        at: String,
+    },
     /// Soft-deletes every admin key (rotation).
-    RevokeAdminKeys { at: String },
+    RevokeAdminKeys {
+        at: String,
+    },
     InsertSession(BaeSessionRecord),
     /// A client's declared tools on a session (join replaces its entries).
-    SetClientTools { session_id: String, key_id: String, tools: Value, sandbox_tools: Value, subagent_tools: Value },
+    SetClientTools {
+        session_id: String,
+        key_id: String,
+        tools: Value,
+        sandbox_tools: Value,
+        subagent_tools: Value,
+    },
     /// `session.updateClientTools`: the client's tools, as sent.
-    ReplaceClientTools { session_id: String, key_id: String, tools: Value },
+    ReplaceClientTools {
+        session_id: String,
+        key_id: String,
+        tools: Value,
+    },
     /// Moves an open session to a terminal state; `NotFound` unless it was open.
-    EndSession { id: String, state: BaeState, at: String },
+    EndSession {
+        id: String,
+        state: BaeState,
+        at: String,
+    },
 }
 
 pub(super) fn apply(tx: &Transaction<'_>, write: &BaeWrite) -> Result<(), StoreError> {
@@ -147,7 +175,8 @@ pub(super) fn apply(tx: &Transaction<'_>, write: &BaeWrite) -> Result<(), StoreE
         }
         BaeWrite::InsertSession(session) => insert_session(tx, session),
         BaeWrite::SetClientTools { session_id, key_id, tools, sandbox_tools, subagent_tools } => {
-            let columns = [("client_tools", tools), ("sandbox_tools", sandbox_tools), ("subagent_tools", subagent_tools)];
+            let columns =
+                [("client_tools", tools), ("sandbox_tools", sandbox_tools), ("subagent_tools", subagent_tools)];
             for (column, value) in columns {
                 set_tool_entry(tx, session_id, column, key_id, value)?;
             }
@@ -224,7 +253,9 @@ fn delete_profile(tx: &Transaction<'_>, id: &str, at: &str) -> Result<(), StoreE
         return Err(StoreError::NotFound);
     }
     let keys: i64 = tx
-        .prepare_cached("SELECT count(*) FROM bae_keys WHERE role = 'client' AND profile_id = ?1 AND deleted_at IS NULL")?
+        .prepare_cached(
+            "SELECT count(*) FROM bae_keys WHERE role = 'client' AND profile_id = ?1 AND deleted_at IS NULL",
+        )?
         .query_row([id], |row| row.get(0))?;
     if keys > 0 {
         return Err(StoreError::InUse(keys as u64));
@@ -299,9 +330,17 @@ fn insert_session(tx: &Transaction<'_>, s: &BaeSessionRecord) -> Result<(), Stor
 }
 
 /// Sets one client's entry in one of a session's per-client tool maps.
-fn set_tool_entry(tx: &Transaction<'_>, session_id: &str, column: &str, key_id: &str, value: &Value) -> Result<(), StoreError> {
+fn set_tool_entry(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    column: &str,
+    key_id: &str,
+    value: &Value,
+) -> Result<(), StoreError> {
     // `column` is one of three literals above, never input.
-    let sql = format!("UPDATE bae_sessions SET {column} = json_set({column}, '$.' || json_quote(?2), json(?3)) WHERE id = ?1");
+    let sql = format!(
+        "UPDATE bae_sessions SET {column} = json_set({column}, '$.' || json_quote(?2), json(?3)) WHERE id = ?1"
+    );
     let changed = tx.prepare_cached(&sql)?.execute(params![session_id, key_id, json_text(value)?])?;
     if changed == 0 {
         return Err(StoreError::NotFound);
@@ -317,7 +356,8 @@ const SESSION_COLUMNS: &str = "seq, id, creator_key_id, profile_id, state, clien
 
 fn parse_json<T: serde::de::DeserializeOwned>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
     let text: String = row.get(index)?;
-    serde_json::from_str(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e)))
+    serde_json::from_str(&text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e)))
 }
 
 fn profile_row(row: &Row<'_>) -> rusqlite::Result<(u64, ProfileRecord)> {
@@ -361,7 +401,11 @@ fn key_row(row: &Row<'_>) -> rusqlite::Result<(u64, KeyRecord)> {
 fn session_row(row: &Row<'_>) -> rusqlite::Result<(u64, BaeSessionRecord)> {
     let state: String = row.get(4)?;
     let state = BaeState::parse(&state).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, format!("session state {state:?}").into())
+        rusqlite::Error::FromSqlConversionFailure(
+            4,
+            rusqlite::types::Type::Text,
+            format!("session state {state:?}").into(),
+        )
     })?;
     let compaction: Option<String> = row.get(9)?;
     Ok((
@@ -427,7 +471,11 @@ impl ReaderPool {
         self.with(|conn| {
             let sql =
                 format!("SELECT {KEY_COLUMNS} FROM bae_keys WHERE digest = ?1 AND role = ?2 AND deleted_at IS NULL");
-            Ok(conn.prepare_cached(&sql)?.query_row(params![digest, role.as_str()], key_row).optional()?.map(|(_, k)| k))
+            Ok(conn
+                .prepare_cached(&sql)?
+                .query_row(params![digest, role.as_str()], key_row)
+                .optional()?
+                .map(|(_, k)| k))
         })
     }
 
@@ -501,7 +549,13 @@ impl ReaderPool {
     }
 
     /// A page of a session's logged events whose type is one of `kinds`.
-    pub fn bae_events(&self, session_id: &str, kinds: &[&str], after: u64, limit: usize) -> Result<EventPage, StoreError> {
+    pub fn bae_events(
+        &self,
+        session_id: &str,
+        kinds: &[&str],
+        after: u64,
+        limit: usize,
+    ) -> Result<EventPage, StoreError> {
         self.with(|conn| {
             let kinds = serde_json::to_string(kinds).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let mut statement = conn.prepare_cached(

@@ -18,9 +18,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::domain::{Message, SessionRecord, SessionStatus};
 
-pub use bae::{
-    BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT,
-};
+pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use reader::{EventQuery, ReaderPool};
 pub use writer::WriterHandle;
 

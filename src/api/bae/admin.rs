@@ -104,7 +104,11 @@ impl AdminApi {
         let route = Route::parse(&path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
         let method = request.method().to_string();
         if !route.methods().contains(&method.as_str()) {
-            return Err(Problem::new(405, "method_not_allowed", format!("{path} accepts {}", route.methods().join(", "))));
+            return Err(Problem::new(
+                405,
+                "method_not_allowed",
+                format!("{path} accepts {}", route.methods().join(", ")),
+            ));
         }
         match (route, method.as_str()) {
             (Route::Profiles, "POST") => self.create_profile(request),
@@ -315,7 +319,8 @@ pub fn views(config: &Config, engine: &Engine) -> AdminViews {
         .collect();
     let mut servers = config.bae.file.mcp.servers.clone();
     servers.sort_by(|a, b| a.name.cmp(&b.name));
-    let mcp_servers: Vec<Value> = servers.iter().map(|s| json!({ "name": s.name, "transport": s.transport.as_str() })).collect();
+    let mcp_servers: Vec<Value> =
+        servers.iter().map(|s| json!({ "name": s.name, "transport": s.transport.as_str() })).collect();
     let mcp_config: Vec<Value> = servers
         .iter()
         .map(|s| json!({ "name": s.name, "transport": s.transport.as_str(), "command": s.command, "args": s.args, "url": s.url, "headers": masked(&s.headers) }))

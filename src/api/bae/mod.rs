@@ -94,7 +94,9 @@ impl ClientApi {
         }
         match route {
             Route::Health => Ok(Reply::Empty { status: 200 }),
-            Route::Meta => Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] }))),
+            Route::Meta => {
+                Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] })))
+            }
             Route::Sessions => self.open(request),
             Route::Join(id) => self.join(request, id),
             Route::Session(id) => self.close(request, id),
@@ -166,7 +168,11 @@ fn bearer(request: &Request) -> Result<&str, Problem> {
 
 /// The session key of `id` the request carries, and the session; 401 for any other key or
 /// a session that does not exist.
-pub(crate) fn authorize_session(engine: &Engine, request: &Request, id: &str) -> Result<(KeyRecord, BaeSessionRecord), Problem> {
+pub(crate) fn authorize_session(
+    engine: &Engine,
+    request: &Request,
+    id: &str,
+) -> Result<(KeyRecord, BaeSessionRecord), Problem> {
     let token = bearer(request)?;
     Ok(engine.bae_authorize_session(token, id)?)
 }

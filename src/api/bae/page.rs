@@ -11,7 +11,9 @@ pub const MAX_LIMIT: usize = 200;
 pub fn parse(request: &Request) -> Result<(u64, usize), Problem> {
     let after = match request.query("cursor") {
         None | Some("") => 0,
-        Some(cursor) => cursor.parse::<u64>().map_err(|_| Problem::bad_request(format!("invalid cursor: {cursor:?}")))?,
+        Some(cursor) => {
+            cursor.parse::<u64>().map_err(|_| Problem::bad_request(format!("invalid cursor: {cursor:?}")))?
+        }
     };
     let limit = match request.query("limit") {
         None => DEFAULT_LIMIT,

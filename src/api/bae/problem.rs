@@ -74,28 +74,28 @@ impl From<BaeError> for Problem {
             BaeError::Unauthorized(Denied::SessionKey) => Problem::unauthorized("invalid session key"),
             BaeError::Unauthorized(Denied::AdminKey) => Problem::unauthorized("invalid admin key"),
             BaeError::ProfileNotFound(id) => Problem::not_found(format!("no profile {id}")),
-            BaeError::DuplicateProfileName => Problem::new(409, "duplicate_name", "a profile with that name already exists"),
+            BaeError::DuplicateProfileName => {
+                Problem::new(409, "duplicate_name", "a profile with that name already exists")
+            }
             BaeError::ProfileInUse(keys) => Problem::new(
                 409,
                 "profile_in_use",
                 format!("profile has {keys} active client key(s); revoke them before deleting"),
             ),
-            BaeError::ProfileUnavailable => Problem::new(
-                422,
-                "profile_unavailable",
-                "the profile bound to this client key is no longer available",
-            ),
-            BaeError::NoActiveProfile(id) => Problem::new(422, "profile_unavailable", format!("no active profile {id}")),
+            BaeError::ProfileUnavailable => {
+                Problem::new(422, "profile_unavailable", "the profile bound to this client key is no longer available")
+            }
+            BaeError::NoActiveProfile(id) => {
+                Problem::new(422, "profile_unavailable", format!("no active profile {id}"))
+            }
             BaeError::ClientKeyNotFound(id) => Problem::not_found(format!("no active client key {id}")),
             BaeError::SessionNotFound(id) => Problem::not_found(format!("no session {id}")),
             BaeError::SessionEnded(state) => {
                 Problem::new(409, "session_closed", format!("session is already {}", state.as_str()))
             }
-            BaeError::ProfileMismatch => Problem::new(
-                403,
-                "profile_mismatch",
-                "the client key's profile does not match this session's profile",
-            ),
+            BaeError::ProfileMismatch => {
+                Problem::new(403, "profile_mismatch", "the client key's profile does not match this session's profile")
+            }
             BaeError::ToolNotAllowed(name) => {
                 Problem::new(403, "tool_not_allowed", format!("tool {name:?} is not in the profile's allowlist"))
             }

@@ -76,7 +76,11 @@ fn parse(bytes: &[u8]) -> Result<Call, String> {
     let params = match object.remove("params") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(params)) => params,
-        Some(_) => return Err(id.map(|id| error_frame(&id, -32602, "Invalid params: params must be an object")).unwrap_or_default()),
+        Some(_) => {
+            return Err(id
+                .map(|id| error_frame(&id, -32602, "Invalid params: params must be an object"))
+                .unwrap_or_default())
+        }
     };
     Ok(Call { id, method, params })
 }
@@ -86,12 +90,22 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
     match method.as_str() {
         "session.registerDriver" => {
             let key = context.key_id();
-            reply(&id, context.ask(|reply| BaeOp::RegisterDriver { key, reply }), &method, serde_json::json!({ "registered": true }))
+            reply(
+                &id,
+                context.ask(|reply| BaeOp::RegisterDriver { key, reply }),
+                &method,
+                serde_json::json!({ "registered": true }),
+            )
         }
         "session.updateClientTools" => {
             let tools = client_tools(&params);
             let key = context.key_id();
-            reply(&id, context.ask(|reply| BaeOp::UpdateTools { key, tools, reply }), &method, serde_json::json!({ "updated": true }))
+            reply(
+                &id,
+                context.ask(|reply| BaeOp::UpdateTools { key, tools, reply }),
+                &method,
+                serde_json::json!({ "updated": true }),
+            )
         }
         "session.unsubscribe" => {
             let released = context.engine.bae_release_streams(&context.session_id);
@@ -138,7 +152,11 @@ fn turn(
     kind: TurnKind,
     op: impl FnOnce(String, String, crossbeam_channel::Sender<Result<crate::engine::bae::Started, RpcError>>) -> BaeOp,
 ) -> Answer {
-    let filter = Filter { tenant: BAE_TENANT.to_string(), scope: Scope::Session(context.session_id.clone()), format: Some(wire::FORMAT) };
+    let filter = Filter {
+        tenant: BAE_TENANT.to_string(),
+        scope: Scope::Session(context.session_id.clone()),
+        format: Some(wire::FORMAT),
+    };
     let Some(subscription) = context.engine.bus().subscribe(filter, None) else {
         return Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error")));
     };
@@ -159,6 +177,7 @@ fn turn(
         message: None,
         completed: None,
         faulted: false,
+        compacting: false,
         done: false,
         settled: false,
     };
@@ -176,9 +195,16 @@ fn watch(context: &Context<'_>, id: Option<Value>, params: &Map<String, Value>) 
             return Answer::Frame(id.map(|id| error_frame(&id, -32602, message)));
         }
     };
-    let filter = Filter { tenant: BAE_TENANT.to_string(), scope: Scope::Session(context.session_id.clone()), format: Some(wire::FORMAT) };
+    let filter = Filter {
+        tenant: BAE_TENANT.to_string(),
+        scope: Scope::Session(context.session_id.clone()),
+        format: Some(wire::FORMAT),
+    };
     match context.engine.bus().subscribe(filter, after) {
-        Some(subscription) => Answer::Stream(Stream::new(Framing::Ndjson, WatchStream { subscription, replaying: after.is_some(), done: false })),
+        Some(subscription) => Answer::Stream(Stream::new(
+            Framing::Ndjson,
+            WatchStream { subscription, replaying: after.is_some(), done: false },
+        )),
         None => Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error"))),
     }
 }
@@ -277,7 +303,10 @@ mod tests {
         assert_eq!(frame("{nope")["error"]["code"], -32700);
         assert_eq!(frame("[]")["error"]["message"], "Invalid Request: batch requests are not supported");
         assert_eq!(frame("7")["error"]["code"], -32600);
-        assert_eq!(frame(r#"{"id":1,"method":"x"}"#)["error"]["message"], "Invalid Request: missing or wrong \"jsonrpc\" version");
+        assert_eq!(
+            frame(r#"{"id":1,"method":"x"}"#)["error"]["message"],
+            "Invalid Request: missing or wrong \"jsonrpc\" version"
+        );
         assert_eq!(frame(r#"{"jsonrpc":"2.0","id":null}"#)["error"]["message"], "Invalid Request: missing \"method\"");
         assert_eq!(frame(r#"{"jsonrpc":"2.0","id":null}"#)["id"], Value::Null);
         // A notification with a bad envelope gets nothing.

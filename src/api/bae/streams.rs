@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::wire;
 use crate::bus::{Batch, Envelope, Live, Subscription};
-use crate::domain::{Dispatch, Event, Role, RunOutcome};
+use crate::domain::{Dispatch, Event, Fault, Role, RunOutcome};
 use crate::engine::bae::{BaeOp, RpcError, Started};
 use crate::engine::Engine;
 use crate::http::{Frames, StreamBody};
@@ -22,7 +22,8 @@ use crate::http::{Frames, StreamBody};
 /// What a provider failure answers with instead of the model.
 const UNAVAILABLE: &str = "The provider is currently unavailable.";
 
-const LAGGED: &str = "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32000,\"message\":\"lagged; reconnect with since_event_id\"}}\n";
+const LAGGED: &str =
+    "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32000,\"message\":\"lagged; reconnect with since_event_id\"}}\n";
 
 /// Which method a turn stream answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +51,8 @@ pub struct TurnStream {
     pub completed: Option<String>,
     /// A fault that ends the turn was recorded.
     pub faulted: bool,
+    /// A compaction has started in this turn.
+    pub compacting: bool,
     /// The stream has ended.
     pub done: bool,
     /// The turn is over, or was refused: nothing to give up when the stream goes.
@@ -78,9 +81,15 @@ impl TurnStream {
     /// One of this turn's events: kept for the result, sent unless the caller wrote it.
     fn own(&mut self, envelope: &Envelope, out: &mut String) {
         match &*envelope.event {
+            // Recorded before a send held the gate: neither in its result nor sent to it.
+            Event::SessionFault { fault: Fault::DriverTurnAbandoned { .. }, .. } if self.kind == TurnKind::Send => {
+                return
+            }
             Event::RunFinished { status, .. } => return self.finish(Some(*status), None, out),
             Event::RunFailed { error, .. } => return self.finish(None, Some(error.clone()), out),
-            Event::MessageCompleted { message, .. } if message.role == Role::Assistant => {
+            // A compaction at the end of a turn stores a summary: not the turn's answer.
+            Event::CompactionStarted { .. } => self.compacting = true,
+            Event::MessageCompleted { message, .. } if message.role == Role::Assistant && !self.compacting => {
                 self.message = Some(wire::content(message));
             }
             Event::SessionFault { fault, .. } if fault.is_terminal() => self.faulted = true,
@@ -115,7 +124,10 @@ impl TurnStream {
                 self.result(&id, &message)
             }
             (TurnKind::Compact, Some(RunOutcome::Completed), _) if self.completed.is_some() => {
-                format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{}}}\n", self.completed.as_deref().unwrap_or("null"))
+                format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{}}}\n",
+                    self.completed.as_deref().unwrap_or("null")
+                )
             }
             (TurnKind::Compact, None, Some(error)) => error_frame(&id, -32000, &error),
             _ => error_frame(&id, -32000, "session loop failed"),
@@ -124,7 +136,10 @@ impl TurnStream {
     }
 
     fn result(&self, id: &Value, message: &Value) -> String {
-        format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"message\":{message},\"events\":[{}]}}}}\n", self.events.join(","))
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"message\":{message},\"events\":[{}]}}}}\n",
+            self.events.join(",")
+        )
     }
 
     /// The gate is held: what arrived before it (other turns') is not this call's.

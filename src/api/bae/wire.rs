@@ -144,7 +144,8 @@ fn block(block: &Block) -> Value {
             block
         }
         Block::ToolResult(result) => {
-            let mut block = json!({ "type": "tool_result", "tool_use_id": result.call_id, "content": result_content(result) });
+            let mut block =
+                json!({ "type": "tool_result", "tool_use_id": result.call_id, "content": result_content(result) });
             if !result.ok {
                 block["is_error"] = Value::Bool(true);
             }
@@ -260,6 +261,9 @@ mod tests {
         let mut call = crate::domain::ToolCall::new("tu_1", "clock", Map::new());
         call.dispatch = Dispatch::Client;
         answer.blocks.push(Block::ToolCall(call));
-        assert_eq!(content(&answer), json!([{"type": "tool_use", "id": "tu_1", "name": "clock", "input": {}, "dispatch": "client"}]));
+        assert_eq!(
+            content(&answer),
+            json!([{"type": "tool_use", "id": "tu_1", "name": "clock", "input": {}, "dispatch": "client"}])
+        );
     }
 }

@@ -77,7 +77,10 @@ impl From<EngineError> for ApiError {
             EngineError::Store(StoreError::Conflict(_)) => {
                 ApiError::new(409, "conflict", "the request conflicts with another")
             }
-            EngineError::Provider(_) | EngineError::Compaction(_) | EngineError::Store(_) | EngineError::Internal(_) => ApiError::internal(&error),
+            EngineError::Provider(_)
+            | EngineError::Compaction(_)
+            | EngineError::Store(_)
+            | EngineError::Internal(_) => ApiError::internal(&error),
         }
     }
 }

@@ -56,7 +56,9 @@ impl Run {
     /// An `auto` session's compaction after a turn; a failure only backs later ones off.
     pub(in crate::engine) fn auto_compact(&self, turn: &super::turn::BaeTurn) {
         let mut usage = Usage::default();
-        if let Err(error) = self.summarize(CompactionTrigger::Auto, DEFAULT_PROMPT, &turn.primary, &turn.fallbacks, &mut usage) {
+        if let Err(error) =
+            self.summarize(CompactionTrigger::Auto, DEFAULT_PROMPT, &turn.primary, &turn.fallbacks, &mut usage)
+        {
             log::warn!("session {}: automatic {error}", self.session_id);
             let _ = self.session.send(SessionMsg::Turn(TurnMsg::AutoCompactionFailed));
         }
@@ -74,12 +76,16 @@ impl Run {
         let history = effective_history(self.shared.store.readers().messages(&self.session_id)?);
         let message_count = history.len() as u64;
         self.publish(Event::CompactionStarted { session_id: self.session_id.clone(), trigger, message_count });
-        let chain = self.resolve_chain(primary, fallbacks).map_err(|d| EngineError::Compaction(format!("provider_config: {d}")))?;
+        let chain = self
+            .resolve_chain(primary, fallbacks)
+            .map_err(|d| EngineError::Compaction(format!("provider_config: {d}")))?;
         let mut request = history;
         request.push(Message::text_of(Role::User, prompt));
         let (exchanged, wire) = match self.attempt_chain(&chain, &request, &[], |_, _| {}) {
             Attempted::Answer(exchanged, target) => (exchanged, target.wire),
-            Attempted::AllFailed => return Err(EngineError::Compaction(format!("all {} providers failed", chain.len()))),
+            Attempted::AllFailed => {
+                return Err(EngineError::Compaction(format!("all {} providers failed", chain.len())))
+            }
             Attempted::Cancelled => return Err(EngineError::Compaction("cancelled".into())),
         };
         let completion = exchanged.completion;
@@ -115,15 +121,18 @@ impl Run {
             updated_at: at.clone(),
         };
         self.shared.store.write(vec![append(&preamble), append(&summary)])?;
-        let preamble = self.publish_durable(Event::MessageCompleted { session_id: self.session_id.clone(), message: preamble })?;
-        let summary = self.publish_durable(Event::MessageCompleted { session_id: self.session_id.clone(), message: summary })?;
+        let preamble =
+            self.publish_durable(Event::MessageCompleted { session_id: self.session_id.clone(), message: preamble })?;
+        let summary =
+            self.publish_durable(Event::MessageCompleted { session_id: self.session_id.clone(), message: summary })?;
         Ok((preamble, summary))
     }
 
     /// A reclaimed turn's calls that never got a result are answered with an error, so the
     /// history the summary is made from pairs every call with a result.
     fn answer_abandoned(&self, paused: &PausedTurn) -> Result<(), EngineError> {
-        let answered: std::collections::HashSet<&str> = paused.server_results.iter().map(|r| r.call_id.as_str()).collect();
+        let answered: std::collections::HashSet<&str> =
+            paused.server_results.iter().map(|r| r.call_id.as_str()).collect();
         let mut results = Vec::new();
         for (id, name) in paused.expected.iter().zip(&paused.names) {
             match paused.server_results.iter().find(|r| &r.call_id == id) {
@@ -137,7 +146,11 @@ impl Run {
         let message = flagged(message, "abandoned_tool_results", false);
         self.append(message)?;
         for (result, _) in results.into_iter().filter(|(_, synthetic)| *synthetic) {
-            self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result, dispatch: Dispatch::Client });
+            self.publish(Event::ToolFinished {
+                session_id: self.session_id.clone(),
+                result,
+                dispatch: Dispatch::Client,
+            });
         }
         Ok(())
     }

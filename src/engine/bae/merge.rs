@@ -245,7 +245,8 @@ mod tests {
         let names = HashMap::from([("a".to_string(), "clock".to_string())]);
         let message = to_message(Role::User, &json!("hi"), &names).unwrap();
         assert!(message.flag(PLAIN));
-        let content = json!([{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "text", "text": "12:00"}]}]);
+        let content =
+            json!([{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "text", "text": "12:00"}]}]);
         let message = to_message(Role::User, &content, &names).unwrap();
         let Block::ToolResult(result) = &message.blocks[0] else { panic!("a result") };
         assert_eq!((result.name.as_str(), result.content.as_str()), ("clock", "12:00"));

@@ -138,14 +138,18 @@ impl Engine {
             updated_at: crate::time::now_rfc3339(),
         };
         match self.bae_write(BaeWrite::ReplaceProfile(profile.clone())) {
-            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => Err(BaeError::ProfileNotFound(id.into())),
+            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
+                Err(BaeError::ProfileNotFound(id.into()))
+            }
             other => other.map(|()| profile),
         }
     }
 
     pub fn bae_delete_profile(&self, id: &str) -> Result<(), BaeError> {
         match self.bae_write(BaeWrite::DeleteProfile { id: id.to_string(), at: crate::time::now_rfc3339() }) {
-            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => Err(BaeError::ProfileNotFound(id.into())),
+            Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
+                Err(BaeError::ProfileNotFound(id.into()))
+            }
             Err(BaeError::Engine(EngineError::Store(StoreError::InUse(keys)))) => Err(BaeError::ProfileInUse(keys)),
             other => other,
         }
@@ -231,7 +235,8 @@ impl Engine {
             return Ok(AdminBootstrap::Existing);
         }
         let minted = self.bae().keyring.mint(KeyRole::Admin);
-        write_private(key_file, &minted.plaintext).map_err(|e| BaeError::Engine(EngineError::Store(StoreError::Io(e))))?;
+        write_private(key_file, &minted.plaintext)
+            .map_err(|e| BaeError::Engine(EngineError::Store(StoreError::Io(e))))?;
         let key = KeyRecord {
             id: new_id("key_"),
             name: "bootstrap-admin".into(),

@@ -31,19 +31,37 @@ use crate::store::{BaeSessionRecord, BaeState, BaeWrite, WriteOp, BAE_TENANT};
 
 /// What the BAE door asks of a session's actor.
 pub enum BaeOp {
-    RegisterDriver { key: String, reply: Sender<Result<(), RpcError>> },
+    RegisterDriver {
+        key: String,
+        reply: Sender<Result<(), RpcError>>,
+    },
     /// The registered drivers, sorted.
-    Drivers { reply: Sender<Vec<String>> },
+    Drivers {
+        reply: Sender<Vec<String>>,
+    },
     Send(Box<SendMessage>),
     Compact(Box<Compact>),
     /// `session.updateClientTools`: `tools` is the parsed array, or why it is invalid.
-    UpdateTools { key: String, tools: Result<Vec<Value>, String>, reply: Sender<Result<(), RpcError>> },
+    UpdateTools {
+        key: String,
+        tools: Result<Vec<Value>, String>,
+        reply: Sender<Result<(), RpcError>>,
+    },
     /// Close an open session; the error is the state it was already in.
-    Close { reason: CloseReason, actor: String, reply: Sender<Result<(), BaeState>> },
+    Close {
+        reason: CloseReason,
+        actor: String,
+        reply: Sender<Result<(), BaeState>>,
+    },
     /// A client key was revoked: close the session if no session key is left.
-    Revoked { key: String, reply: Sender<()> },
+    Revoked {
+        key: String,
+        reply: Sender<()>,
+    },
     /// The caller went away: its queued request leaves the queue, its running turn stops.
-    Abandon { run_id: String },
+    Abandon {
+        run_id: String,
+    },
 }
 
 /// `session.sendMessage`: the caller's key, the turn id it will follow, and its message.
@@ -119,7 +137,9 @@ impl Waiter {
 enum Gate {
     #[default]
     Free,
-    Running { run_id: String },
+    Running {
+        run_id: String,
+    },
     Paused(Box<Pending>),
 }
 
@@ -213,7 +233,12 @@ impl SessionActor {
 
     /// Publishes a BAE event attributed to `actor`, and waits for it to be durable.
     pub(in crate::engine) fn publish_bae(&self, actor: &str, event: Event) -> Result<(), RpcError> {
-        let origin = Origin { actor: Some(Arc::from(actor)), turn: None };
+        self.publish_for_turn(actor, None, event)
+    }
+
+    /// `publish_bae` for an event that opens a turn (`turn` is its run id).
+    fn publish_for_turn(&self, actor: &str, turn: Option<&str>, event: Event) -> Result<(), RpcError> {
+        let origin = Origin { actor: Some(Arc::from(actor)), turn: turn.map(Arc::from) };
         match self.shared.bus.publish_durable(Some(Arc::from(BAE_TENANT)), origin, event) {
             Some(_) => Ok(()),
             None => Err(RpcError::Internal),
@@ -251,7 +276,9 @@ impl SessionActor {
             Gate::Paused(pending) if now > pending.deadline => {
                 let owner = pending.turn.owner.clone();
                 let fault = Fault::DriverTurnAbandoned { owner_client_key_id: owner.clone() };
-                if self.publish_bae(&owner, Event::SessionFault { session_id: self.id.clone(), fault }).is_err() {
+                // Tagged with the reclaiming turn: a compaction shows it; a send leaves it out.
+                let event = Event::SessionFault { session_id: self.id.clone(), fault };
+                if self.publish_for_turn(&owner, Some(waiter.run_id()), event).is_err() {
                     log::error!("session {}: driver_turn_abandoned could not be recorded", self.id);
                 }
                 self.start(waiter, Some((pending.turn, true)))
@@ -334,7 +361,8 @@ impl SessionActor {
             Ok(None) => return Err(RpcError::ProfileUnavailable),
             Err(_) => return Err(RpcError::Internal),
         };
-        let stored = record.compaction.as_ref().and_then(|c| c.get("prompt")).and_then(Value::as_str).map(str::to_string);
+        let stored =
+            record.compaction.as_ref().and_then(|c| c.get("prompt")).and_then(Value::as_str).map(str::to_string);
         let job = CompactionJob {
             actor: Arc::from(key.as_str()),
             prompt: prompt.or(stored).unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
@@ -357,7 +385,10 @@ impl SessionActor {
     ) -> Result<(Value, HashSet<String>, HashMap<String, String>), RpcError> {
         let server: Vec<Value> = paused.server_results.iter().map(merge::result_block).collect();
         let merged = if message.role != Role::User {
-            Err(merge::MergeError(format!("paused tool continuation must have role \"user\", got {:?}", role_name(message.role))))
+            Err(merge::MergeError(format!(
+                "paused tool continuation must have role \"user\", got {:?}",
+                role_name(message.role)
+            )))
         } else if timed_out || matches!(merge::resume_kind(&message.content), Resume::Abandon) {
             merge::abandon(&paused.expected, &server, &message.content)
         } else {
@@ -377,7 +408,12 @@ impl SessionActor {
     }
 
     /// Stores the opening message and starts the worker; the gate is the turn's.
-    pub(in crate::engine) fn spawn_turn(&mut self, run_id: String, user: Option<Message>, plan: Plan) -> Result<(), RpcError> {
+    pub(in crate::engine) fn spawn_turn(
+        &mut self,
+        run_id: String,
+        user: Option<Message>,
+        plan: Plan,
+    ) -> Result<(), RpcError> {
         if let Some(user) = &user {
             let append = WriteOp::AppendMessage {
                 session_id: self.id.clone(),
@@ -427,7 +463,10 @@ impl SessionActor {
             return;
         }
         self.bae.gate = match paused {
-            Some(turn) => Gate::Paused(Box::new(Pending { turn: *turn, deadline: Instant::now() + self.shared.config.bae.turn_timeout })),
+            Some(turn) => Gate::Paused(Box::new(Pending {
+                turn: *turn,
+                deadline: Instant::now() + self.shared.config.bae.turn_timeout,
+            })),
             None => Gate::Free,
         };
         self.advance();
@@ -474,7 +513,11 @@ impl SessionActor {
         if let Some(denied) = names.iter().find(|name| !profile.allows(name)) {
             return Err(RpcError::ToolNotAllowed(denied.to_string()));
         }
-        let write = BaeWrite::ReplaceClientTools { session_id: self.id.clone(), key_id: key.to_string(), tools: Value::Array(tools) };
+        let write = BaeWrite::ReplaceClientTools {
+            session_id: self.id.clone(),
+            key_id: key.to_string(),
+            tools: Value::Array(tools),
+        };
         self.shared.store.write(vec![WriteOp::Bae(write)]).map_err(|_| RpcError::Internal)
     }
 
@@ -483,7 +526,11 @@ impl SessionActor {
         let state = self.bae_record().map(|r| r.state).unwrap_or(BaeState::Closed);
         let outcome = match state {
             BaeState::Open => {
-                let end = BaeWrite::EndSession { id: self.id.clone(), state: BaeState::Closed, at: crate::time::now_rfc3339() };
+                let end = BaeWrite::EndSession {
+                    id: self.id.clone(),
+                    state: BaeState::Closed,
+                    at: crate::time::now_rfc3339(),
+                };
                 if let Err(error) = self.shared.store.write(vec![WriteOp::Bae(end)]) {
                     log::error!("session {}: could not close: {error}", self.id);
                 }
@@ -539,7 +586,11 @@ fn client_tools(record: &BaeSessionRecord, key: &str) -> (Vec<ToolSchema>, HashS
             Some(ToolSchema {
                 name: tool.get("name")?.as_str()?.to_string(),
                 description: tool.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
-                parameters: tool.get("input_schema").cloned().filter(|s| !s.is_null()).unwrap_or_else(|| serde_json::json!({})),
+                parameters: tool
+                    .get("input_schema")
+                    .cloned()
+                    .filter(|s| !s.is_null())
+                    .unwrap_or_else(|| serde_json::json!({})),
                 permission: None,
                 category: None,
             })

@@ -171,9 +171,16 @@ impl Engine {
             sandbox_tools: declared(&attach.sandbox_tools),
             subagent_tools: json!(attach.subagent_tools),
         };
-        self.shared.store.write(vec![WriteOp::Bae(tools), WriteOp::Bae(BaeWrite::InsertKey { key, digest: minted.digest })])?;
+        self.shared
+            .store
+            .write(vec![WriteOp::Bae(tools), WriteOp::Bae(BaeWrite::InsertKey { key, digest: minted.digest })])?;
         self.record_attached(&client.id, session_id, true, &attach)?;
-        Ok(Attached { session_id: session_id.to_string(), session_key: minted.plaintext, target: self.target_of(&model), profile })
+        Ok(Attached {
+            session_id: session_id.to_string(),
+            session_key: minted.plaintext,
+            target: self.target_of(&model),
+            profile,
+        })
     }
 
     /// The model the profile's primary provider names; refused (and audited) if none.
@@ -202,7 +209,12 @@ impl Engine {
     }
 
     /// A new session key for `client` on `session_id`: its record and the minted key.
-    fn session_key(&self, client: &KeyRecord, session_id: &str, now: &str) -> (KeyRecord, crate::auth::keys::MintedKey) {
+    fn session_key(
+        &self,
+        client: &KeyRecord,
+        session_id: &str,
+        now: &str,
+    ) -> (KeyRecord, crate::auth::keys::MintedKey) {
         let minted = self.bae().keyring.mint(KeyRole::Session);
         let key = KeyRecord {
             id: new_id("key_"),
@@ -262,7 +274,9 @@ impl Engine {
             WriteOp::InsertSession(engine_session(&id, "", &now)),
             WriteOp::Bae(BaeWrite::InsertSession(record)),
         ]);
-        let logged = written.map_err(BaeError::from).and_then(|()| self.publish_bae(&client.id, Event::SessionFault { session_id: id, fault }));
+        let logged = written
+            .map_err(BaeError::from)
+            .and_then(|()| self.publish_bae(&client.id, Event::SessionFault { session_id: id, fault }));
         if let Err(error) = logged {
             log::error!("the audit row of a refused session could not be written: {error:?}");
         }
@@ -315,7 +329,12 @@ impl Engine {
         Ok(self.shared.store.readers().bae_session(id)?)
     }
 
-    pub fn bae_sessions(&self, after: u64, limit: usize, state: Option<BaeState>) -> Result<Page<BaeSessionRecord>, BaeError> {
+    pub fn bae_sessions(
+        &self,
+        after: u64,
+        limit: usize,
+        state: Option<BaeState>,
+    ) -> Result<Page<BaeSessionRecord>, BaeError> {
         Ok(self.shared.store.readers().bae_sessions(after, limit, state)?)
     }
 
@@ -353,7 +372,11 @@ impl Engine {
 
     /// Whether a token is an active session key of `session_id`; 401 otherwise (a session
     /// that does not exist included).
-    pub fn bae_authorize_session(&self, token: &str, session_id: &str) -> Result<(KeyRecord, BaeSessionRecord), BaeError> {
+    pub fn bae_authorize_session(
+        &self,
+        token: &str,
+        session_id: &str,
+    ) -> Result<(KeyRecord, BaeSessionRecord), BaeError> {
         let key = self.bae_session_key(token, session_id)?;
         let session = self.bae_session(session_id)?.ok_or(BaeError::Unauthorized(Denied::SessionKey))?;
         Ok((key, session))

@@ -112,7 +112,9 @@ impl Run {
         for name in fallbacks {
             match link(name) {
                 Some(fallback) => chain.push(fallback),
-                None => log::error!("session {}: fallback provider {name:?} is not configured; skipped", self.session_id),
+                None => {
+                    log::error!("session {}: fallback provider {name:?} is not configured; skipped", self.session_id)
+                }
             }
         }
         Ok(chain)
@@ -138,7 +140,8 @@ impl Run {
                 let completion = exchanged.completion;
                 let mut answer = Message::new(Role::Assistant);
                 answer.model = Some(target.model.clone());
-                answer.blocks = crate::engine::run::answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
+                answer.blocks =
+                    crate::engine::run::answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
                 let meta = answer.meta.get_or_insert_with(Default::default);
                 meta.insert("usage".into(), json!(completion.usage));
                 Ok(Step::Answered(Box::new(answer)))
@@ -175,7 +178,15 @@ impl Run {
             let response = |ok, status, error, body| {
                 let provider = link.target.wire.to_string();
                 let session_id = self.session_id.clone();
-                Event::ProviderResponse(Box::new(ProviderResponse { session_id, attempt, provider, ok, status, error, body }))
+                Event::ProviderResponse(Box::new(ProviderResponse {
+                    session_id,
+                    attempt,
+                    provider,
+                    ok,
+                    status,
+                    error,
+                    body,
+                }))
             };
             match link.provider.exchange(&request, &self.cancel) {
                 Ok(exchanged) => {
@@ -184,7 +195,12 @@ impl Run {
                 }
                 Err(refused) if refused.cancelled => return Attempted::Cancelled,
                 Err(refused) => {
-                    self.publish(response(false, refused.status, Some(refused.error.clone()), refused.body.map(Value::String)));
+                    self.publish(response(
+                        false,
+                        refused.status,
+                        Some(refused.error.clone()),
+                        refused.body.map(Value::String),
+                    ));
                     if attempt == 0 {
                         first_failed(link.target.wire, refused.error);
                     }
@@ -195,7 +211,12 @@ impl Run {
     }
 
     /// Stores the final answer (`server.message.send`), then compacts if the session asks to.
-    pub(in crate::engine) fn keep_bae_answer(&self, turn: &BaeTurn, answer: Message, _usage: &Usage) -> Result<(), EngineError> {
+    pub(in crate::engine) fn keep_bae_answer(
+        &self,
+        turn: &BaeTurn,
+        answer: Message,
+        _usage: &Usage,
+    ) -> Result<(), EngineError> {
         let reported = answer_usage(&answer);
         self.append(answer)?;
         if let (Some(size), Some(reported)) = (turn.auto_compaction, reported) {
@@ -227,7 +248,8 @@ impl Run {
         for call in &calls {
             self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone() });
         }
-        let server_results: Vec<ToolResult> = calls.iter().filter(|c| c.dispatch != Dispatch::Client).map(unroutable).collect();
+        let server_results: Vec<ToolResult> =
+            calls.iter().filter(|c| c.dispatch != Dispatch::Client).map(unroutable).collect();
         for result in &server_results {
             let dispatch = Dispatch::Mcp { server: String::new() };
             self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone(), dispatch });
@@ -261,7 +283,11 @@ impl Run {
         let terminal = fault.is_terminal();
         self.publish(Event::SessionFault { session_id: self.session_id.clone(), fault });
         if terminal {
-            let end = BaeWrite::EndSession { id: self.session_id.clone(), state: BaeState::Error, at: crate::time::now_rfc3339() };
+            let end = BaeWrite::EndSession {
+                id: self.session_id.clone(),
+                state: BaeState::Error,
+                at: crate::time::now_rfc3339(),
+            };
             if let Err(error) = self.shared.store.write(vec![WriteOp::Bae(end)]) {
                 log::debug!("session {}: not moved to error: {error}", self.session_id);
             }

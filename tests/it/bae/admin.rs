@@ -25,14 +25,19 @@ fn the_admin_key_is_minted_once_into_a_private_file_and_guards_every_route() {
     let file = bae.server.data_dir.join("admin-key");
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     assert!(bae.admin_key.starts_with("bae_admin_") && bae.admin_key.len() == "bae_admin_".len() + 48);
-    for path in ["/admin/v1/profiles", "/admin/v1/keys", "/admin/v1/sessions", "/admin/v1/config", "/admin/v1/providers"] {
+    for path in
+        ["/admin/v1/profiles", "/admin/v1/keys", "/admin/v1/sessions", "/admin/v1/config", "/admin/v1/providers"]
+    {
         assert_problem(&send(&bae.admin, "GET", path, None, None), 401, "unauthorized");
         assert_problem(&send(&bae.admin, "GET", path, Some("bae_admin_wrong"), None), 401, "unauthorized");
         assert_eq!(bae.admin_send("GET", path, None).status, 200);
     }
     let missing = send(&bae.admin, "GET", "/admin/v1/keys", None, None);
     assert_eq!(missing.json["detail"], "missing Authorization header");
-    assert_eq!(send(&bae.admin, "GET", "/admin/v1/keys", Some("bae_admin_x"), None).json["detail"], "invalid admin key");
+    assert_eq!(
+        send(&bae.admin, "GET", "/admin/v1/keys", Some("bae_admin_x"), None).json["detail"],
+        "invalid admin key"
+    );
 
     // A restart keeps the key; a rotation replaces it.
     let first = bae.admin_key.clone();
@@ -72,10 +77,19 @@ fn profile_and_key_lifecycle() {
     assert_eq!(view["mcp_servers"], json!([]));
     assert_eq!(view["available_sandboxes"], json!([]));
 
-    let duplicate = bae.admin_send("POST", "/admin/v1/profiles", Some(json!({ "name": "main", "primary_provider": "x" })));
+    let duplicate =
+        bae.admin_send("POST", "/admin/v1/profiles", Some(json!({ "name": "main", "primary_provider": "x" })));
     assert_problem(&duplicate, 409, "duplicate_name");
-    assert_problem(&bae.admin_send("POST", "/admin/v1/profiles", Some(json!({ "name": " ", "primary_provider": "x" }))), 400, "bad_request");
-    let bad = bae.admin_send("POST", "/admin/v1/profiles", Some(json!({ "name": "b", "primary_provider": "x", "mcp_servers": [1] })));
+    assert_problem(
+        &bae.admin_send("POST", "/admin/v1/profiles", Some(json!({ "name": " ", "primary_provider": "x" }))),
+        400,
+        "bad_request",
+    );
+    let bad = bae.admin_send(
+        "POST",
+        "/admin/v1/profiles",
+        Some(json!({ "name": "b", "primary_provider": "x", "mcp_servers": [1] })),
+    );
     assert_problem(&bad, 400, "bad_request");
 
     let replaced = bae.admin_send(
@@ -107,7 +121,11 @@ fn profile_and_key_lifecycle() {
     assert_problem(&reuse, 409, "duplicate_name");
     let orphan = bae.admin_send("POST", "/admin/v1/keys", Some(json!({ "name": "k", "profile_id": id })));
     assert_problem(&orphan, 422, "profile_unavailable");
-    assert_problem(&bae.admin_send("POST", "/admin/v1/keys", Some(json!({ "name": "", "profile_id": id }))), 400, "bad_request");
+    assert_problem(
+        &bae.admin_send("POST", "/admin/v1/keys", Some(json!({ "name": "", "profile_id": id }))),
+        400,
+        "bad_request",
+    );
 }
 
 #[test]
@@ -129,7 +147,10 @@ fn lists_page_by_an_opaque_cursor() {
             None => break,
         }
     }
-    assert_eq!((pages, names), (3, vec!["p0", "p1", "p2", "p3", "p4"].into_iter().map(String::from).collect::<Vec<_>>()));
+    assert_eq!(
+        (pages, names),
+        (3, vec!["p0", "p1", "p2", "p3", "p4"].into_iter().map(String::from).collect::<Vec<_>>())
+    );
     for bad in ["?cursor=abc", "?limit=0", "?limit=-1", "?limit=x"] {
         assert_problem(&bae.admin_send("GET", &format!("/admin/v1/profiles{bad}"), None), 400, "bad_request");
     }
@@ -143,7 +164,8 @@ fn sessions_list_filters_by_state_and_events_match_the_client_port() {
     let (_, key) = bae.key_for("main", &[]);
     let mut open = Harness::open(bae.base(), &key, &[]);
     let closed = Harness::open(bae.base(), &key, &[]);
-    let response = send(bae.base(), "DELETE", &format!("/api/v1/sessions/{}", closed.session_id), Some(&closed.session_key), None);
+    let response =
+        send(bae.base(), "DELETE", &format!("/api/v1/sessions/{}", closed.session_id), Some(&closed.session_key), None);
     assert_eq!(response.json, json!({ "session_id": closed.session_id, "state": "closed" }));
     bae.fake.script([crate::fake_provider::anthropic::text_answer("hello")]);
     open.send_message(json!("hi"));
@@ -162,7 +184,8 @@ fn sessions_list_filters_by_state_and_events_match_the_client_port() {
     let client_events = open.get("/events");
     assert_eq!(admin_events.text, client_events.text, "the two ports differ");
     let closed_events = bae.admin_send("GET", &format!("/admin/v1/sessions/{}/events", closed.session_id), None);
-    let closed_types: Vec<&str> = closed_events.json["items"].as_array().unwrap().iter().map(|e| e["event_type"].as_str().unwrap()).collect();
+    let closed_types: Vec<&str> =
+        closed_events.json["items"].as_array().unwrap().iter().map(|e| e["event_type"].as_str().unwrap()).collect();
     assert_eq!(closed_types, ["session.open", "session.driver.register", "session.close"]);
     assert_problem(&bae.admin_send("GET", "/admin/v1/sessions/ses_nope/events", None), 404, "not_found");
 }
@@ -201,7 +224,10 @@ fn read_only_views_list_providers_and_mask_secrets() {
     let gw = providers["items"].as_array().unwrap().iter().find(|p| p["name"] == "gw").unwrap().clone();
     assert_eq!(gw, json!({ "name": "gw", "provider": "openai", "model": "gpt-x", "base_url": "http://127.0.0.1:9" }));
     let names: Vec<&str> = providers["items"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert!(names.contains(&"fake") && names.contains(&"fake/claude-x") && names.contains(&"builtin/echo"), "{names:?}");
+    assert!(
+        names.contains(&"fake") && names.contains(&"fake/claude-x") && names.contains(&"builtin/echo"),
+        "{names:?}"
+    );
     let mcp = bae.admin_send("GET", "/admin/v1/mcp-servers", None).json;
     assert_eq!(mcp, json!({ "items": [{ "name": "files", "transport": "http" }] }));
     let config = bae.admin_send("GET", "/admin/v1/config", None);

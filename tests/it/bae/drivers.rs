@@ -16,7 +16,12 @@ fn result(frames: &[Value]) -> &Value {
     &frames.last().unwrap()["result"]
 }
 
-fn two_drivers(bae: &Bae, tools: &[&str], first_tools: &[&str], second_tools: &[&str]) -> (Harness, Harness, String, String) {
+fn two_drivers(
+    bae: &Bae,
+    tools: &[&str],
+    first_tools: &[&str],
+    second_tools: &[&str],
+) -> (Harness, Harness, String, String) {
     let profile = bae.profile("main", tools);
     let (first_id, first) = bae.client_key(&profile);
     let (second_id, second) = bae.client_key(&profile);
@@ -37,7 +42,10 @@ fn only_registered_drivers_may_send_and_registration_needs_an_open_session() {
         next_id: 1,
     };
     let refused = harness.send_message(json!("hi"));
-    assert_eq!(refused.last().unwrap()["error"], json!({ "code": -32001, "message": "call session.registerDriver before session.sendMessage" }));
+    assert_eq!(
+        refused.last().unwrap()["error"],
+        json!({ "code": -32001, "message": "call session.registerDriver before session.sendMessage" })
+    );
     let compact = harness.call("session.compact", json!({}));
     assert_eq!(compact.last().unwrap()["error"]["message"], "call session.registerDriver before session.compact");
     let tools = harness.call("session.updateClientTools", json!({ "tools": [] }));
@@ -76,7 +84,10 @@ fn two_drivers_take_turns_in_arrival_order_and_a_queued_one_hears_nothing() {
         .filter(|e| e["event_type"] == "client.message.send")
         .map(|e| (e["client_key_id"].as_str().unwrap().to_string(), e["payload"]["content"].to_string()))
         .collect();
-    assert_eq!(turns.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), [a_id.as_str(), a_id.as_str(), b_id.as_str()]);
+    assert_eq!(
+        turns.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        [a_id.as_str(), a_id.as_str(), b_id.as_str()]
+    );
     // Each turn's provider call saw only its acting driver's tools.
     let requests = bae.fake.requests();
     assert_eq!(requests[0].body["tools"][0]["name"], "t");
@@ -135,7 +146,17 @@ fn a_watcher_sees_every_turn_live_and_a_replay_has_no_gap_and_no_duplicate() {
     let mut unique = ids.clone();
     unique.dedup();
     assert_eq!(ids, unique);
-    assert_eq!(types(&seen), ["provider.response", "server.message.send", "client.message.send", "provider.request", "provider.response", "server.message.send"]);
+    assert_eq!(
+        types(&seen),
+        [
+            "provider.response",
+            "server.message.send",
+            "client.message.send",
+            "provider.request",
+            "provider.response",
+            "server.message.send"
+        ]
+    );
     // An id of another session, or no id at all, replays from the start.
     let (_, other_key) = bae.key_for("other", &[]);
     let other = Harness::open(bae.base(), &other_key, &[]);
@@ -144,7 +165,10 @@ fn a_watcher_sees_every_turn_live_and_a_replay_has_no_gap_and_no_duplicate() {
     assert_eq!(from_start.next(WAIT).unwrap()["params"]["event_type"], "session.open");
     let bogus = b.start("session.subscribe", json!({ "since_event_id": "evt_bogus" }));
     let first = bogus.next(WAIT).unwrap()["params"].clone();
-    assert_eq!((first["event_type"].as_str(), first["session_id"].as_str()), (Some("session.open"), Some(a.session_id.as_str())));
+    assert_eq!(
+        (first["event_type"].as_str(), first["session_id"].as_str()),
+        (Some("session.open"), Some(a.session_id.as_str()))
+    );
 
     // Unsubscribe, from any connection, ends every watcher without a terminal frame.
     let done = a.call("session.unsubscribe", json!({}));
@@ -180,8 +204,12 @@ fn update_client_tools_replaces_the_callers_tools_for_the_next_turn() {
     let (_, key) = bae.key_for("main", &["a", "b"]);
     let mut harness = Harness::open(bae.base(), &key, &["a"]);
     let bad = harness.call("session.updateClientTools", json!({ "tools": [{ "name": "zzz" }] }));
-    assert_eq!(bad.last().unwrap()["error"], json!({ "code": -32015, "message": "tool_not_allowed: tool \"zzz\" is not in the profile's allowlist" }));
-    let reserved = harness.call("session.updateClientTools", json!({ "tools": [{ "name": "remote_subagent_status" }] }));
+    assert_eq!(
+        bad.last().unwrap()["error"],
+        json!({ "code": -32015, "message": "tool_not_allowed: tool \"zzz\" is not in the profile's allowlist" })
+    );
+    let reserved =
+        harness.call("session.updateClientTools", json!({ "tools": [{ "name": "remote_subagent_status" }] }));
     assert_eq!(reserved.last().unwrap()["error"]["code"], -32015);
     let missing = harness.call("session.updateClientTools", json!({}));
     assert_eq!(missing.last().unwrap()["error"]["code"], -32602);
@@ -204,12 +232,27 @@ fn json_rpc_envelope_errors_and_unknown_methods_answer_200_ndjson() {
     let post = |body: &str| Frames::post(bae.base(), &harness.session_id, &harness.session_key, body);
     let cases: [(&str, Value); 7] = [
         ("{not json", json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32700, "message": "Parse error" } })),
-        ("[]", json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32600, "message": "Invalid Request: batch requests are not supported" } })),
+        (
+            "[]",
+            json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32600, "message": "Invalid Request: batch requests are not supported" } }),
+        ),
         ("\"x\"", json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32600, "message": "Invalid Request" } })),
-        (r#"{"jsonrpc":"1.0","id":7,"method":"m"}"#, json!({ "jsonrpc": "2.0", "id": 7, "error": { "code": -32600, "message": "Invalid Request: missing or wrong \"jsonrpc\" version" } })),
-        (r#"{"jsonrpc":"2.0","id":"s","method":5}"#, json!({ "jsonrpc": "2.0", "id": "s", "error": { "code": -32600, "message": "Invalid Request: missing \"method\"" } })),
-        (r#"{"jsonrpc":"2.0","id":{"k":1},"method":"session.nope"}"#, json!({ "jsonrpc": "2.0", "id": { "k": 1 }, "error": { "code": -32601, "message": "Method not found: session.nope" } })),
-        (r#"{"jsonrpc":"2.0","id":9,"method":"session.startRemoteSandbox","params":{"image":"x"}}"#, json!({ "jsonrpc": "2.0", "id": 9, "error": { "code": -32601, "message": "Method not found: session.startRemoteSandbox" } })),
+        (
+            r#"{"jsonrpc":"1.0","id":7,"method":"m"}"#,
+            json!({ "jsonrpc": "2.0", "id": 7, "error": { "code": -32600, "message": "Invalid Request: missing or wrong \"jsonrpc\" version" } }),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"s","method":5}"#,
+            json!({ "jsonrpc": "2.0", "id": "s", "error": { "code": -32600, "message": "Invalid Request: missing \"method\"" } }),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":{"k":1},"method":"session.nope"}"#,
+            json!({ "jsonrpc": "2.0", "id": { "k": 1 }, "error": { "code": -32601, "message": "Method not found: session.nope" } }),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":9,"method":"session.startRemoteSandbox","params":{"image":"x"}}"#,
+            json!({ "jsonrpc": "2.0", "id": 9, "error": { "code": -32601, "message": "Method not found: session.startRemoteSandbox" } }),
+        ),
     ];
     for (body, expected) in cases {
         let frames = post(body);

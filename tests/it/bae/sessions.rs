@@ -21,28 +21,38 @@ fn a_session_records_exactly_what_happened_and_replays_it() {
                 "provider": { "provider": "anthropic", "model": "claude-x" } })
     );
     assert!(!opened.text.contains("auth_token"));
-    let mut harness = Harness {
-        base: bae.base().into(),
-        session_id: session.into(),
-        session_key: session_key.into(),
-        next_id: 1,
-    };
+    let mut harness =
+        Harness { base: bae.base().into(), session_id: session.into(), session_key: session_key.into(), next_id: 1 };
     let registered = harness.call("session.registerDriver", json!({}));
     assert_eq!(registered, vec![json!({ "jsonrpc": "2.0", "id": 1, "result": { "registered": true } })]);
     harness.call("session.registerDriver", json!({}));
     bae.fake.script([anthropic::text_answer("It is noon.")]);
     let frames = harness.send_message(json!("What time is it?"));
     let terminal = frames.last().unwrap();
-    assert_eq!(terminal["result"]["message"], json!({ "role": "assistant", "content": [{ "type": "text", "text": "It is noon." }] }));
+    assert_eq!(
+        terminal["result"]["message"],
+        json!({ "role": "assistant", "content": [{ "type": "text", "text": "It is noon." }] })
+    );
     let closed = send(bae.base(), "DELETE", &format!("/api/v1/sessions/{session}"), Some(session_key), None);
     assert_eq!(closed.status, 200);
 
     let events = harness.events();
     assert_eq!(
         types(&events),
-        ["session.open", "session.driver.register", "client.message.send", "provider.request", "provider.response", "server.message.send", "session.close"]
+        [
+            "session.open",
+            "session.driver.register",
+            "client.message.send",
+            "provider.request",
+            "provider.response",
+            "server.message.send",
+            "session.close"
+        ]
     );
-    assert_eq!(events[0]["payload"], json!({ "client_version": "1.0.0", "tools": [], "sandbox_tools": [], "subagent_tools": [] }));
+    assert_eq!(
+        events[0]["payload"],
+        json!({ "client_version": "1.0.0", "tools": [], "sandbox_tools": [], "subagent_tools": [] })
+    );
     assert_eq!(events[2]["payload"], json!({ "role": "user", "content": "What time is it?" }));
     assert_eq!(events[6]["payload"], json!({ "reason": "client_close" }));
     for event in &events {
@@ -99,15 +109,26 @@ fn every_kind_of_bad_key_is_a_401_with_bae_wording() {
     assert_eq!((raw.status, raw.json["type"].as_str()), (401, Some("unauthorized")), "{raw:?}");
     // A session key opens nothing, and works only for its own session.
     assert_problem(&send(bae.base(), "POST", path, Some(&one.session_key), Some(json!({}))), 401, "unauthorized");
-    let foreign = send(bae.base(), "GET", &format!("/api/v1/sessions/{}/events", other.session_id), Some(&one.session_key), None);
+    let foreign =
+        send(bae.base(), "GET", &format!("/api/v1/sessions/{}/events", other.session_id), Some(&one.session_key), None);
     assert_problem(&foreign, 401, "unauthorized");
     assert_eq!(foreign.json["detail"], "invalid session key");
     let missing = send(bae.base(), "GET", "/api/v1/sessions/ses_nope/participants", Some(&one.session_key), None);
     assert_problem(&missing, 401, "unauthorized");
-    let rpc = send(bae.base(), "POST", &format!("/api/v1/sessions/{}/rpc", other.session_id), Some(&one.session_key), Some(json!({})));
+    let rpc = send(
+        bae.base(),
+        "POST",
+        &format!("/api/v1/sessions/{}/rpc", other.session_id),
+        Some(&one.session_key),
+        Some(json!({})),
+    );
     assert_problem(&rpc, 401, "unauthorized");
     // A client key is not a session key either.
-    assert_problem(&send(bae.base(), "GET", &format!("/api/v1/sessions/{}/events", one.session_id), Some(&key), None), 401, "unauthorized");
+    assert_problem(
+        &send(bae.base(), "GET", &format!("/api/v1/sessions/{}/events", one.session_id), Some(&key), None),
+        401,
+        "unauthorized",
+    );
 }
 
 #[test]
@@ -134,12 +155,17 @@ fn open_refuses_bad_bodies_tools_and_profiles_in_order() {
     let before = bae.admin_send("GET", "/admin/v1/sessions", None).json["items"].as_array().unwrap().len();
 
     // A primary provider that is not configured: 422, and an audit row in error.
-    bae.admin_send("PUT", &format!("/admin/v1/profiles/{profile}"), Some(json!({ "name": "main", "primary_provider": "ghost" })));
+    bae.admin_send(
+        "PUT",
+        &format!("/admin/v1/profiles/{profile}"),
+        Some(json!({ "name": "main", "primary_provider": "ghost" })),
+    );
     let unavailable = open(json!({}));
     assert_problem(&unavailable, 422, "primary_provider_unavailable");
     let errors = bae.admin_send("GET", "/admin/v1/sessions?state=error", None).json;
     let audit = &errors["items"][0];
-    let audit_events = bae.admin_send("GET", &format!("/admin/v1/sessions/{}/events", audit["id"].as_str().unwrap()), None).json;
+    let audit_events =
+        bae.admin_send("GET", &format!("/admin/v1/sessions/{}/events", audit["id"].as_str().unwrap()), None).json;
     assert_eq!(
         audit_events["items"][0]["payload"],
         json!({ "reason": "primary_provider_unavailable", "profile_id": profile, "primary_provider": "ghost" })
@@ -208,7 +234,10 @@ fn revoking_a_key_closes_the_sessions_it_alone_held() {
     assert_eq!(states(&shared.session_id), "closed");
     let events = bae.admin_send("GET", &format!("/admin/v1/sessions/{}/events", alone.session_id), None).json;
     let last = events["items"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!((last["event_type"].as_str(), last["payload"].clone()), (Some("session.close"), json!({ "reason": "client_key_revoked" })));
+    assert_eq!(
+        (last["event_type"].as_str(), last["payload"].clone()),
+        (Some("session.close"), json!({ "reason": "client_key_revoked" }))
+    );
     assert_eq!(last["client_key_id"], first_id.as_str());
     assert_problem(&send(bae.base(), "POST", "/api/v1/sessions", Some(&first), Some(json!({}))), 401, "unauthorized");
 }

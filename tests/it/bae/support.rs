@@ -36,7 +36,8 @@ impl Bae {
             adjust(config);
         });
         let admin = format!("http://{}", server.server.as_ref().unwrap().admin_addr().expect("an admin API"));
-        let admin_key = std::fs::read_to_string(server.data_dir.join("admin-key")).unwrap_or_default().trim().to_string();
+        let admin_key =
+            std::fs::read_to_string(server.data_dir.join("admin-key")).unwrap_or_default().trim().to_string();
         Bae { server, admin, admin_key, fake }
     }
 
@@ -87,7 +88,11 @@ pub fn send(base: &str, method: &str, path: &str, key: Option<&str>, body: Optio
         Err(error) => panic!("{method} {path}: {error}"),
     };
     let status = response.status();
-    let headers = response.headers_names().into_iter().map(|n| (n.clone(), response.header(&n).unwrap_or("").to_string())).collect();
+    let headers = response
+        .headers_names()
+        .into_iter()
+        .map(|n| (n.clone(), response.header(&n).unwrap_or("").to_string()))
+        .collect();
     let text = response.into_string().unwrap_or_default();
     let json = serde_json::from_str(&text).unwrap_or(Value::Null);
     Response { status, text, json, headers }
@@ -132,7 +137,8 @@ impl Frames {
                 if line.is_empty() {
                     continue;
                 }
-                let frame = serde_json::from_str(&line).unwrap_or_else(|e| panic!("a frame that is not JSON ({e}): {line}"));
+                let frame =
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("a frame that is not JSON ({e}): {line}"));
                 if frames_tx.send(frame).is_err() {
                     break;
                 }
@@ -248,7 +254,8 @@ impl Harness {
         loop {
             let terminal = calls.last().unwrap().last().unwrap().clone();
             let content = terminal["result"]["message"]["content"].as_array().cloned().unwrap_or_default();
-            let ours: Vec<&Value> = content.iter().filter(|b| b["type"] == "tool_use" && b["dispatch"] == "client").collect();
+            let ours: Vec<&Value> =
+                content.iter().filter(|b| b["type"] == "tool_use" && b["dispatch"] == "client").collect();
             if ours.is_empty() {
                 return calls;
             }

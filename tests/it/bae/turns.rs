@@ -15,7 +15,10 @@ fn a_client_tool_pauses_the_turn_and_its_result_resumes_it() {
     let bae = Bae::start();
     let (key_id, key) = bae.key_for("main", &["get_current_time"]);
     let mut harness = Harness::open(bae.base(), &key, &["get_current_time"]);
-    bae.fake.script([anthropic::tool_answer("tu_1", "get_current_time", json!({})), anthropic::text_answer("It is 18:26.")]);
+    bae.fake.script([
+        anthropic::tool_answer("tu_1", "get_current_time", json!({})),
+        anthropic::text_answer("It is 18:26."),
+    ]);
     let mut ran = Vec::new();
     let calls = harness.converse(json!("What time is it?"), |name, input| {
         ran.push((name.to_string(), input.clone()));
@@ -27,7 +30,10 @@ fn a_client_tool_pauses_the_turn_and_its_result_resumes_it() {
         paused["result"]["message"],
         json!({ "role": "assistant", "content": [{ "type": "tool_use", "id": "tu_1", "name": "get_current_time", "input": {}, "dispatch": "client" }] })
     );
-    assert_eq!(types(paused["result"]["events"].as_array().unwrap()), ["client.message.send", "provider.request", "provider.response", "tool.call", "server.message.send"]);
+    assert_eq!(
+        types(paused["result"]["events"].as_array().unwrap()),
+        ["client.message.send", "provider.request", "provider.response", "tool.call", "server.message.send"]
+    );
     let resumed = last(&calls[1]);
     assert_eq!(resumed["result"]["message"]["content"][0]["text"], "It is 18:26.");
     assert_eq!(
@@ -35,7 +41,10 @@ fn a_client_tool_pauses_the_turn_and_its_result_resumes_it() {
         ["client.message.send", "tool.result", "provider.request", "provider.response", "server.message.send"]
     );
     let tool_result = &resumed["result"]["events"][1];
-    assert_eq!(tool_result["payload"], json!({ "tool_use_id": "tu_1", "dispatch": "client", "content": "2026-07-06T18:26:10Z" }));
+    assert_eq!(
+        tool_result["payload"],
+        json!({ "tool_use_id": "tu_1", "dispatch": "client", "content": "2026-07-06T18:26:10Z" })
+    );
     assert_eq!(tool_result["client_key_id"], key_id.as_str());
 
     // What the provider got: the tool, then the history with the result; no dispatch tags.
@@ -44,8 +53,14 @@ fn a_client_tool_pauses_the_turn_and_its_result_resumes_it() {
     assert_eq!(requests[0].body["tools"][0]["name"], "get_current_time");
     assert!(requests[0].body.get("stream").is_none(), "attempts are not streamed");
     let second = &requests[1].body["messages"];
-    assert_eq!(second[1]["content"][0], json!({ "type": "tool_use", "id": "tu_1", "name": "get_current_time", "input": {} }));
-    assert_eq!(second[2]["content"][0], json!({ "type": "tool_result", "tool_use_id": "tu_1", "content": "2026-07-06T18:26:10Z" }));
+    assert_eq!(
+        second[1]["content"][0],
+        json!({ "type": "tool_use", "id": "tu_1", "name": "get_current_time", "input": {} })
+    );
+    assert_eq!(
+        second[2]["content"][0],
+        json!({ "type": "tool_result", "tool_use_id": "tu_1", "content": "2026-07-06T18:26:10Z" })
+    );
     // provider.request records the history with its dispatch tags.
     let request_event = &resumed["result"]["events"][2]["payload"];
     assert_eq!(request_event["messages"][1]["content"][0]["dispatch"], "client");
@@ -66,7 +81,8 @@ fn notifications_leave_out_what_the_caller_sent() {
     assert_eq!(types(terminal["result"]["events"].as_array().unwrap())[0], "client.message.send");
     // A notification (no id) streams its events and gets no terminal frame.
     bae.fake.script([anthropic::text_answer("again")]);
-    let body = json!({ "jsonrpc": "2.0", "method": "session.sendMessage", "params": { "message": { "content": "x" } } });
+    let body =
+        json!({ "jsonrpc": "2.0", "method": "session.sendMessage", "params": { "message": { "content": "x" } } });
     let stream = super::support::Frames::post(bae.base(), &harness.session_id, &harness.session_key, &body.to_string());
     let frames = stream.until_terminal();
     assert!(frames.iter().all(|f| f.get("id").is_none()), "{frames:?}");
@@ -84,7 +100,10 @@ fn a_resume_must_answer_exactly_the_paused_calls() {
         1,
     );
     let cases = [
-        (json!([{ "type": "tool_result", "tool_use_id": "a", "content": "x" }]), "no tool_result for tool_use id \"b\""),
+        (
+            json!([{ "type": "tool_result", "tool_use_id": "a", "content": "x" }]),
+            "no tool_result for tool_use id \"b\"",
+        ),
         (
             json!([{ "type": "tool_result", "tool_use_id": "a", "content": "x" }, { "type": "tool_result", "tool_use_id": "a", "content": "y" }, { "type": "tool_result", "tool_use_id": "b", "content": "z" }]),
             "client returned a duplicate tool_result for id \"a\"",
@@ -97,7 +116,10 @@ fn a_resume_must_answer_exactly_the_paused_calls() {
         harness.send_message(json!("go"));
         let requests_before = bae.fake.requests().len();
         let refused = harness.send_message(content);
-        assert_eq!(last(&refused)["error"], json!({ "code": -32000, "message": format!("tool result merge invalid: {detail}") }));
+        assert_eq!(
+            last(&refused)["error"],
+            json!({ "code": -32000, "message": format!("tool result merge invalid: {detail}") })
+        );
         assert_eq!(bae.fake.requests().len(), requests_before, "the provider was called");
         let events = harness.events();
         let fault = events.last().unwrap();
@@ -146,7 +168,8 @@ fn tool_results_with_no_paused_turn_are_refused_and_nothing_is_recorded() {
 #[test]
 fn a_failing_primary_falls_back_and_all_failing_ends_the_session() {
     let bae = Bae::start_with(|config| {
-        let mut backup = kestrel::config::ProviderConfig::new(kestrel::config::Wire::Anthropic, "http://127.0.0.1:9/v1".to_string());
+        let mut backup =
+            kestrel::config::ProviderConfig::new(kestrel::config::Wire::Anthropic, "http://127.0.0.1:9/v1".to_string());
         backup.models = vec![kestrel::config::ModelConfig::named("claude-y")];
         config.providers.insert("dead".into(), backup);
     });
@@ -164,14 +187,25 @@ fn a_failing_primary_falls_back_and_all_failing_ends_the_session() {
     let events = result["events"].as_array().unwrap();
     assert_eq!(
         types(events),
-        ["client.message.send", "provider.request", "provider.response", "session.error", "provider.request", "provider.response", "server.message.send"]
+        [
+            "client.message.send",
+            "provider.request",
+            "provider.response",
+            "session.error",
+            "provider.request",
+            "provider.response",
+            "server.message.send"
+        ]
     );
     let failed = &events[2]["payload"];
     assert_eq!((failed["ok"].as_bool(), failed["status"].as_u64()), (Some(false), Some(500)));
     assert_eq!(failed["error"], "provider returned HTTP 500");
     assert!(failed["body"].as_str().unwrap().contains("boom"));
     assert_eq!(events[3]["payload"]["reason"], "provider_call_failed");
-    assert_eq!((events[4]["payload"]["attempt"].as_u64(), events[4]["payload"]["kind"].as_str()), (Some(1), Some("fallback")));
+    assert_eq!(
+        (events[4]["payload"]["attempt"].as_u64(), events[4]["payload"]["kind"].as_str()),
+        (Some(1), Some("fallback"))
+    );
     assert_eq!(events[5]["payload"]["status"], 200);
     assert_eq!(events[5]["payload"]["body"]["content"][0]["text"], "from the fallback");
 
@@ -179,7 +213,10 @@ fn a_failing_primary_falls_back_and_all_failing_ends_the_session() {
     bae.fake.script([Reply::error(500, "a"), Reply::error(503, "b")]);
     let frames = harness.send_message(json!("again"));
     let result = &last(&frames)["result"];
-    assert_eq!(result["message"], json!({ "role": "assistant", "content": [{ "type": "text", "text": "The provider is currently unavailable." }] }));
+    assert_eq!(
+        result["message"],
+        json!({ "role": "assistant", "content": [{ "type": "text", "text": "The provider is currently unavailable." }] })
+    );
     let events = result["events"].as_array().unwrap();
     assert_eq!(events.last().unwrap()["payload"], json!({ "reason": "all_providers_failed", "attempts": 2 }));
     assert!(!types(events).contains(&"server.message.send".to_string()));
@@ -196,7 +233,10 @@ fn a_model_that_never_stops_calling_unknown_tools_hits_the_loop_limit() {
     let events = last(&frames)["result"]["events"].as_array().unwrap().clone();
     assert_eq!(events.last().unwrap()["payload"], json!({ "reason": "loop_limit", "max_iterations": 3 }));
     let call = events.iter().find(|e| e["event_type"] == "tool.call").unwrap();
-    assert_eq!((call["payload"]["dispatch"].as_str(), call["payload"]["server_name"].clone()), (Some("mcp"), Value::Null));
+    assert_eq!(
+        (call["payload"]["dispatch"].as_str(), call["payload"]["server_name"].clone()),
+        (Some("mcp"), Value::Null)
+    );
     let result = events.iter().find(|e| e["event_type"] == "tool.result").unwrap();
     assert_eq!(result["payload"]["is_error"], true);
     assert_eq!(result["payload"]["content"][0]["text"], "no MCP server is configured for tool 'unknown_tool'");
@@ -212,15 +252,21 @@ fn an_openai_provider_takes_the_same_turn() {
         openai.models = vec![kestrel::config::ModelConfig::named("gpt-x")];
         config.providers.insert("oa".into(), openai);
     });
-    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(json!({ "name": "o", "primary_provider": "oa", "allowed_tools": ["t"] })));
+    let profile = bae.admin_send(
+        "POST",
+        "/admin/v1/profiles",
+        Some(json!({ "name": "o", "primary_provider": "oa", "allowed_tools": ["t"] })),
+    );
     let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
     let mut harness = Harness::open(bae.base(), &key, &["t"]);
     let call = json!({ "choices": [{ "message": { "role": "assistant", "content": null,
         "tool_calls": [{ "id": "call_1", "type": "function", "function": { "name": "t", "arguments": "{\"x\":1}" } }] }, "finish_reason": "tool_calls" }],
         "usage": { "prompt_tokens": 3, "completion_tokens": 2 } });
-    let answer = json!({ "choices": [{ "message": { "role": "assistant", "content": "done" }, "finish_reason": "stop" }] });
+    let answer =
+        json!({ "choices": [{ "message": { "role": "assistant", "content": "done" }, "finish_reason": "stop" }] });
     bae.fake.script([Reply::json(200, &call), Reply::json(200, &answer)]);
-    let calls = harness.converse(json!("go"), |_, input| json!([{ "type": "text", "text": format!("got {}", input["x"]) }]));
+    let calls =
+        harness.converse(json!("go"), |_, input| json!([{ "type": "text", "text": format!("got {}", input["x"]) }]));
     assert_eq!(last(&calls[1])["result"]["message"]["content"][0]["text"], "done");
     let requests = bae.fake.requests();
     assert_eq!(requests[0].path, "/v1/chat/completions");

@@ -2,6 +2,7 @@
 
 mod admin;
 mod compaction;
+mod conversation;
 mod drivers;
 mod sessions;
 pub mod support;

@@ -41,6 +41,18 @@ impl Bae {
         Bae { server, admin, admin_key, fake }
     }
 
+    /// Restarts on the same data dir, the fake still configured.
+    pub fn restart(&mut self) {
+        let base_url = self.fake.base_url.clone();
+        self.server.restart(|config| {
+            let mut provider = ProviderConfig::new(Wire::Anthropic, base_url);
+            provider.models = vec![ModelConfig::named("claude-x")];
+            config.providers.insert("fake".into(), provider);
+        });
+        let admin = self.server.server.as_ref().unwrap().admin_addr().expect("an admin API");
+        self.admin = format!("http://{admin}");
+    }
+
     pub fn base(&self) -> &str {
         &self.server.base
     }

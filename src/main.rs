@@ -74,6 +74,9 @@ fn main() -> ExitCode {
         Err(error) => return fail(&error),
     };
     // Printed on stdout too, so a supervisor (or a test) can find the port when it asked for 0.
+    if let Some(admin) = server.admin_addr() {
+        println!("kestrel admin API on http://{admin}");
+    }
     println!("kestrel listening on http://{}", server.addr());
     let _ = stop_rx.recv();
     log::info!("shutting down");

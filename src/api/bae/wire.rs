@@ -126,13 +126,16 @@ pub fn content(message: &Message) -> Value {
             return Value::String(text.clone());
         }
     }
-    Value::Array(message.blocks.iter().map(block).collect())
+    Value::Array(message.blocks.iter().filter_map(block).collect())
 }
 
-fn block(block: &Block) -> Value {
-    match block {
+/// A block as BAE's content blocks have it. Reasoning is left out: BAE's content model has
+/// no such block (its SDKs refuse unknown ones), and Kestrel never asks a provider for it on
+/// a BAE turn; only `builtin/echo` produces some.
+fn block(block: &Block) -> Option<Value> {
+    Some(match block {
         Block::Text { text } => json!({ "type": "text", "text": text }),
-        Block::Reasoning { text } => json!({ "type": "thinking", "thinking": text }),
+        Block::Reasoning { .. } => return None,
         Block::Image(image) => json!({ "type": "image", "source": {
             "type": "base64", "media_type": image.mime_type, "data": image.data,
         }}),
@@ -151,7 +154,7 @@ fn block(block: &Block) -> Value {
             }
             block
         }
-    }
+    })
 }
 
 fn result_content(result: &ToolResult) -> Value {

@@ -290,6 +290,22 @@ impl Drop for Subscription {
     }
 }
 
+/// An event whose publisher waits for its commit, or that carries writes of its own.
+struct Ack {
+    to: Option<Sender<u64>>,
+    seq: u64,
+    writes: Vec<WriteOp>,
+}
+
+impl Ack {
+    /// Tells the publisher its event is committed.
+    fn confirm(self) {
+        if let Some(to) = self.to {
+            let _ = to.send(self.seq);
+        }
+    }
+}
+
 enum BusMsg {
     Publish {
         tenant: Option<Arc<str>>,
@@ -297,6 +313,8 @@ enum BusMsg {
         event: Box<Event>,
         /// Told the event's seq once it is committed to the log.
         committed: Option<Sender<u64>>,
+        /// Written in the same transaction as the event (what the event announces).
+        writes: Vec<WriteOp>,
     },
     Subscribe {
         filter: Filter,
@@ -373,7 +391,7 @@ impl Bus {
 
     /// Publishes an event with its attribution and turn.
     pub fn publish_from(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) {
-        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: None };
+        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: None, writes: Vec::new() };
         if self.bus_tx.send(message).is_err() {
             log::debug!("event dropped: the bus has stopped");
         }
@@ -382,8 +400,21 @@ impl Bus {
     /// Publishes an event and returns its seq once it is committed to the log, so a reply can
     /// acknowledge it. `None`: the bus has stopped or the log write failed.
     pub fn publish_durable(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) -> Option<u64> {
+        self.publish_written(tenant, origin, event, Vec::new())
+    }
+
+    /// `publish_durable` for an event that announces a change: `writes` commit in the same
+    /// transaction as the event, so neither is durable without the other and the event is
+    /// streamed only once both are. `None`: the bus has stopped or the commit failed.
+    pub fn publish_written(
+        &self,
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Event,
+        writes: Vec<WriteOp>,
+    ) -> Option<u64> {
         let (committed, seq) = bounded(1);
-        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: Some(committed) };
+        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: Some(committed), writes };
         self.bus_tx.send(message).ok()?;
         seq.recv().ok()
     }
@@ -433,8 +464,8 @@ struct BusActor {
     ring: VecDeque<Arc<Envelope>>,
     /// Stamped events not yet in the log; written before their batch is fanned out.
     unlogged: Vec<LoggedEvent>,
-    /// Publishers waiting for their event's commit, with its seq.
-    acks: Vec<(Sender<u64>, u64)>,
+    /// Events of this batch that carry writes or have a publisher waiting for the commit.
+    acks: Vec<Ack>,
     subscribers: Vec<Subscriber>,
     subscriber_gauge: Arc<AtomicUsize>,
 }
@@ -445,10 +476,12 @@ impl BusActor {
         let mut next = inbox.recv().ok();
         while let Some(message) = next.take() {
             match message {
-                BusMsg::Publish { tenant, origin, event, committed } => {
+                BusMsg::Publish { tenant, origin, event, committed, writes } => {
                     let envelope = self.stamp(tenant, origin, event);
-                    if let (Some(envelope), Some(committed)) = (&envelope, committed) {
-                        self.acks.push((committed, envelope.seq));
+                    if let Some(envelope) = &envelope {
+                        if committed.is_some() || !writes.is_empty() {
+                            self.acks.push(Ack { to: committed, seq: envelope.seq, writes });
+                        }
                     }
                     batch.extend(envelope);
                     if batch.len() < MAX_BATCH {
@@ -457,7 +490,10 @@ impl BusActor {
                     if next.as_ref().is_some_and(|m| matches!(m, BusMsg::Publish { .. })) {
                         continue;
                     }
-                    self.log();
+                    let failed = self.log();
+                    if !failed.is_empty() {
+                        batch.retain(|envelope| !failed.contains(&envelope.seq));
+                    }
                     self.fan_out(&mut batch);
                 }
                 BusMsg::Subscribe { filter, after, reply } => self.subscribe(filter, after, reply),
@@ -516,23 +552,56 @@ impl BusActor {
     /// Writes the events stamped since the last fan-out to the log and waits for the commit,
     /// so nothing but a delta is streamed before it is durable. Publishers never wait on this:
     /// what they send meanwhile queues in the inbox and goes out in the next, larger batch.
-    fn log(&mut self) {
-        let acks = std::mem::take(&mut self.acks);
-        if self.unlogged.is_empty() {
-            return;
-        }
+    /// Events' own writes commit in the same transaction. Returns the seqs of events whose
+    /// writes failed: they are neither logged nor streamed.
+    fn log(&mut self) -> Vec<u64> {
+        let mut acks = std::mem::take(&mut self.acks);
         let events = std::mem::take(&mut self.unlogged);
+        if events.is_empty() && acks.iter().all(|ack| ack.writes.is_empty()) {
+            acks.into_iter().for_each(|ack| ack.confirm());
+            return Vec::new();
+        }
+        let keep = self.config.log_capacity;
+        if acks.iter().all(|ack| ack.writes.is_empty()) {
+            match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
+                Ok(()) => acks.into_iter().for_each(|ack| ack.confirm()),
+                // Streaming anyway: live clients keep their events; a replay will miss these.
+                // Whoever waits for a commit learns it failed (its sender is dropped).
+                Err(error) => log::error!("events could not be logged: {error}"),
+            }
+            return Vec::new();
+        }
+        let mut ops: Vec<WriteOp> = acks.iter_mut().flat_map(|ack| ack.writes.clone()).collect();
+        ops.push(WriteOp::AppendEvents { events: events.clone(), keep });
+        match self.store.write(ops) {
+            Ok(()) => {
+                acks.into_iter().for_each(|ack| ack.confirm());
+                Vec::new()
+            }
+            Err(error) => self.log_apart(acks, events, &error),
+        }
+    }
+
+    /// After a failed batch: each event's writes alone, then the events whose writes held.
+    fn log_apart(&self, acks: Vec<Ack>, mut events: Vec<LoggedEvent>, error: &StoreError) -> Vec<u64> {
+        log::warn!("a batch of events could not be logged ({error}); logging them apart");
+        let mut failed = Vec::new();
+        let mut held = Vec::new();
+        for ack in acks {
+            match ack.writes.is_empty() || self.store.write(ack.writes.clone()).is_ok() {
+                true => held.push(ack),
+                false => failed.push(ack.seq),
+            }
+        }
+        events.retain(|event| !failed.contains(&event.seq));
         let keep = self.config.log_capacity;
         match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
-            Ok(()) => {
-                for (ack, seq) in acks {
-                    let _ = ack.send(seq);
-                }
-            }
-            // Streaming anyway: live clients keep their events; a replay will miss these.
             // Whoever waits for a commit learns it failed (its sender is dropped).
+            Ok(()) => held.into_iter().for_each(|ack| ack.confirm()),
+            // Streaming anyway: live clients keep their events; a replay will miss these.
             Err(error) => log::error!("events could not be logged: {error}"),
         }
+        failed
     }
 
     /// Hands each subscriber the envelopes of `batch` it wants, then empties `batch`. Each

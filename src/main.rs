@@ -74,10 +74,13 @@ fn main() -> ExitCode {
         Err(error) => return fail(&error),
     };
     // Printed on stdout too, so a supervisor (or a test) can find the port when it asked for 0.
+    // Whoever started us may have stopped reading stdout (a closed pipe): not an error.
+    let mut ready = format!("kestrel listening on http://{}\n", server.addr());
     if let Some(admin) = server.admin_addr() {
-        println!("kestrel admin API on http://{admin}");
+        ready.push_str(&format!("kestrel admin API on http://{admin}\n"));
     }
-    println!("kestrel listening on http://{}", server.addr());
+    let mut stdout = std::io::stdout();
+    let _ = std::io::Write::write_all(&mut stdout, ready.as_bytes()).and_then(|()| std::io::Write::flush(&mut stdout));
     let _ = stop_rx.recv();
     log::info!("shutting down");
     server.shutdown();

@@ -23,8 +23,20 @@ impl Connection {
     }
 
     pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<Response> {
+        self.request_as(method, path, None, body)
+    }
+
+    /// A request with `Authorization: Bearer <key>` when a key is given.
+    pub fn request_as(
+        &mut self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: &[u8],
+    ) -> std::io::Result<Response> {
+        let auth = key.map(|key| format!("Authorization: Bearer {key}\r\n")).unwrap_or_default();
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             self.host,
             body.len()
         );

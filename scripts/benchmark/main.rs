@@ -5,6 +5,7 @@
 //! bare tiny_http server with a thread per request, also a child process (this program, run
 //! with `floor-server`).
 
+mod bae;
 mod client;
 mod relay;
 
@@ -29,12 +30,17 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("floor-server") => return floor_server(),
         Some("fake-provider") => return relay::fake_provider(),
+        Some("fake-messages") => return bae::fake_messages(),
         _ => {}
     }
     let quick = std::env::var("BENCH_QUICK").is_ok();
     println!("kestrel benchmark ({} cores); medians of {ROUNDS} rounds where a round repeats", cores());
     println!();
     println!("{:<60} {:>16} {:>16} {:>8}", "measure", "kestrel", "floor", "ratio");
+    // `benchmark bae`: the BAE rows alone.
+    if std::env::args().nth(1).as_deref() == Some("bae") {
+        return bae::rows(quick);
+    }
 
     let floor = Spawned::floor();
     let kestrel = Spawned::kestrel(&[]);
@@ -111,6 +117,8 @@ fn main() {
         format!("{:.0} ms", direct.as_secs_f64() * 1000.0),
         relayed.as_secs_f64() / direct.as_secs_f64(),
     );
+
+    bae::rows(quick);
 
     let writer = writer_events_per_second(events);
     let raw = raw_sqlite_events_per_second(events);
@@ -193,6 +201,8 @@ fn median(values: &mut [f64]) -> f64 {
 struct Spawned {
     child: Child,
     host: String,
+    /// The rest of the child's stdout (Kestrel prints its admin address next).
+    stdout: BufReader<std::process::ChildStdout>,
     _data: Option<tempfile::TempDir>,
 }
 
@@ -236,9 +246,21 @@ impl Spawned {
     fn wait_ready(mut command: Command, data: Option<tempfile::TempDir>) -> Spawned {
         let mut child = command.stdout(Stdio::piped()).spawn().expect("server starts");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
         let host = line.trim().rsplit("http://").next().unwrap().to_string();
-        Spawned { child, host, _data: data }
+        Spawned { child, host, stdout, _data: data }
+    }
+
+    /// The next address the child printed (Kestrel's admin API, after its main address).
+    fn next_host(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().rsplit("http://").next().unwrap().to_string()
+    }
+
+    fn data_dir(&self) -> std::path::PathBuf {
+        self._data.as_ref().expect("a kestrel child has a data dir").path().join("data")
     }
 }
 

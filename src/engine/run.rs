@@ -79,7 +79,9 @@ impl Run {
         if let Err(error) = self.publish_summary() {
             log::warn!("run {}: {error}", self.run_id);
         }
-        self.publish(Event::RunStarted { session_id: self.session_id.clone(), run_id: self.run_id.clone() });
+        if self.is_kestrel() {
+            self.publish(Event::RunStarted { session_id: self.session_id.clone(), run_id: self.run_id.clone() });
+        }
         let mut usage = Usage::default();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.steps(&mut usage)));
         let outcome = outcome.unwrap_or_else(|_| {
@@ -154,7 +156,7 @@ impl Run {
     /// call (a resumed Kestrel run's); `Err(stop)`: nothing is left to do.
     fn open_turn(&self) -> Result<Result<Vec<ToolCall>, Stop>, EngineError> {
         if let Plan::Bae(turn) = &self.plan {
-            self.open_bae_turn(turn);
+            self.open_bae_turn(turn)?;
             return Ok(Ok(Vec::new()));
         }
         if let Some(user) = &self.user {
@@ -304,8 +306,12 @@ impl Run {
         Ok(step)
     }
 
-    /// Stores a message, then announces it complete and the session's new summary.
+    /// Stores a message, then announces it complete and the session's new summary. A BAE
+    /// turn's message commits in one transaction with its announcement.
     pub(super) fn append(&self, message: Message) -> Result<(), EngineError> {
+        if !self.is_kestrel() {
+            return self.append_announced(message).map(|_| ());
+        }
         self.shared.store.write(vec![WriteOp::AppendMessage {
             session_id: self.session_id.clone(),
             message: message.clone(),
@@ -323,14 +329,17 @@ impl Run {
             Ok(Stop::Cancelled) => SessionStatus::Cancelled,
             Ok(Stop::Faulted) | Err(_) => SessionStatus::Error,
         };
-        let patch = SessionPatch { status: Some(status), ..SessionPatch::default() };
-        let write = self.shared.store.write(vec![WriteOp::UpdateSession {
-            id: self.session_id.clone(),
-            patch,
-            updated_at: crate::time::now_rfc3339(),
-        }]);
-        if let Err(error) = write {
-            log::error!("run {}: could not store the final status: {error}", self.run_id);
+        // A BAE session's state is its own (`bae_sessions.state`); the status is Kestrel's.
+        if self.is_kestrel() {
+            let patch = SessionPatch { status: Some(status), ..SessionPatch::default() };
+            let write = self.shared.store.write(vec![WriteOp::UpdateSession {
+                id: self.session_id.clone(),
+                patch,
+                updated_at: crate::time::now_rfc3339(),
+            }]);
+            if let Err(error) = write {
+                log::error!("run {}: could not store the final status: {error}", self.run_id);
+            }
         }
         let _ = self.publish_summary();
         let (session_id, run_id) = (self.session_id.clone(), self.run_id.clone());
@@ -367,7 +376,29 @@ impl Run {
         self.shared.store.readers().session(&self.session_id)?.ok_or(EngineError::SessionNotFound)
     }
 
+    /// Stores a message and its `message.completed` together; the event's seq.
+    pub(super) fn append_announced(&self, message: Message) -> Result<u64, EngineError> {
+        let write = WriteOp::AppendMessage {
+            session_id: self.session_id.clone(),
+            message: message.clone(),
+            updated_at: crate::time::now_rfc3339(),
+        };
+        let event = Event::MessageCompleted { session_id: self.session_id.clone(), message };
+        self.shared
+            .bus
+            .publish_written(Some(Arc::clone(&self.tenant)), self.origin(), event, vec![write])
+            .ok_or(EngineError::Internal("a message could not be stored"))
+    }
+
+    fn is_kestrel(&self) -> bool {
+        matches!(self.plan, Plan::Kestrel)
+    }
+
+    /// Announces the session's summary (`session.updated`); Kestrel's only.
     fn publish_summary(&self) -> Result<(), EngineError> {
+        if !self.is_kestrel() {
+            return Ok(());
+        }
         let record = self.session()?;
         self.shared.publish_summary(&record);
         Ok(())

@@ -192,8 +192,13 @@ impl Engine {
         let digest = self.bae().keyring.digest(token);
         let found = self.shared.store.readers().bae_key_by_digest(role, &digest)?;
         if let Some(key) = &found {
-            let touch = BaeWrite::TouchKey { id: key.id.clone(), at: crate::time::now_rfc3339() };
-            self.shared.store.write_detached(vec![WriteOp::Bae(touch)])?;
+            let now = crate::time::now_rfc3339();
+            // `last_used_at` to the minute: a session's every call does not cost a write.
+            let stale = key.last_used_at.as_deref().is_none_or(|at| at.get(..16) != now.get(..16));
+            if stale {
+                let touch = BaeWrite::TouchKey { id: key.id.clone(), at: now };
+                self.shared.store.write_detached(vec![WriteOp::Bae(touch)])?;
+            }
         }
         Ok(found)
     }

@@ -407,21 +407,13 @@ impl SessionActor {
         }
     }
 
-    /// Stores the opening message and starts the worker; the gate is the turn's.
+    /// Starts the worker, which stores the opening message first; the gate is the turn's.
     pub(in crate::engine) fn spawn_turn(
         &mut self,
         run_id: String,
         user: Option<Message>,
         plan: Plan,
     ) -> Result<(), RpcError> {
-        if let Some(user) = &user {
-            let append = WriteOp::AppendMessage {
-                session_id: self.id.clone(),
-                message: user.clone(),
-                updated_at: crate::time::now_rfc3339(),
-            };
-            self.shared.store.write(vec![append]).map_err(|_| RpcError::Internal)?;
-        }
         let canceller = Canceller::new();
         let run = run::Run {
             shared: Arc::clone(&self.shared),

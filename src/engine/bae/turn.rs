@@ -71,10 +71,10 @@ pub(in crate::engine) fn effective_history(mut messages: Vec<Message>) -> Vec<Me
 }
 
 impl Run {
-    /// Announces the client's message and the tool results it carries.
-    pub(in crate::engine) fn open_bae_turn(&self, turn: &BaeTurn) {
-        let Some(user) = &self.user else { return };
-        self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
+    /// Stores and announces the client's message, then the tool results it carries.
+    pub(in crate::engine) fn open_bae_turn(&self, turn: &BaeTurn) -> Result<(), EngineError> {
+        let Some(user) = &self.user else { return Ok(()) };
+        self.append_announced(user.clone())?;
         for block in &user.blocks {
             if let Block::ToolResult(result) = block {
                 if !turn.server_result_ids.contains(&result.call_id) {
@@ -86,6 +86,7 @@ impl Run {
                 }
             }
         }
+        Ok(())
     }
 
     /// The profile's providers: the primary (which must resolve, else a `provider_config`

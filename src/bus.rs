@@ -295,6 +295,18 @@ struct Ack {
     to: Option<Sender<u64>>,
     seq: u64,
     writes: Vec<WriteOp>,
+    /// How many writes it had, once they are moved into a batch's ops.
+    count: usize,
+}
+
+/// A batch whose log write has been sent: fanned out once it commits.
+struct InFlight {
+    batch: Vec<Arc<Envelope>>,
+    acks: Vec<Ack>,
+    /// The commit's outcome; `None`: nothing to write (only deltas).
+    commit: Option<Receiver<Result<(), StoreError>>>,
+    /// When its events carry writes: the events and the writes, to log apart on failure.
+    events: Option<(Vec<LoggedEvent>, Vec<WriteOp>)>,
 }
 
 impl Ack {
@@ -471,45 +483,102 @@ struct BusActor {
 }
 
 impl BusActor {
+    /// Batches publishes, sends each batch's log write without waiting for it, and fans each
+    /// batch out, in order, once its commit is known: while one batch commits, the next one
+    /// forms, so a busy bus costs a publisher about one commit, not two.
     fn run(mut self, inbox: Receiver<BusMsg>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        let mut next = inbox.recv().ok();
-        while let Some(message) = next.take() {
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+        let mut next: Option<BusMsg> = None;
+        loop {
+            let message = match next.take() {
+                Some(message) => message,
+                None => match self.wait(&inbox, &mut in_flight) {
+                    Some(message) => message,
+                    None => break,
+                },
+            };
             match message {
                 BusMsg::Publish { tenant, origin, event, committed, writes } => {
-                    let envelope = self.stamp(tenant, origin, event);
-                    if let Some(envelope) = &envelope {
-                        if committed.is_some() || !writes.is_empty() {
-                            self.acks.push(Ack { to: committed, seq: envelope.seq, writes });
+                    let mut batch = Vec::with_capacity(16);
+                    self.take_publish(&mut batch, tenant, origin, event, committed, writes);
+                    while batch.len() < MAX_BATCH {
+                        match inbox.try_recv() {
+                            Ok(BusMsg::Publish { tenant, origin, event, committed, writes }) => {
+                                self.take_publish(&mut batch, tenant, origin, event, committed, writes)
+                            }
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
                         }
                     }
-                    batch.extend(envelope);
-                    if batch.len() < MAX_BATCH {
-                        next = inbox.try_recv().ok();
-                    }
-                    if next.as_ref().is_some_and(|m| matches!(m, BusMsg::Publish { .. })) {
-                        continue;
-                    }
-                    let failed = self.log();
-                    if !failed.is_empty() {
-                        batch.retain(|envelope| !failed.contains(&envelope.seq));
-                    }
-                    self.fan_out(&mut batch);
+                    in_flight.push_back(self.flush(batch));
                 }
-                BusMsg::Subscribe { filter, after, reply } => self.subscribe(filter, after, reply),
+                BusMsg::Subscribe { filter, after, reply } => {
+                    // A new subscriber's replay ends where live begins: nothing in flight.
+                    self.drain(&mut in_flight);
+                    self.subscribe(filter, after, reply);
+                }
                 BusMsg::Unsubscribe { id } => {
                     self.subscribers.retain(|subscriber| subscriber.id != id);
                     self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
                 }
                 BusMsg::Shutdown => break,
             }
-            if next.is_none() {
-                next = inbox.recv().ok();
-            }
         }
+        self.drain(&mut in_flight);
         self.subscribers.clear();
         self.subscriber_gauge.store(0, Ordering::Relaxed);
         log::debug!("bus stopped at seq {}", self.next_seq);
+    }
+
+    /// The next message, fanning out batches as their commits arrive meanwhile. `None`: the
+    /// inbox is closed.
+    fn wait(&mut self, inbox: &Receiver<BusMsg>, in_flight: &mut VecDeque<InFlight>) -> Option<BusMsg> {
+        loop {
+            let Some(front) = in_flight.front() else { return inbox.recv().ok() };
+            let Some(commit) = &front.commit else {
+                let done = in_flight.pop_front().expect("a front batch");
+                self.complete(done, Ok(()));
+                continue;
+            };
+            crossbeam_channel::select! {
+                recv(commit) -> outcome => {
+                    let done = in_flight.pop_front().expect("a front batch");
+                    self.complete(done, outcome.unwrap_or(Err(StoreError::Closed)));
+                }
+                recv(inbox) -> message => return message.ok(),
+            }
+        }
+    }
+
+    /// Waits for every batch in flight and fans each out.
+    fn drain(&mut self, in_flight: &mut VecDeque<InFlight>) {
+        while let Some(done) = in_flight.pop_front() {
+            let outcome = match &done.commit {
+                Some(commit) => commit.recv().unwrap_or(Err(StoreError::Closed)),
+                None => Ok(()),
+            };
+            self.complete(done, outcome);
+        }
+    }
+
+    fn take_publish(
+        &mut self,
+        batch: &mut Vec<Arc<Envelope>>,
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Box<Event>,
+        committed: Option<Sender<u64>>,
+        writes: Vec<WriteOp>,
+    ) {
+        let Some(envelope) = self.stamp(tenant, origin, event) else { return };
+        if committed.is_some() || !writes.is_empty() {
+            let count = writes.len();
+            self.acks.push(Ack { to: committed, seq: envelope.seq, writes, count });
+        }
+        batch.push(envelope);
     }
 
     /// Gives an event its seq and time, keeps it in the ring, and queues it for the log unless
@@ -549,46 +618,59 @@ impl BusActor {
         Some(envelope)
     }
 
-    /// Writes the events stamped since the last fan-out to the log and waits for the commit,
-    /// so nothing but a delta is streamed before it is durable. Publishers never wait on this:
-    /// what they send meanwhile queues in the inbox and goes out in the next, larger batch.
-    /// Events' own writes commit in the same transaction. Returns the seqs of events whose
-    /// writes failed: they are neither logged nor streamed.
-    fn log(&mut self) -> Vec<u64> {
+    /// Sends a batch's events (and its events' own writes) to the log without waiting: the
+    /// batch is fanned out once they commit, so nothing but a delta is streamed before it is
+    /// durable. Publishers never wait on this.
+    fn flush(&mut self, batch: Vec<Arc<Envelope>>) -> InFlight {
         let mut acks = std::mem::take(&mut self.acks);
         let events = std::mem::take(&mut self.unlogged);
-        if events.is_empty() && acks.iter().all(|ack| ack.writes.is_empty()) {
-            acks.into_iter().for_each(|ack| ack.confirm());
-            return Vec::new();
+        let with_writes = acks.iter().any(|ack| !ack.writes.is_empty());
+        if events.is_empty() && !with_writes {
+            return InFlight { batch, acks, commit: None, events: None };
         }
         let keep = self.config.log_capacity;
-        if acks.iter().all(|ack| ack.writes.is_empty()) {
-            match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
-                Ok(()) => acks.into_iter().for_each(|ack| ack.confirm()),
-                // Streaming anyway: live clients keep their events; a replay will miss these.
-                // Whoever waits for a commit learns it failed (its sender is dropped).
-                Err(error) => log::error!("events could not be logged: {error}"),
+        let mut ops: Vec<WriteOp> = acks.iter_mut().flat_map(|ack| std::mem::take(&mut ack.writes)).collect();
+        // Kept to log apart what did commit, should the writes fail.
+        let kept = with_writes.then(|| (events.clone(), ops.clone()));
+        ops.push(WriteOp::AppendEvents { events, keep });
+        let commit = match self.store.write_pending(ops) {
+            Ok(commit) => Some(commit),
+            Err(_) => {
+                let (closed, failed) = bounded(1);
+                let _ = closed.send(Err(StoreError::Closed));
+                Some(failed)
             }
-            return Vec::new();
-        }
-        let mut ops: Vec<WriteOp> = acks.iter_mut().flat_map(|ack| ack.writes.clone()).collect();
-        ops.push(WriteOp::AppendEvents { events: events.clone(), keep });
-        match self.store.write(ops) {
-            Ok(()) => {
-                acks.into_iter().for_each(|ack| ack.confirm());
-                Vec::new()
+        };
+        InFlight { batch, acks, commit, events: kept }
+    }
+
+    /// A batch's commit is known: confirm and fan out. If it carried writes and failed, each
+    /// event's writes are tried alone and the events whose writes failed are dropped.
+    fn complete(&mut self, done: InFlight, outcome: Result<(), StoreError>) {
+        let InFlight { mut batch, acks, events, .. } = done;
+        match (outcome, events) {
+            (Ok(()), _) => acks.into_iter().for_each(Ack::confirm),
+            (Err(error), Some((events, writes))) => {
+                let failed = self.log_apart(acks, events, writes, &error);
+                batch.retain(|envelope| !failed.contains(&envelope.seq));
             }
-            Err(error) => self.log_apart(acks, events, &error),
+            // Streaming anyway: live clients keep their events; a replay will miss these.
+            // Whoever waits for a commit learns it failed (its sender is dropped).
+            (Err(error), None) => log::error!("events could not be logged: {error}"),
         }
+        self.fan_out(&mut batch);
     }
 
     /// After a failed batch: each event's writes alone, then the events whose writes held.
-    fn log_apart(&self, acks: Vec<Ack>, mut events: Vec<LoggedEvent>, error: &StoreError) -> Vec<u64> {
+    /// Returns the seqs of events whose writes failed.
+    fn log_apart(&self, acks: Vec<Ack>, mut events: Vec<LoggedEvent>, writes: Vec<WriteOp>, error: &StoreError) -> Vec<u64> {
         log::warn!("a batch of events could not be logged ({error}); logging them apart");
+        let mut writes = writes.into_iter();
         let mut failed = Vec::new();
         let mut held = Vec::new();
         for ack in acks {
-            match ack.writes.is_empty() || self.store.write(ack.writes.clone()).is_ok() {
+            let own: Vec<WriteOp> = writes.by_ref().take(ack.count).collect();
+            match own.is_empty() || self.store.write(own).is_ok() {
                 true => held.push(ack),
                 false => failed.push(ack.seq),
             }
@@ -596,9 +678,7 @@ impl BusActor {
         events.retain(|event| !failed.contains(&event.seq));
         let keep = self.config.log_capacity;
         match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
-            // Whoever waits for a commit learns it failed (its sender is dropped).
-            Ok(()) => held.into_iter().for_each(|ack| ack.confirm()),
-            // Streaming anyway: live clients keep their events; a replay will miss these.
+            Ok(()) => held.into_iter().for_each(Ack::confirm),
             Err(error) => log::error!("events could not be logged: {error}"),
         }
         failed

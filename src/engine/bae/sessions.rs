@@ -134,12 +134,13 @@ impl Engine {
             created_at: now.clone(),
             closed_at: None,
         };
-        self.shared.store.write(vec![
+        let writes = vec![
             WriteOp::InsertSession(engine_session(&session_id, &model, &now)),
             WriteOp::Bae(BaeWrite::InsertSession(record)),
             WriteOp::Bae(BaeWrite::InsertKey { key, digest: minted.digest }),
-        ])?;
-        self.record_attached(&client.id, &session_id, false, &attach)?;
+        ];
+        // The session, its key and `session.open` commit together.
+        self.record_attached(&client.id, &session_id, false, &attach, writes)?;
         self.log_mcp_servers(&profile, &session_id);
         Ok(Attached { session_id, session_key: minted.plaintext, target: self.target_of(&model), profile })
     }
@@ -171,10 +172,8 @@ impl Engine {
             sandbox_tools: declared(&attach.sandbox_tools),
             subagent_tools: json!(attach.subagent_tools),
         };
-        self.shared
-            .store
-            .write(vec![WriteOp::Bae(tools), WriteOp::Bae(BaeWrite::InsertKey { key, digest: minted.digest })])?;
-        self.record_attached(&client.id, session_id, true, &attach)?;
+        let writes = vec![WriteOp::Bae(tools), WriteOp::Bae(BaeWrite::InsertKey { key, digest: minted.digest })];
+        self.record_attached(&client.id, session_id, true, &attach, writes)?;
         Ok(Attached {
             session_id: session_id.to_string(),
             session_key: minted.plaintext,
@@ -230,7 +229,15 @@ impl Engine {
         (key, minted)
     }
 
-    fn record_attached(&self, client: &str, session_id: &str, joined: bool, attach: &Attach) -> Result<(), BaeError> {
+    /// Records `session.open` or `session.join`, committed with `writes`.
+    fn record_attached(
+        &self,
+        client: &str,
+        session_id: &str,
+        joined: bool,
+        attach: &Attach,
+        writes: Vec<WriteOp>,
+    ) -> Result<(), BaeError> {
         let names = |tools: &[ToolDef]| tools.iter().map(|t| t.name.clone()).collect();
         let event = Event::ClientAttached {
             session_id: session_id.to_string(),
@@ -240,7 +247,11 @@ impl Engine {
             sandbox_tools: names(&attach.sandbox_tools),
             subagent_tools: attach.subagent_tools.iter().map(|t| t.name.clone()).collect(),
         };
-        self.publish_bae(client, event)
+        let origin = Origin { actor: Some(Arc::from(client)), turn: None };
+        match self.shared.bus.publish_written(Some(Arc::from(BAE_TENANT)), origin, event, writes) {
+            Some(_) => Ok(()),
+            None => Err(BaeError::Engine(crate::engine::EngineError::Internal("the session could not be stored"))),
+        }
     }
 
     /// Publishes a BAE session's event attributed to `actor` and waits for it to be durable.

@@ -425,10 +425,22 @@ impl Bus {
         event: Event,
         writes: Vec<WriteOp>,
     ) -> Option<u64> {
+        self.publish_written_pending(tenant, origin, event, writes)?.recv().ok()
+    }
+
+    /// `publish_written` without waiting: the receiver gets the event's seq once it and its
+    /// writes are committed (and nothing if they fail).
+    pub fn publish_written_pending(
+        &self,
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Event,
+        writes: Vec<WriteOp>,
+    ) -> Option<Receiver<u64>> {
         let (committed, seq) = bounded(1);
         let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: Some(committed), writes };
         self.bus_tx.send(message).ok()?;
-        seq.recv().ok()
+        Some(seq)
     }
 
     /// Subscribes; `after` replays buffered envelopes with a greater seq first.
@@ -646,24 +658,36 @@ impl BusActor {
 
     /// A batch's commit is known: confirm and fan out. If it carried writes and failed, each
     /// event's writes are tried alone and the events whose writes failed are dropped.
+    /// Publishers are told after the fan-out: an event they wait for has been streamed too.
     fn complete(&mut self, done: InFlight, outcome: Result<(), StoreError>) {
         let InFlight { mut batch, acks, events, .. } = done;
-        match (outcome, events) {
-            (Ok(()), _) => acks.into_iter().for_each(Ack::confirm),
+        let confirmed = match (outcome, events) {
+            (Ok(()), _) => acks,
             (Err(error), Some((events, writes))) => {
-                let failed = self.log_apart(acks, events, writes, &error);
+                let (held, failed) = self.log_apart(acks, events, writes, &error);
                 batch.retain(|envelope| !failed.contains(&envelope.seq));
+                held
             }
             // Streaming anyway: live clients keep their events; a replay will miss these.
             // Whoever waits for a commit learns it failed (its sender is dropped).
-            (Err(error), None) => log::error!("events could not be logged: {error}"),
-        }
+            (Err(error), None) => {
+                log::error!("events could not be logged: {error}");
+                Vec::new()
+            }
+        };
         self.fan_out(&mut batch);
+        confirmed.into_iter().for_each(Ack::confirm);
     }
 
     /// After a failed batch: each event's writes alone, then the events whose writes held.
-    /// Returns the seqs of events whose writes failed.
-    fn log_apart(&self, acks: Vec<Ack>, mut events: Vec<LoggedEvent>, writes: Vec<WriteOp>, error: &StoreError) -> Vec<u64> {
+    /// Returns the acks to confirm and the seqs of events whose writes failed.
+    fn log_apart(
+        &self,
+        acks: Vec<Ack>,
+        mut events: Vec<LoggedEvent>,
+        writes: Vec<WriteOp>,
+        error: &StoreError,
+    ) -> (Vec<Ack>, Vec<u64>) {
         log::warn!("a batch of events could not be logged ({error}); logging them apart");
         let mut writes = writes.into_iter();
         let mut failed = Vec::new();
@@ -678,10 +702,12 @@ impl BusActor {
         events.retain(|event| !failed.contains(&event.seq));
         let keep = self.config.log_capacity;
         match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
-            Ok(()) => held.into_iter().for_each(Ack::confirm),
-            Err(error) => log::error!("events could not be logged: {error}"),
+            Ok(()) => (held, failed),
+            Err(error) => {
+                log::error!("events could not be logged: {error}");
+                (Vec::new(), failed)
+            }
         }
-        failed
     }
 
     /// Hands each subscriber the envelopes of `batch` it wants, then empties `batch`. Each

@@ -34,6 +34,8 @@ pub(super) struct Run {
     pub session: crossbeam_channel::Sender<SessionMsg>,
     /// What kind of turn this is: a Kestrel run, or a BAE client's turn.
     pub plan: Plan,
+    /// Messages sent to be stored whose commit is not yet confirmed (`settle` waits).
+    pub pending: std::cell::RefCell<Vec<crossbeam_channel::Receiver<u64>>>,
 }
 
 /// The front door's side of a turn: which model is asked and how, which tools the model
@@ -94,6 +96,10 @@ impl Run {
             other => (other, None),
         };
         self.finish(outcome, usage);
+        // The turn's messages are durable before the next turn can read the history.
+        if let Err(error) = self.settle() {
+            log::error!("run {}: {error}", self.run_id);
+        }
         // The very last step: the session is free once its actor reads this.
         let run_id = self.run_id.clone();
         let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id, outcome: ended, paused }));
@@ -378,6 +384,12 @@ impl Run {
 
     /// Stores a message and its `message.completed` together; the event's seq.
     pub(super) fn append_announced(&self, message: Message) -> Result<u64, EngineError> {
+        self.append_pending(message)?.recv().map_err(|_| EngineError::Internal("a message could not be stored"))
+    }
+
+    /// Sends a message to be stored with its `message.completed`, without waiting for the
+    /// commit; the receiver gets the event's seq once both are durable.
+    pub(super) fn append_pending(&self, message: Message) -> Result<crossbeam_channel::Receiver<u64>, EngineError> {
         let write = WriteOp::AppendMessage {
             session_id: self.session_id.clone(),
             message: message.clone(),
@@ -386,8 +398,17 @@ impl Run {
         let event = Event::MessageCompleted { session_id: self.session_id.clone(), message };
         self.shared
             .bus
-            .publish_written(Some(Arc::clone(&self.tenant)), self.origin(), event, vec![write])
-            .ok_or(EngineError::Internal("a message could not be stored"))
+            .publish_written_pending(Some(Arc::clone(&self.tenant)), self.origin(), event, vec![write])
+            .ok_or(EngineError::ShuttingDown)
+    }
+
+    /// Waits until every message sent to be stored is committed.
+    pub(super) fn settle(&self) -> Result<(), EngineError> {
+        let pending = std::mem::take(&mut *self.pending.borrow_mut());
+        for commit in pending {
+            commit.recv().map_err(|_| EngineError::Internal("a message could not be stored"))?;
+        }
+        Ok(())
     }
 
     fn is_kestrel(&self) -> bool {

@@ -370,6 +370,7 @@ impl SessionActor {
             user,
             session: self.own_tx.clone(),
             plan: run::Plan::Kestrel,
+            pending: Default::default(),
         };
         match (self.shared.spawn_run)(run) {
             Ok(thread) => {

@@ -424,6 +424,7 @@ impl SessionActor {
             user,
             session: self.own_tx.clone(),
             plan,
+            pending: Default::default(),
         };
         match (self.shared.spawn_run)(run) {
             Ok(thread) => {
@@ -470,13 +471,22 @@ impl SessionActor {
         loop {
             match &self.bae.gate {
                 Gate::Running { .. } => return,
-                Gate::Paused(_) => {
+                Gate::Paused(pending) => {
                     while matches!(self.bae.queue.front(), Some(Waiter::Compact(_))) {
                         if let Some(compact) = self.bae.queue.pop_front() {
                             compact.fail(RpcError::TurnInProgress);
                         }
                     }
-                    return;
+                    // The owner's answer may have come while its turn was still ending.
+                    let owner = pending.turn.owner.clone();
+                    let Some(at) = self.bae.queue.iter().position(|w| matches!(w, Waiter::Send(s) if s.key == owner))
+                    else {
+                        return;
+                    };
+                    let waiter = self.bae.queue.remove(at).expect("a queued waiter");
+                    let Gate::Paused(pending) = std::mem::take(&mut self.bae.gate) else { return };
+                    self.start(waiter, Some((pending.turn, false)));
+                    continue;
                 }
                 Gate::Free => {}
             }

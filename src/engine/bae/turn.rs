@@ -74,7 +74,9 @@ impl Run {
     /// Stores and announces the client's message, then the tool results it carries.
     pub(in crate::engine) fn open_bae_turn(&self, turn: &BaeTurn) -> Result<(), EngineError> {
         let Some(user) = &self.user else { return Ok(()) };
-        self.append_announced(user.clone())?;
+        // Its commit overlaps the provider call; the turn settles before it stores more.
+        let commit = self.append_pending(user.clone())?;
+        self.pending.borrow_mut().push(commit);
         for block in &user.blocks {
             if let Block::ToolResult(result) = block {
                 if !turn.server_result_ids.contains(&result.call_id) {
@@ -131,6 +133,10 @@ impl Run {
         tail: &[Message],
     ) -> Result<Step, EngineError> {
         let mut history = effective_history(self.shared.store.readers().messages(&self.session_id)?);
+        // The turn's own message may not be committed yet: it is the last one either way.
+        if let Some(user) = self.user.as_ref().filter(|user| !history.iter().any(|m| m.id == user.id)) {
+            history.push(user.clone());
+        }
         history.extend_from_slice(tail);
         let first_failed = |provider: &str, detail: String| {
             self.fault(Fault::ProviderCallFailed { provider: provider.to_string(), detail });
@@ -219,7 +225,15 @@ impl Run {
         _usage: &Usage,
     ) -> Result<(), EngineError> {
         let reported = answer_usage(&answer);
-        self.append(answer)?;
+        self.settle()?;
+        if reported.is_some() && turn.auto_compaction.is_some() {
+            // A compaction reads the stored history: the answer must be in it.
+            self.append(answer)?;
+        } else {
+            // Its commit overlaps the turn's end; `execute` settles before the next turn.
+            let commit = self.append_pending(answer)?;
+            self.pending.borrow_mut().push(commit);
+        }
         if let (Some(size), Some(reported)) = (turn.auto_compaction, reported) {
             if reported.input_tokens + reported.output_tokens > size {
                 self.auto_compact(turn);
@@ -256,7 +270,9 @@ impl Run {
             self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone(), dispatch });
         }
         if calls.iter().any(|c| c.dispatch == Dispatch::Client) {
-            self.append(answer)?;
+            self.settle()?;
+            let commit = self.append_pending(answer)?;
+            self.pending.borrow_mut().push(commit);
             let paused = PausedTurn {
                 owner: turn.actor.to_string(),
                 expected: calls.iter().map(|c| c.id.clone()).collect(),

@@ -95,14 +95,29 @@ impl Run {
             Ok(Stop::Paused(paused)) => (Ok(Stop::Finished(RunOutcome::Paused)), Some(paused)),
             other => (other, None),
         };
-        self.finish(outcome, usage);
+        let last = self.finish(outcome, usage);
         // The turn's messages are durable before the next turn can read the history.
         if let Err(error) = self.settle() {
             log::error!("run {}: {error}", self.run_id);
         }
-        // The very last step: the session is free once its actor reads this.
         let run_id = self.run_id.clone();
-        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Ended { run_id, outcome: ended, paused }));
+        let ended = SessionMsg::Turn(TurnMsg::Ended { run_id, outcome: ended, paused });
+        if self.is_kestrel() {
+            self.publish_last(last);
+            // The very last step: the session is free once its actor reads this.
+            let _ = self.session.send(ended);
+        } else {
+            // A BAE client may answer the moment it reads the turn's end, and its answer must
+            // find the turn paused (or over): the actor hears of it first.
+            let _ = self.session.send(ended);
+            self.publish_last(last);
+        }
+    }
+
+    fn publish_last(&self, last: Option<Event>) {
+        if let Some(event) = last {
+            self.publish(event);
+        }
     }
 
     /// How the turn ended, for its session's actor.
@@ -327,7 +342,8 @@ impl Run {
         self.publish_summary()
     }
 
-    fn finish(&self, outcome: Result<Stop, EngineError>, usage: Usage) {
+    /// Stores the final status and returns the turn's last event (none after a shutdown).
+    fn finish(&self, outcome: Result<Stop, EngineError>, usage: Usage) -> Option<Event> {
         let shutdown = self.cancel.reason() == Some(CancelReason::Shutdown);
         let status = match &outcome {
             Ok(Stop::Finished(_)) | Ok(Stop::Paused(_)) => SessionStatus::Idle,
@@ -358,7 +374,8 @@ impl Run {
                 Event::RunFailed { session_id, run_id, error: "the turn failed; see its fault".into() }
             }
             Ok(Stop::Cancelled) if shutdown => {
-                return log::info!("run {} stopped by shutdown; the session can be resumed", self.run_id)
+                log::info!("run {} stopped by shutdown; the session can be resumed", self.run_id);
+                return None;
             }
             Ok(Stop::Cancelled) => {
                 Event::RunFinished { session_id, run_id, status: RunOutcome::Cancelled, usage: Some(usage) }
@@ -375,7 +392,7 @@ impl Run {
                 Event::RunFailed { session_id, run_id, error }
             }
         };
-        self.publish(event);
+        Some(event)
     }
 
     pub(super) fn session(&self) -> Result<SessionRecord, EngineError> {

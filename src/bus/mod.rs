@@ -1,0 +1,434 @@
+//! The event bus actor: stamps every event with a `seq`, keeps a replay ring, fans out.
+//!
+//! Runs on the `kestrel-bus` thread and owns three things no other thread touches: the next
+//! `seq`, the ring of the last `replay_capacity` envelopes, and the subscriber list.
+//!
+//! Channels:
+//! - The inbox is bounded (`INBOX`); publishers block when it is full, which slows runs, never
+//!   clients.
+//! - Each subscriber has a channel of batches, bounded at `subscriber_capacity` envelopes. The
+//!   bus counts what it queued and the stream counts what it took (`pending`), on an unbounded
+//!   channel, so an idle stream costs no preallocated slots. A subscriber whose queue would
+//!   pass the bound is dropped on the spot, its stream ends, and its client reconnects with
+//!   `Last-Event-ID`. The bus never blocks on a client.
+//!
+//! Fan-out is batched: the bus stamps every publish already waiting in its inbox (up to
+//! `MAX_BATCH`), then hands each subscriber the whole batch at once. A burst of deltas then
+//! wakes each stream thread once per batch instead of once per event; with a thousand streams
+//! that is most of the cost. A subscribe or unsubscribe in the middle of a burst ends the
+//! batch first, so order is kept.
+//!
+//! Seqs survive restarts without a write per event: the bus reserves seqs in blocks of
+//! `SEQ_BLOCK` by raising a ceiling in the store, asking for the next block when half of the
+//! current one is used, and starts above the stored ceiling on boot.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use crate::domain::Event;
+use crate::store::{EventQuery, LoggedEvent, Store, StoreError, WriteOp};
+
+const INBOX: usize = 16_384;
+/// Events stamped and fanned out together at most.
+const MAX_BATCH: usize = 512;
+const SEQ_BLOCK: u64 = 100_000;
+
+/// An event as it was published: its seq and time, whom it is for, and the event itself, with
+/// a frame per wire format built by the first stream of that format that sends it.
+#[derive(Debug)]
+pub struct Envelope {
+    pub seq: u64,
+    /// When it was published (RFC 3339).
+    pub at: String,
+    /// `None` for events every tenant may see (notices).
+    pub tenant: Option<Arc<str>>,
+    pub session_id: Option<Arc<str>>,
+    /// Whom the event is attributed to (a BAE client key id); kept in the log.
+    pub actor: Option<Arc<str>>,
+    /// The turn (run id) that emitted it, for streams that follow one turn; live only.
+    pub turn: Option<Arc<str>>,
+    pub event: Arc<Event>,
+    /// One frame per `Format`: with a thousand streams of one format, one serialization
+    /// instead of a thousand.
+    frames: [OnceLock<String>; FORMATS],
+}
+
+/// The wire formats streams send envelopes in; each has its own cached frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Kestrel's SSE frames (`api/kestrel/wire.rs`).
+    KestrelSse = 0,
+    /// BAE's NDJSON frames (the next front door).
+    BaeNdjson = 1,
+}
+
+pub const FORMATS: usize = 2;
+
+impl Envelope {
+    fn new(seq: u64, at: String, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
+        Envelope {
+            seq,
+            at,
+            tenant,
+            session_id: event.session_id().map(Arc::from),
+            actor: origin.actor,
+            turn: origin.turn,
+            event,
+            frames: Default::default(),
+        }
+    }
+
+    /// The envelope in `format`, rendered by `render` the first time it is asked for.
+    pub fn frame(&self, format: Format, render: fn(&Envelope) -> String) -> &str {
+        self.frames[format as usize].get_or_init(|| render(self))
+    }
+
+    /// The envelope of an event read back from the log.
+    pub(crate) fn from_log(logged: LoggedEvent) -> Option<Envelope> {
+        match serde_json::from_str::<Event>(&logged.body) {
+            Ok(event) => {
+                let origin = Origin { actor: logged.actor.map(Arc::from), turn: None };
+                Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), origin, Arc::new(event)))
+            }
+            Err(error) => {
+                log::error!("logged event {} cannot be read ({error}); it is skipped", logged.seq);
+                None
+            }
+        }
+    }
+}
+
+/// Where an event comes from beyond its tenant: whom it is attributed to and which turn
+/// emitted it.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub actor: Option<Arc<str>>,
+    pub turn: Option<Arc<str>>,
+}
+
+/// Which envelopes a subscriber wants, and in which format it sends them.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    pub tenant: String,
+    pub scope: Scope,
+    /// The stream's wire format: the bus renders each envelope in every format a subscriber
+    /// wants before it fans the envelope out. `None`: the subscriber renders nothing.
+    pub format: Option<Format>,
+}
+
+/// Renders an envelope as one frame of a format.
+pub type Render = fn(&Envelope) -> String;
+
+/// Which of a tenant's envelopes a subscriber wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every session's events, and notices.
+    AllSessions,
+    /// One session's events.
+    Session(String),
+    /// Plugin asset changes. This server publishes none, so such a stream stays idle.
+    Plugins,
+}
+
+impl Filter {
+    fn matches(&self, envelope: &Envelope) -> bool {
+        let tenant_ok = envelope.tenant.as_deref().is_none_or(|t| t == self.tenant);
+        let scope_ok = match &self.scope {
+            Scope::AllSessions => true,
+            Scope::Session(wanted) => envelope.session_id.as_deref() == Some(wanted.as_str()),
+            Scope::Plugins => false,
+        };
+        tenant_ok && scope_ok
+    }
+}
+
+/// Envelopes fanned out together, in seq order.
+pub type Batch = Arc<[Arc<Envelope>]>;
+
+/// What a stream's wait for live envelopes ended with.
+pub enum Live {
+    Batch(Batch),
+    /// Nothing arrived within the timeout.
+    Idle,
+    /// The bus dropped this subscriber (it fell behind) or stopped.
+    Closed,
+    /// The stop channel disconnected.
+    Stopped,
+}
+
+/// What a new subscriber gets: the buffered envelopes after its `Last-Event-ID`, then live.
+/// Replay and live are cut at the same instant on the bus thread, so nothing is missed or
+/// repeated between them.
+/// Dropping it unsubscribes.
+pub struct Subscription {
+    /// What the subscriber missed, sent before live envelopes (see `next_replay`).
+    backlog: Backlog,
+    live: Receiver<Batch>,
+    /// Envelopes queued for this subscriber and not yet taken.
+    pending: Arc<AtomicUsize>,
+    id: u64,
+    bus_tx: Sender<BusMsg>,
+}
+
+/// A subscriber's missed envelopes: logged events older than the ring, then the ring's.
+struct Backlog {
+    log: Option<LogReplay>,
+    ring: Vec<Arc<Envelope>>,
+}
+
+/// Logged events with `after < seq < before`, read a page at a time on the subscriber's
+/// own thread, so a long replay never holds up the bus or fills memory.
+struct LogReplay {
+    store: Store,
+    filter: Filter,
+    after: u64,
+    before: u64,
+}
+
+/// Logged events read per page of a replay.
+const LOG_PAGE: usize = 1000;
+
+impl LogReplay {
+    fn next_page(&mut self) -> Option<Vec<Arc<Envelope>>> {
+        let session = match &self.filter.scope {
+            Scope::Session(id) => Some(id.as_str()),
+            Scope::AllSessions => None,
+            Scope::Plugins => return None,
+        };
+        let query = EventQuery { after: self.after, before: self.before, tenant: &self.filter.tenant, session };
+        let page = match self.store.readers().events(&query, LOG_PAGE) {
+            Ok(page) => page,
+            Err(error) => {
+                log::error!("replay from the event log stopped: {error}");
+                return None;
+            }
+        };
+        self.after = page.last()?.seq;
+        Some(page.into_iter().filter_map(Envelope::from_log).map(Arc::new).collect())
+    }
+}
+
+impl Subscription {
+    /// The next page of envelopes the subscriber missed, oldest first: from the durable log
+    /// while the ring no longer has them, then from the ring. `None` once all are handed out.
+    pub fn next_replay(&mut self) -> Option<Vec<Arc<Envelope>>> {
+        if let Some(log) = &mut self.backlog.log {
+            match log.next_page() {
+                Some(page) => return Some(page),
+                None => self.backlog.log = None,
+            }
+        }
+        if self.backlog.ring.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut self.backlog.ring))
+        }
+    }
+
+    /// The next batch of live envelopes. `Disconnected` means the bus dropped this subscriber
+    /// (it fell behind) or stopped.
+    pub fn recv_timeout(&self, timeout: std::time::Duration) -> Result<Batch, crossbeam_channel::RecvTimeoutError> {
+        let batch = self.live.recv_timeout(timeout)?;
+        self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+        Ok(batch)
+    }
+
+    /// Like `recv_timeout`, but also ends when `stop` disconnects (the client left).
+    pub fn recv_or_stop(&self, timeout: std::time::Duration, stop: &Receiver<()>) -> Live {
+        crossbeam_channel::select! {
+            recv(self.live) -> batch => match batch {
+                Ok(batch) => {
+                    self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+                    Live::Batch(batch)
+                }
+                Err(_) => Live::Closed,
+            },
+            recv(stop) -> _ => Live::Stopped,
+            default(timeout) => Live::Idle,
+        }
+    }
+
+    /// Like `recv_or_stop`, but also ends when `other` has a message (or disconnects), which
+    /// it returns: a stream waiting on its envelopes and one answer at once.
+    pub fn recv_or<T>(
+        &self,
+        other: &Receiver<T>,
+        timeout: std::time::Duration,
+        stop: &Receiver<()>,
+    ) -> Result<Live, Option<T>> {
+        crossbeam_channel::select! {
+            recv(other) -> message => Err(message.ok()),
+            recv(self.live) -> batch => Ok(match batch {
+                Ok(batch) => {
+                    self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+                    Live::Batch(batch)
+                }
+                Err(_) => Live::Closed,
+            }),
+            recv(stop) -> _ => Ok(Live::Stopped),
+            default(timeout) => Ok(Live::Idle),
+        }
+    }
+
+    /// A batch if one is waiting.
+    pub fn try_recv(&self) -> Option<Batch> {
+        let batch = self.live.try_recv().ok()?;
+        self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+        Some(batch)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // try_send: a full inbox means the bus is busy; the subscriber is then removed on its
+        // next matching event, when the send finds the receiver gone.
+        let _ = self.bus_tx.try_send(BusMsg::Unsubscribe { id: self.id });
+    }
+}
+
+
+enum BusMsg {
+    Publish {
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Box<Event>,
+        /// Told the event's seq once it is committed to the log.
+        committed: Option<Sender<u64>>,
+        /// Written in the same transaction as the event (what the event announces).
+        writes: Vec<WriteOp>,
+    },
+    Subscribe {
+        filter: Filter,
+        after: Option<u64>,
+        reply: Sender<Subscription>,
+    },
+    Unsubscribe {
+        id: u64,
+    },
+    Shutdown,
+}
+
+/// The publishing side, cloned into every component that emits events.
+#[derive(Clone)]
+pub struct Bus {
+    bus_tx: Sender<BusMsg>,
+    subscribers: Arc<AtomicUsize>,
+}
+
+pub struct BusHandle {
+    bus_tx: Sender<BusMsg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BusConfig {
+    pub replay_capacity: usize,
+    pub subscriber_capacity: usize,
+    /// Logged events kept: older ones are dropped as new ones are written.
+    pub log_capacity: u64,
+    /// How each format renders an envelope, from the front doors.
+    pub renderers: [Option<Render>; FORMATS],
+}
+
+impl Bus {
+    /// Starts the bus thread, continuing the seq above what the store says was handed out.
+    pub fn start(store: Store, config: BusConfig) -> Result<(Bus, BusHandle), StoreError> {
+        let first_seq = store.readers().seq_ceiling()? + 1;
+        let ceiling = first_seq + SEQ_BLOCK - 1;
+        store.write(vec![WriteOp::SetSeqCeiling(ceiling)])?;
+        let (bus_tx, inbox) = bounded(INBOX);
+        let subscribers = Arc::new(AtomicUsize::new(0));
+        let actor = BusActor::new(store, config, first_seq, bus_tx.clone(), Arc::clone(&subscribers));
+        let thread = std::thread::Builder::new()
+            .name("kestrel-bus".into())
+            .spawn(move || actor.run(inbox))
+            .map_err(StoreError::Io)?;
+        Ok((Bus { bus_tx: bus_tx.clone(), subscribers }, BusHandle { bus_tx, thread: Some(thread) }))
+    }
+
+    /// Publishes an event scoped to `tenant` (`None`: every tenant sees it).
+    pub fn publish(&self, tenant: Option<&str>, event: Event) {
+        self.publish_shared(tenant.map(Arc::from), event);
+    }
+
+    /// `publish` for a hot path that keeps its tenant as an `Arc`, saving an allocation per
+    /// event (a run publishes one per streamed delta).
+    pub fn publish_shared(&self, tenant: Option<Arc<str>>, event: Event) {
+        self.publish_from(tenant, Origin::default(), event);
+    }
+
+    /// Publishes an event with its attribution and turn.
+    pub fn publish_from(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) {
+        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: None, writes: Vec::new() };
+        if self.bus_tx.send(message).is_err() {
+            log::debug!("event dropped: the bus has stopped");
+        }
+    }
+
+    /// Publishes an event and returns its seq once it is committed to the log, so a reply can
+    /// acknowledge it. `None`: the bus has stopped or the log write failed.
+    pub fn publish_durable(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) -> Option<u64> {
+        self.publish_written(tenant, origin, event, Vec::new())
+    }
+
+    /// `publish_durable` for an event that announces a change: `writes` commit in the same
+    /// transaction as the event, so neither is durable without the other and the event is
+    /// streamed only once both are. `None`: the bus has stopped or the commit failed.
+    pub fn publish_written(
+        &self,
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Event,
+        writes: Vec<WriteOp>,
+    ) -> Option<u64> {
+        self.publish_written_pending(tenant, origin, event, writes)?.recv().ok()
+    }
+
+    /// `publish_written` without waiting: the receiver gets the event's seq once it and its
+    /// writes are committed (and nothing if they fail).
+    pub fn publish_written_pending(
+        &self,
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Event,
+        writes: Vec<WriteOp>,
+    ) -> Option<Receiver<u64>> {
+        let (committed, seq) = bounded(1);
+        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: Some(committed), writes };
+        self.bus_tx.send(message).ok()?;
+        Some(seq)
+    }
+
+    /// Subscribes; `after` replays buffered envelopes with a greater seq first.
+    /// Returns `None` once the bus has stopped.
+    pub fn subscribe(&self, filter: Filter, after: Option<u64>) -> Option<Subscription> {
+        let (reply, subscription) = bounded(1);
+        self.bus_tx.send(BusMsg::Subscribe { filter, after, reply }).ok()?;
+        subscription.recv().ok()
+    }
+
+    /// Live subscribers right now (for health checks and tests).
+    pub fn subscriber_count(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+}
+
+impl BusHandle {
+    /// Stops the bus; every subscriber's channel closes, which ends every stream.
+    pub fn shutdown(mut self) {
+        let _ = self.bus_tx.send(BusMsg::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the bus thread panicked");
+            }
+        }
+    }
+}
+
+mod actor;
+use actor::BusActor;
+#[cfg(test)]
+mod tests;

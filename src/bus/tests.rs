@@ -1,0 +1,156 @@
+use super::*;
+use crate::domain::NoticeLevel;
+use std::time::Duration;
+
+fn notice(text: &str) -> Event {
+    Event::Notice { level: NoticeLevel::Info, message: text.into() }
+}
+
+fn start(dir: &std::path::Path, config: BusConfig) -> (Bus, BusHandle, crate::store::WriterHandle) {
+    let (store, writer) = Store::open(dir).unwrap();
+    let (bus, handle) = Bus::start(store, config).unwrap();
+    (bus, handle, writer)
+}
+
+fn filter() -> Filter {
+    Filter { tenant: "t".into(), scope: Scope::AllSessions, format: None }
+}
+
+#[test]
+fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, handle, writer) = start(
+        dir.path(),
+        BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000, renderers: [None, None] },
+    );
+    let slow = bus.subscribe(filter(), None).unwrap();
+    let fast = bus.subscribe(filter(), None).unwrap();
+    // The reader tells the publisher what it took, so it never falls behind however slow
+    // the machine is; the other subscriber reads nothing.
+    let (took_tx, took) = crossbeam_channel::unbounded::<usize>();
+    let reader = std::thread::spawn(move || {
+        let mut seen = 0;
+        while let Ok(batch) = fast.recv_timeout(Duration::from_secs(5)) {
+            seen += batch.len();
+            let _ = took_tx.send(seen);
+            if seen == 20 {
+                break;
+            }
+        }
+        seen
+    });
+    for i in 0..20 {
+        bus.publish(None, notice(&format!("n{i}")));
+        while took.recv_timeout(Duration::from_secs(5)).is_ok_and(|seen| seen <= i) {}
+    }
+    assert_eq!(reader.join().unwrap(), 20, "the reading subscriber got everything");
+    // The slow one holds what fit in its channel, then its channel is closed.
+    let mut held = 0;
+    while let Ok(batch) = slow.recv_timeout(Duration::from_secs(5)) {
+        held += batch.len();
+    }
+    assert_eq!(held, 2);
+    handle.shutdown();
+    writer.shutdown();
+}
+
+#[test]
+fn seqs_continue_above_the_stored_ceiling_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None] };
+    let (bus, handle, writer) = start(dir.path(), config);
+    let sub = bus.subscribe(filter(), None).unwrap();
+    bus.publish(None, notice("before"));
+    let before = sub.recv_timeout(Duration::from_secs(5)).unwrap()[0].seq;
+    drop(sub);
+    handle.shutdown();
+    writer.shutdown();
+
+    let (bus, handle, writer) = start(dir.path(), config);
+    let sub = bus.subscribe(filter(), None).unwrap();
+    bus.publish(None, notice("after"));
+    let after = sub.recv_timeout(Duration::from_secs(5)).unwrap()[0].seq;
+    assert!(after > before + SEQ_BLOCK - 1, "{after} must be above the whole reserved block of {before}");
+    handle.shutdown();
+    writer.shutdown();
+}
+
+#[test]
+fn replay_and_filters_respect_tenant_and_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, handle, writer) = start(
+        dir.path(),
+        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None] },
+    );
+    let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
+    bus.publish(Some("t"), deleted("a"));
+    bus.publish(Some("other"), deleted("b"));
+    bus.publish(Some("t"), deleted("c"));
+    bus.publish(None, notice("everyone"));
+    let mut all = bus.subscribe(filter(), Some(0)).unwrap();
+    let replayed = replay(&mut all);
+    let sessions: Vec<Option<&str>> = replayed.iter().map(|e| e.session_id.as_deref()).collect();
+    assert_eq!(sessions, [Some("a"), Some("c"), None]);
+    let mut one = bus
+        .subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()), format: None }, Some(0))
+        .unwrap();
+    assert_eq!(replay(&mut one).len(), 1);
+    let mut after_first = bus.subscribe(filter(), Some(replayed[0].seq)).unwrap();
+    assert_eq!(replay(&mut after_first).len(), 2);
+    assert_eq!(bus.subscriber_count(), 3);
+    drop((all, one, after_first));
+    handle.shutdown();
+    writer.shutdown();
+}
+
+/// Every envelope a subscription replays.
+fn replay(subscription: &mut Subscription) -> Vec<Arc<Envelope>> {
+    std::iter::from_fn(|| subscription.next_replay()).flatten().collect()
+}
+
+#[test]
+fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None] };
+    let (bus, handle, writer) = start(dir.path(), config);
+    let live = bus.subscribe(filter(), None).unwrap();
+    let delta = |i: usize| Event::MessageDelta {
+        session_id: "s".into(),
+        message_id: "m".into(),
+        channel: crate::domain::DeltaChannel::Text,
+        delta: format!("d{i}"),
+    };
+    for i in 0..20 {
+        bus.publish(Some("t"), notice(&format!("n{i}")));
+        bus.publish(Some("t"), delta(i));
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 40 {
+        seen.extend(live.recv_timeout(Duration::from_secs(5)).unwrap().iter().map(|e| e.seq));
+    }
+    let first = seen[0];
+    // The ring holds the last 5; the log every notice; deltas older than the ring are gone.
+    let mut late = bus.subscribe(filter(), Some(first)).unwrap();
+    let replayed: Vec<u64> = replay(&mut late).iter().map(|e| e.seq).collect();
+    let mut expected: Vec<u64> =
+        seen.iter().copied().filter(|s| s > &first).filter(|s| (s - first) % 2 == 0).collect();
+    expected.retain(|s| *s < seen[35]);
+    expected.extend(&seen[35..]);
+    assert_eq!(replayed, expected);
+    drop((live, late));
+    handle.shutdown();
+    writer.shutdown();
+
+    // After a restart the ring is empty and the log has every notice.
+    let (bus, handle, writer) = start(dir.path(), config);
+    let mut late = bus.subscribe(filter(), Some(first)).unwrap();
+    let replayed: Vec<Arc<Envelope>> = replay(&mut late);
+    assert_eq!(replayed.len(), 19);
+    assert!(replayed.iter().all(|e| matches!(*e.event, Event::Notice { .. })));
+    assert!(replayed.windows(2).all(|w| w[0].seq < w[1].seq));
+    drop(late);
+    handle.shutdown();
+    writer.shutdown();
+}

@@ -18,6 +18,7 @@ pub mod providers;
 pub mod store;
 pub mod time;
 pub mod tools;
+pub mod workers;
 
 pub use app::{Server, StartError, Stats};
 pub use config::Config;

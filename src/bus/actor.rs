@@ -38,7 +38,6 @@ impl Ack {
     }
 }
 
-
 struct Subscriber {
     id: u64,
     filter: Filter,
@@ -105,14 +104,12 @@ impl BusActor {
                 },
             };
             match message {
-                BusMsg::Publish { tenant, origin, event, committed, writes } => {
+                BusMsg::Publish(publication) => {
                     let mut batch = Vec::with_capacity(16);
-                    self.take_publish(&mut batch, tenant, origin, event, committed, writes);
+                    self.take_publish(&mut batch, publication);
                     while batch.len() < MAX_BATCH {
                         match inbox.try_recv() {
-                            Ok(BusMsg::Publish { tenant, origin, event, committed, writes }) => {
-                                self.take_publish(&mut batch, tenant, origin, event, committed, writes)
-                            }
+                            Ok(BusMsg::Publish(publication)) => self.take_publish(&mut batch, publication),
                             Ok(other) => {
                                 next = Some(other);
                                 break;
@@ -171,16 +168,14 @@ impl BusActor {
         }
     }
 
-    fn take_publish(
-        &mut self,
-        batch: &mut Vec<Arc<Envelope>>,
-        tenant: Option<Arc<str>>,
-        origin: Origin,
-        event: Box<Event>,
-        committed: Option<Sender<u64>>,
-        writes: Vec<WriteOp>,
-    ) {
-        let Some(envelope) = self.stamp(tenant, origin, event) else { return };
+    fn take_publish(&mut self, batch: &mut Vec<Arc<Envelope>>, publication: Publication) {
+        let Publication { tenant, origin, before, event, writes, logged, committed } = publication;
+        for event in before {
+            if let Some(envelope) = self.stamp(tenant.clone(), origin.clone(), Box::new(event), true) {
+                batch.push(envelope);
+            }
+        }
+        let Some(envelope) = self.stamp(tenant, origin, event, logged) else { return };
         if committed.is_some() || !writes.is_empty() {
             let count = writes.len();
             self.acks.push(Ack { to: committed, seq: envelope.seq, writes, count });
@@ -189,9 +184,15 @@ impl BusActor {
     }
 
     /// Gives an event its seq and time, keeps it in the ring, and queues it for the log unless
-    /// it is a delta. Frames are built later, by the streams, once per format.
-    fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Box<Event>) -> Option<Arc<Envelope>> {
-        let body = match event.is_transient() {
+    /// it is a delta or unlogged. Frames are built later, by the streams, once per format.
+    fn stamp(
+        &mut self,
+        tenant: Option<Arc<str>>,
+        origin: Origin,
+        event: Box<Event>,
+        logged: bool,
+    ) -> Option<Arc<Envelope>> {
+        let body = match !logged || event.is_transient() {
             true => None,
             false => match serde_json::to_string(&*event) {
                 Ok(body) => Some(body),

@@ -289,26 +289,60 @@ impl Drop for Subscription {
     }
 }
 
-
 enum BusMsg {
-    Publish {
-        tenant: Option<Arc<str>>,
-        origin: Origin,
-        event: Box<Event>,
-        /// Told the event's seq once it is committed to the log.
-        committed: Option<Sender<u64>>,
-        /// Written in the same transaction as the event (what the event announces).
-        writes: Vec<WriteOp>,
-    },
-    Subscribe {
-        filter: Filter,
-        after: Option<u64>,
-        reply: Sender<Subscription>,
-    },
-    Unsubscribe {
-        id: u64,
-    },
+    Publish(Publication),
+    Subscribe { filter: Filter, after: Option<u64>, reply: Sender<Subscription> },
+    Unsubscribe { id: u64 },
     Shutdown,
+}
+
+/// One publish: an event, the events stamped just before it in the same batch (so they
+/// commit in the same transaction), the writes that commit with them, and whether the
+/// events are logged at all.
+pub struct Publication {
+    tenant: Option<Arc<str>>,
+    origin: Origin,
+    before: Vec<Event>,
+    event: Box<Event>,
+    /// Written in the same transaction as the events (what they announce).
+    writes: Vec<WriteOp>,
+    /// `false`: streamed in order but kept out of the log (a turn's end for a front door
+    /// whose wire has no such event).
+    logged: bool,
+    /// Told the event's seq once it is committed to the log.
+    committed: Option<Sender<u64>>,
+}
+
+impl Publication {
+    pub fn new(tenant: Option<Arc<str>>, origin: Origin, event: Event) -> Publication {
+        Publication {
+            tenant,
+            origin,
+            before: Vec::new(),
+            event: Box::new(event),
+            writes: Vec::new(),
+            logged: true,
+            committed: None,
+        }
+    }
+
+    /// Stamps `events` just before this one, in the same batch.
+    pub fn after(mut self, events: Vec<Event>) -> Publication {
+        self.before = events;
+        self
+    }
+
+    /// Commits `writes` in the same transaction as the events.
+    pub fn with_writes(mut self, writes: impl IntoIterator<Item = WriteOp>) -> Publication {
+        self.writes.extend(writes);
+        self
+    }
+
+    /// Streams the event without logging it (its `before` events are logged as usual).
+    pub fn unlogged(mut self) -> Publication {
+        self.logged = false;
+        self
+    }
 }
 
 /// The publishing side, cloned into every component that emits events.
@@ -362,10 +396,7 @@ impl Bus {
 
     /// Publishes an event with its attribution and turn.
     pub fn publish_from(&self, tenant: Option<Arc<str>>, origin: Origin, event: Event) {
-        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: None, writes: Vec::new() };
-        if self.bus_tx.send(message).is_err() {
-            log::debug!("event dropped: the bus has stopped");
-        }
+        self.send(Publication::new(tenant, origin, event));
     }
 
     /// Publishes an event and returns its seq once it is committed to the log, so a reply can
@@ -396,9 +427,22 @@ impl Bus {
         event: Event,
         writes: Vec<WriteOp>,
     ) -> Option<Receiver<u64>> {
+        self.send_pending(Publication::new(tenant, origin, event).with_writes(writes))
+    }
+
+    /// Publishes without waiting for anything.
+    pub fn send(&self, publication: Publication) {
+        if self.bus_tx.send(BusMsg::Publish(publication)).is_err() {
+            log::debug!("event dropped: the bus has stopped");
+        }
+    }
+
+    /// Publishes; the receiver gets the event's seq once it, the events before it and the
+    /// writes are committed (and nothing if they fail).
+    pub fn send_pending(&self, mut publication: Publication) -> Option<Receiver<u64>> {
         let (committed, seq) = bounded(1);
-        let message = BusMsg::Publish { tenant, origin, event: Box::new(event), committed: Some(committed), writes };
-        self.bus_tx.send(message).ok()?;
+        publication.committed = Some(committed);
+        self.bus_tx.send(BusMsg::Publish(publication)).ok()?;
         Some(seq)
     }
 

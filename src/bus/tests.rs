@@ -92,9 +92,8 @@ fn replay_and_filters_respect_tenant_and_session() {
     let replayed = replay(&mut all);
     let sessions: Vec<Option<&str>> = replayed.iter().map(|e| e.session_id.as_deref()).collect();
     assert_eq!(sessions, [Some("a"), Some("c"), None]);
-    let mut one = bus
-        .subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()), format: None }, Some(0))
-        .unwrap();
+    let mut one =
+        bus.subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()), format: None }, Some(0)).unwrap();
     assert_eq!(replay(&mut one).len(), 1);
     let mut after_first = bus.subscribe(filter(), Some(replayed[0].seq)).unwrap();
     assert_eq!(replay(&mut after_first).len(), 2);
@@ -134,8 +133,7 @@ fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
     // The ring holds the last 5; the log every notice; deltas older than the ring are gone.
     let mut late = bus.subscribe(filter(), Some(first)).unwrap();
     let replayed: Vec<u64> = replay(&mut late).iter().map(|e| e.seq).collect();
-    let mut expected: Vec<u64> =
-        seen.iter().copied().filter(|s| s > &first).filter(|s| (s - first) % 2 == 0).collect();
+    let mut expected: Vec<u64> = seen.iter().copied().filter(|s| s > &first).filter(|s| (s - first) % 2 == 0).collect();
     expected.retain(|s| *s < seen[35]);
     expected.extend(&seen[35..]);
     assert_eq!(replayed, expected);

@@ -10,13 +10,13 @@
 pub mod bae;
 mod calls;
 pub mod idempotency;
+mod publish;
 mod run;
 mod session;
 pub mod tools;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::bus::Bus;
@@ -134,11 +134,11 @@ pub(crate) struct Shared {
     /// Idempotency-Keys whose request is being handled.
     claims: idempotency::Claims,
     /// Starts a run's worker thread; tests replace it to make the start fail.
-    spawn_run: fn(run::Run) -> std::io::Result<JoinHandle<()>>,
+    spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
 
-fn spawn_run_thread(run: run::Run) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name("kestrel-run".into()).spawn(move || run.execute())
+fn spawn_run_thread(run: run::Run) -> std::io::Result<()> {
+    crate::workers::RUNS.spawn(move || run.execute())
 }
 
 #[derive(Clone)]

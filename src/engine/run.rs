@@ -36,6 +36,8 @@ pub(super) struct Run {
     pub plan: Plan,
     /// Messages sent to be stored whose commit is not yet confirmed (`settle` waits).
     pub pending: std::cell::RefCell<Vec<crossbeam_channel::Receiver<u64>>>,
+    /// What goes out with the next publish, in the same log transaction.
+    pub held: std::cell::RefCell<super::publish::Held>,
 }
 
 /// The front door's side of a turn: which model is asked and how, which tools the model
@@ -111,12 +113,6 @@ impl Run {
             // find the turn paused (or over): the actor hears of it first.
             let _ = self.session.send(ended);
             self.publish_last(last);
-        }
-    }
-
-    fn publish_last(&self, last: Option<Event>) {
-        if let Some(event) = last {
-            self.publish(event);
         }
     }
 
@@ -399,35 +395,6 @@ impl Run {
         self.shared.store.readers().session(&self.session_id)?.ok_or(EngineError::SessionNotFound)
     }
 
-    /// Stores a message and its `message.completed` together; the event's seq.
-    pub(super) fn append_announced(&self, message: Message) -> Result<u64, EngineError> {
-        self.append_pending(message)?.recv().map_err(|_| EngineError::Internal("a message could not be stored"))
-    }
-
-    /// Sends a message to be stored with its `message.completed`, without waiting for the
-    /// commit; the receiver gets the event's seq once both are durable.
-    pub(super) fn append_pending(&self, message: Message) -> Result<crossbeam_channel::Receiver<u64>, EngineError> {
-        let write = WriteOp::AppendMessage {
-            session_id: self.session_id.clone(),
-            message: message.clone(),
-            updated_at: crate::time::now_rfc3339(),
-        };
-        let event = Event::MessageCompleted { session_id: self.session_id.clone(), message };
-        self.shared
-            .bus
-            .publish_written_pending(Some(Arc::clone(&self.tenant)), self.origin(), event, vec![write])
-            .ok_or(EngineError::ShuttingDown)
-    }
-
-    /// Waits until every message sent to be stored is committed.
-    pub(super) fn settle(&self) -> Result<(), EngineError> {
-        let pending = std::mem::take(&mut *self.pending.borrow_mut());
-        for commit in pending {
-            commit.recv().map_err(|_| EngineError::Internal("a message could not be stored"))?;
-        }
-        Ok(())
-    }
-
     fn is_kestrel(&self) -> bool {
         matches!(self.plan, Plan::Kestrel)
     }
@@ -440,28 +407,6 @@ impl Run {
         let record = self.session()?;
         self.shared.publish_summary(&record);
         Ok(())
-    }
-
-    /// Publishes an event of this turn, attributed to the acting BAE client if there is one.
-    pub(super) fn publish(&self, event: Event) {
-        self.shared.bus.publish_from(Some(Arc::clone(&self.tenant)), self.origin(), event);
-    }
-
-    /// Publishes an event of this turn and returns its seq once it is durable.
-    pub(super) fn publish_durable(&self, event: Event) -> Result<u64, EngineError> {
-        self.shared
-            .bus
-            .publish_durable(Some(Arc::clone(&self.tenant)), self.origin(), event)
-            .ok_or(EngineError::Internal("an event could not be logged"))
-    }
-
-    fn origin(&self) -> crate::bus::Origin {
-        let actor = match &self.plan {
-            Plan::Bae(turn) => Some(Arc::clone(&turn.actor)),
-            Plan::Compaction(job) => Some(Arc::clone(&job.actor)),
-            Plan::Kestrel => None,
-        };
-        crate::bus::Origin { actor, turn: Some(Arc::from(self.run_id.as_str())) }
     }
 }
 

@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -87,7 +86,6 @@ pub(super) enum SessionMsg {
 pub(super) struct ActiveTurn {
     pub(super) run_id: String,
     pub(super) canceller: Canceller,
-    pub(super) _thread: JoinHandle<()>,
 }
 
 /// A session in the registry: an actor running, or (BAE) what an idle session keeps between
@@ -144,7 +142,7 @@ impl Registry {
         let _ = tx.send(SessionMsg::Op(op));
         let mut actor = SessionActor::new(Arc::clone(shared), record, inbox, tx.clone());
         actor.bae = runtime;
-        match std::thread::Builder::new().name("kestrel-session".into()).spawn(move || actor.run()) {
+        match crate::workers::SESSIONS.spawn(move || actor.run()) {
             Ok(_) => {
                 actors.insert(id.clone(), Slot::Live(tx));
                 Ok(())
@@ -371,10 +369,11 @@ impl SessionActor {
             session: self.own_tx.clone(),
             plan: run::Plan::Kestrel,
             pending: Default::default(),
+            held: Default::default(),
         };
         match (self.shared.spawn_run)(run) {
-            Ok(thread) => {
-                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller, _thread: thread });
+            Ok(()) => {
+                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller });
                 self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
                 Ok(run_id)
             }

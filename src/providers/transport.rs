@@ -162,7 +162,7 @@ fn next_piece(
 
 fn spawn_reader(agent: ureq::Agent, call: HttpCall) -> Result<Receiver<Piece>, CallError> {
     let (piece_tx, pieces) = bounded(32);
-    let spawned = std::thread::Builder::new().name("kestrel-upstream".into()).spawn(move || {
+    let spawned = crate::workers::UPSTREAM.spawn(move || {
         let mut request = agent.post(&call.url);
         for (name, value) in &call.headers {
             request = request.set(name, value);

@@ -425,10 +425,11 @@ impl SessionActor {
             session: self.own_tx.clone(),
             plan,
             pending: Default::default(),
+            held: Default::default(),
         };
         match (self.shared.spawn_run)(run) {
-            Ok(thread) => {
-                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller, _thread: thread });
+            Ok(()) => {
+                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller });
                 self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
                 self.bae.gate = Gate::Running { run_id };
                 Ok(())

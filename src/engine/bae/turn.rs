@@ -74,9 +74,9 @@ impl Run {
     /// Stores and announces the client's message, then the tool results it carries.
     pub(in crate::engine) fn open_bae_turn(&self, turn: &BaeTurn) -> Result<(), EngineError> {
         let Some(user) = &self.user else { return Ok(()) };
-        // Its commit overlaps the provider call; the turn settles before it stores more.
-        let commit = self.append_pending(user.clone())?;
-        self.pending.borrow_mut().push(commit);
+        // It is stored with the turn's next event (the provider request, usually), and that
+        // commit overlaps the provider call; the turn settles before it stores more.
+        self.hold_message(user.clone());
         for block in &user.blocks {
             if let Block::ToolResult(result) = block {
                 if !turn.server_result_ids.contains(&result.call_id) {
@@ -197,7 +197,8 @@ impl Run {
             };
             match link.provider.exchange(&request, &self.cancel) {
                 Ok(exchanged) => {
-                    self.publish(response(true, Some(200), None, Some(exchanged.body.clone())));
+                    // It goes out with what the turn makes of the answer, in one commit.
+                    self.hold(response(true, Some(200), None, Some(exchanged.body.clone())));
                     return Attempted::Answer(Box::new(exchanged), &link.target);
                 }
                 Err(refused) if refused.cancelled => return Attempted::Cancelled,

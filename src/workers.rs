@@ -1,5 +1,6 @@
-//! Named pools of reusable threads for short-lived work: a turn (`kestrel-run`), a session
-//! actor's busy spell (`kestrel-session`), a provider call (`kestrel-upstream`).
+//! Named pools of reusable threads for short-lived work: a client connection
+//! (`kestrel-conn`), a turn (`kestrel-run`), a session actor's busy spell
+//! (`kestrel-session`), a provider call (`kestrel-upstream`).
 //!
 //! On a small VM starting and ending a thread costs about 50 µs of CPU, as much as a BAE
 //! turn's whole HTTP exchange; a BAE client's turn used to start four. A pool hands the work
@@ -20,6 +21,11 @@ use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
+/// Every pool thread's stack: handlers, turns and actors run on them, and an overflow would
+/// abort the whole process, so this is std's default, set here so `RUST_MIN_STACK` cannot
+/// shrink it. Only reserved, not committed, until used.
+const STACK: usize = 2 * 1024 * 1024;
+
 /// How long an idle thread waits for work before it ends.
 const KEEP: Duration = Duration::from_secs(10);
 
@@ -37,6 +43,8 @@ struct State {
     inbox: Receiver<Job>,
 }
 
+/// One client connection's gate (`http/gate.rs`), for as long as the connection lasts.
+pub static CONNECTIONS: Pool = Pool::new("kestrel-conn");
 /// A turn's worker.
 pub static RUNS: Pool = Pool::new("kestrel-run");
 /// A session actor, while it has work.
@@ -59,7 +67,7 @@ impl Pool {
             let _ = state.jobs.send(Box::new(job));
             return Ok(());
         }
-        std::thread::Builder::new().name(self.name.into()).spawn(move || self.work(Box::new(job)))?;
+        std::thread::Builder::new().name(self.name.into()).stack_size(STACK).spawn(move || self.work(Box::new(job)))?;
         Ok(())
     }
 

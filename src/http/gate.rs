@@ -34,10 +34,6 @@ use super::{respond, EdgeError, Gauges, Handler, HttpConfig, Quiet, Reply, Strea
 /// larger ones stream through a `kestrel-body` thread.
 const INLINE_BODY: usize = 64 * 1024;
 
-/// Handlers run on the gate: the default stack, only reserved, not committed, until used. A
-/// stack overflow would abort the whole process, so this is not the place to save memory.
-const GATE_STACK: usize = 2 * 1024 * 1024;
-
 /// What every gate shares.
 pub struct Edge {
     pub config: HttpConfig,
@@ -106,8 +102,7 @@ impl Edge {
             backend: None,
             served: 0,
         };
-        let spawned =
-            std::thread::Builder::new().name("kestrel-conn".into()).stack_size(GATE_STACK).spawn(move || gate.run());
+        let spawned = crate::workers::CONNECTIONS.spawn(move || gate.run());
         match spawned {
             Ok(_) => Ok(()),
             Err(error) => {

@@ -13,12 +13,15 @@ const USAGE: &str = "usage: kestrel [--config PATH] [--allow-unauthenticated] [B
   --rotate-admin-key                  revoke the BAE admin key and write a new one
   --dangerously-disable-admin-auth    serve the BAE admin API with no key (local development only)
 
-Environment: KESTREL_ADDR, KESTREL_DATA_DIR, KESTREL_WORKSPACE, KESTREL_TOKEN,
+Environment: KESTREL_ADDR (or BAE_ADDR), KESTREL_DATA_DIR, KESTREL_WORKSPACE, KESTREL_TOKEN,
 KESTREL_DEFAULT_MODEL, KESTREL_BUILTIN_DELAY_MS, KESTREL_ADMIN_ADDR (or BAE_ADMIN_ADDR),
-BAE_CONFIG, BAE_TURN_TIMEOUT, BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH, RUST_LOG (default info).";
+KESTREL_ADMIN_KEY_FILE (or BAE_ADMIN_KEY_FILE), BAE_CONFIG, BAE_TURN_TIMEOUT,
+BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH, RUST_LOG (or BAE_LOG; default info).";
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // BAE's name for the log filter works too; RUST_LOG wins.
+    let filter = std::env::var("RUST_LOG").or_else(|_| std::env::var("BAE_LOG")).unwrap_or_else(|_| "info".into());
+    env_logger::Builder::new().parse_filters(&filter).init();
     let mut config_path = std::env::var_os("KESTREL_CONFIG").map(PathBuf::from);
     let mut allow_unauthenticated = false;
     let (mut admin_key_file, mut rotate_admin_key, mut disable_admin_auth) = (None, false, false);

@@ -432,7 +432,8 @@ impl Config {
     }
 
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        if let Some(addr) = env("KESTREL_ADDR") {
+        // BAE's name for the client port, for a BAE deployment's environment (ours wins).
+        if let Some(addr) = env("KESTREL_ADDR").or_else(|| env("BAE_ADDR")) {
             self.server.addr = addr;
         }
         if let Some(dir) = env("KESTREL_DATA_DIR") {
@@ -606,6 +607,33 @@ mod tests {
         let shown = config.sanitized().to_string();
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("OPENAI_API_KEY"), "the variable's name is shown: {shown}");
+    }
+
+    #[test]
+    fn bae_environment_names_apply_and_kestrel_names_win() {
+        let bae_only = |name: &str| match name {
+            "BAE_ADDR" => Some("127.0.0.1:9100".to_string()),
+            "BAE_ADMIN_ADDR" => Some("127.0.0.1:9101".to_string()),
+            "BAE_ADMIN_KEY_FILE" => Some("/tmp/bae-admin-key".to_string()),
+            "BAE_TURN_TIMEOUT" => Some("7".to_string()),
+            "BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH" => Some("true".to_string()),
+            _ => None,
+        };
+        let config = Config::load(None, &bae_only).unwrap();
+        assert_eq!(config.server.addr, "127.0.0.1:9100");
+        assert_eq!(config.bae.admin_addr, "127.0.0.1:9101");
+        assert_eq!(config.bae.admin_key_file.as_deref(), Some(Path::new("/tmp/bae-admin-key")));
+        assert_eq!(config.bae.turn_timeout_secs, 7);
+        assert!(config.bae.dangerously_disable_admin_auth);
+        let both = |name: &str| match name {
+            "KESTREL_ADDR" => Some("127.0.0.1:9200".to_string()),
+            "KESTREL_ADMIN_ADDR" => Some("127.0.0.1:9201".to_string()),
+            other => bae_only(other),
+        };
+        let config = Config::load(None, &both).unwrap();
+        assert_eq!((config.server.addr.as_str(), config.bae.admin_addr.as_str()), ("127.0.0.1:9200", "127.0.0.1:9201"));
+        let bad = |name: &str| (name == "BAE_TURN_TIMEOUT").then(|| "soon".to_string());
+        assert!(Config::load(None, &bad).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod admin;
 mod compaction;
 mod conversation;
 mod drivers;
+mod hostile;
 mod sessions;
 pub mod support;
 mod turns;

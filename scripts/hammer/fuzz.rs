@@ -1,4 +1,5 @@
-//! `scripts/fuzz N`: N random and mutated requests over every route of a live server.
+//! `scripts/fuzz N`: N random and mutated requests over every route of a live server, the
+//! Kestrel door's and both BAE doors' (`bae_fuzz.rs`).
 //!
 //! Requests come from templates of the route table (right and wrong methods, this tenant's
 //! sessions, another tenant's, ids that are not ids), with query strings and headers the
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::bae_fuzz::BaeTargets;
 use super::random::Random;
 use super::server::Kestrel;
 use super::wire::{Client, Outcome};
@@ -26,12 +28,14 @@ const TOKEN_A: &str = "fuzz-token-a";
 const TOKEN_B: &str = "fuzz-token-b";
 const CONFIG: &str = "[server]\nheader_timeout_ms = 1000\nbody_timeout_ms = 1000\n\
 [auth]\ntoken = \"fuzz-token-a\"\n[[auth.tokens]]\ntenant = \"b\"\ntoken = \"fuzz-token-b\"\n\
-[builtin]\ndelay_ms = 0\n";
+[builtin]\ndelay_ms = 0\n[bae]\nturn_timeout_secs = 2\n";
 
 #[derive(Default, Debug)]
 pub struct Report {
     pub requests: usize,
     pub by_status: BTreeMap<u16, usize>,
+    /// Statuses per door: "kestrel", "BAE" (the client door) and "admin".
+    pub by_door: BTreeMap<&'static str, BTreeMap<u16, usize>>,
     pub raw: usize,
     pub failures: Vec<String>,
     pub elapsed: Duration,
@@ -48,6 +52,10 @@ impl Report {
         );
         let statuses: Vec<String> = self.by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect();
         println!("  statuses: {}", statuses.join(", "));
+        for (door, statuses) in &self.by_door {
+            let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+            println!("    {door}: {}", statuses.join(", "));
+        }
         println!("  failures: {}", self.failures.len());
         for failure in self.failures.iter().take(20) {
             println!("    {failure}");
@@ -80,6 +88,8 @@ pub fn run(binary: &Path, requests: usize, seed: u64) -> Report {
         own: Mutex::new((0..4).map(|_| create(TOKEN_A)).collect()),
         foreign: vec![create(TOKEN_B)],
     });
+    let admin_key = std::fs::read_to_string(root.path().join("state/data/admin-key")).expect("the admin key");
+    let bae = Arc::new(super::bae_fuzz::setup(&server.host, &server.admin, admin_key.trim()));
     let report = Arc::new(Mutex::new(Report::default()));
     let sent = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -87,11 +97,14 @@ pub fn run(binary: &Path, requests: usize, seed: u64) -> Report {
         .map(|index| {
             let (host, targets, report, sent) =
                 (server.host.clone(), Arc::clone(&targets), Arc::clone(&report), Arc::clone(&sent));
+            let (admin, bae) = (server.admin.clone(), Arc::clone(&bae));
             std::thread::spawn(move || {
                 let mut fuzzer = Fuzzer {
                     random: Random(seed.wrapping_add(index as u64 * 7919) | 1),
                     client: Client::new(&host),
                     targets,
+                    admin: Client::new(&admin),
+                    bae,
                 };
                 while sent.fetch_add(1, Ordering::Relaxed) < requests {
                     let (label, outcome, allowed_501, raw) = fuzzer.one();
@@ -126,6 +139,12 @@ fn record(report: &Mutex<Report>, label: &str, outcome: &Outcome, allowed_501: b
     match outcome {
         Outcome::Answered { status, head, body } => {
             *report.by_status.entry(*status).or_default() += 1;
+            let door = match label.split(' ').next() {
+                Some("BAE") => "BAE",
+                Some("admin") => "admin",
+                _ => "kestrel",
+            };
+            *report.by_door.entry(door).or_default().entry(*status).or_default() += 1;
             // 501 for the routes not built yet, 505 for HTTP/2 and later: both documented.
             let documented = (*status == 501 && allowed_501) || *status == 505;
             if *status >= 500 && !documented && report.failures.len() < 100 {
@@ -142,10 +161,13 @@ fn record(report: &Mutex<Report>, label: &str, outcome: &Outcome, allowed_501: b
     }
 }
 
-struct Fuzzer {
-    random: Random,
-    client: Client,
+pub(super) struct Fuzzer {
+    pub(super) random: Random,
+    pub(super) client: Client,
     targets: Arc<Targets>,
+    /// The BAE admin API.
+    pub(super) admin: Client,
+    pub(super) bae: Arc<BaeTargets>,
 }
 
 /// Routes with the methods they answer; `true` where the route answers 501 for now.
@@ -173,6 +195,18 @@ const ROUTES: &[(&str, &[&str], bool)] = &[
 impl Fuzzer {
     /// One request: its label, what came back, whether a 501 is documented, whether raw.
     fn one(&mut self) -> (String, Outcome, bool, bool) {
+        // Three requests in ten go to the BAE doors: two to the client's, one to the admin's.
+        match self.random.below(10) {
+            0 | 1 => {
+                let (label, outcome) = self.one_bae_client();
+                return (label, outcome, false, false);
+            }
+            2 => {
+                let (label, outcome) = self.one_bae_admin();
+                return (label, outcome, false, false);
+            }
+            _ => {}
+        }
         // Transcripts grow with every message sent; fresh sessions keep them small.
         if self.random.below(2000) == 0 {
             let mut own = self.targets.own.lock().unwrap_or_else(|e| e.into_inner());
@@ -276,7 +310,11 @@ impl Fuzzer {
         if self.random.chance(60) {
             self.mutate_value(&mut value, 0);
         }
-        let mut bytes = serde_json::to_vec(&value).unwrap_or_default();
+        self.damage(serde_json::to_vec(&value).unwrap_or_default())
+    }
+
+    /// A body's bytes, now and then truncated, bit-flipped, replaced by garbage or emptied.
+    pub(super) fn damage(&mut self, mut bytes: Vec<u8>) -> Vec<u8> {
         match self.random.below(20) {
             0 => bytes.truncate(self.random.below(bytes.len() + 1)),
             1 => {
@@ -294,7 +332,7 @@ impl Fuzzer {
         bytes
     }
 
-    fn mutate_value(&mut self, value: &mut Value, depth: usize) {
+    pub(super) fn mutate_value(&mut self, value: &mut Value, depth: usize) {
         let Value::Object(fields) = value else { return };
         let keys: Vec<String> = fields.keys().cloned().collect();
         if keys.is_empty() {

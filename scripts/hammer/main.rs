@@ -1,6 +1,7 @@
 //! `scripts/crashloop N` and `scripts/fuzz N` run this against the release binary; the
 //! integration suite runs both with a small N against the debug binary.
 
+mod bae_fuzz;
 mod crashloop;
 mod fuzz;
 mod random;

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 pub struct Kestrel {
     child: Option<Child>,
     pub host: String,
+    /// The BAE admin API's host.
+    pub admin: String,
 }
 
 impl Kestrel {
@@ -28,11 +30,17 @@ impl Kestrel {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("kestrel starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the listening line");
-        let host = line.trim().rsplit("http://").next().expect("an address").to_string();
-        assert!(!host.is_empty(), "kestrel printed no address (did it fail to start?)");
-        Kestrel { child: Some(child), host }
+        // "kestrel listening on http://…", then "kestrel admin API on http://…".
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut address = || {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("a listening line");
+            let host = line.trim().rsplit("http://").next().expect("an address").to_string();
+            assert!(!host.is_empty(), "kestrel printed no address (did it fail to start?)");
+            host
+        };
+        let (host, admin) = (address(), address());
+        Kestrel { child: Some(child), host, admin }
     }
 
     /// Whether the process is still running.

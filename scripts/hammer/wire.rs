@@ -100,13 +100,24 @@ impl Client {
 
     /// Opens an event stream and returns its status once the head arrived, then hangs up.
     pub fn stream_status(&self, path: &str, headers: &[(&str, &str)]) -> Outcome {
+        self.head_status("GET", path, headers, b"")
+    }
+
+    /// Sends a request on a new connection and returns its status once the head arrived,
+    /// then hangs up: for replies that stream for as long as the client listens.
+    pub fn head_status(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
         let Ok(socket) = TcpStream::connect(&self.host) else { return Outcome::Closed };
-        let mut request = format!("GET {path} HTTP/1.1\r\nHost: kestrel\r\n");
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: kestrel\r\n");
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));
         }
+        if !body.is_empty() || method == "POST" {
+            request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
         request.push_str("\r\n");
-        if (&socket).write_all(request.as_bytes()).is_err() {
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        if (&socket).write_all(&bytes).is_err() {
             return Outcome::Closed;
         }
         match read_head(&socket, self.deadline) {

@@ -1,6 +1,8 @@
 //! `scripts/crashloop` and `scripts/fuzz` in small, against the debug binary, so CI keeps both
 //! honest. The README has the figures of large runs.
 
+#[path = "../../scripts/hammer/bae_fuzz.rs"]
+mod bae_fuzz;
 #[path = "../../scripts/hammer/crashloop.rs"]
 mod crashloop;
 #[path = "../../scripts/hammer/fuzz.rs"]

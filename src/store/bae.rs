@@ -549,6 +549,16 @@ impl ReaderPool {
     }
 
     /// A page of a session's logged events whose type is one of `kinds`.
+    /// Whom the session's latest event of `kind` is attributed to.
+    pub fn bae_last_actor(&self, session_id: &str, kind: &str) -> Result<Option<String>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT actor FROM events WHERE session_id = ?1 AND type = ?2 ORDER BY seq DESC LIMIT 1",
+            )?;
+            Ok(statement.query_row(params![session_id, kind], |row| row.get(0)).optional()?.flatten())
+        })
+    }
+
     pub fn bae_events(
         &self,
         session_id: &str,

@@ -155,6 +155,8 @@ pub(in crate::engine) struct BaeRuntime {
     queue: VecDeque<Waiter>,
     /// After a failed automatic compaction, automatic ones wait until then.
     pub(in crate::engine) auto_backoff_until: Option<Instant>,
+    /// Whether a turn paused before a restart has been looked for (`recover_pause`).
+    recovered: bool,
 }
 
 /// How long automatic compactions wait after one failed.
@@ -268,6 +270,9 @@ impl SessionActor {
         if let Some(why) = params_error {
             return waiter.fail(RpcError::InvalidParams(why));
         }
+        if !self.bae.recovered {
+            self.recover_pause();
+        }
         let now = Instant::now();
         match std::mem::take(&mut self.bae.gate) {
             Gate::Paused(pending) if pending.turn.owner == key && matches!(waiter, Waiter::Send(_)) => {
@@ -292,6 +297,31 @@ impl SessionActor {
                 self.bae.gate = gate;
                 self.bae.queue.push_back(waiter);
             }
+        }
+    }
+
+    /// The first request of a process for this session: a turn that was paused for its
+    /// client's tools when the server stopped is paused again, for the same owner, with a new
+    /// deadline, so the client can still answer it once it has registered again.
+    fn recover_pause(&mut self) {
+        self.bae.recovered = true;
+        if !matches!(self.bae.gate, Gate::Free) {
+            return;
+        }
+        let readers = self.shared.store.readers();
+        let found = readers.messages(&self.id).and_then(|messages| {
+            let Some(last) = messages.last().filter(|m| m.role == Role::Assistant) else { return Ok(None) };
+            let owner = readers.bae_last_actor(&self.id, "message.completed")?.unwrap_or_default();
+            Ok(PausedTurn::of_answer(last, owner))
+        });
+        match found {
+            Ok(Some(turn)) => {
+                log::info!("session {}: the turn paused before the restart waits for {} again", self.id, turn.owner);
+                let deadline = Instant::now() + self.shared.config.bae.turn_timeout;
+                self.bae.gate = Gate::Paused(Box::new(Pending { turn, deadline }));
+            }
+            Ok(None) => {}
+            Err(error) => log::error!("session {}: a paused turn could not be looked for: {error}", self.id),
         }
     }
 

@@ -59,6 +59,38 @@ pub(in crate::engine) struct PausedTurn {
     pub server_results: Vec<ToolResult>,
 }
 
+impl PausedTurn {
+    /// The turn a stored answer paused, if it called a client's tools: after a restart, the
+    /// last message of a session's history is all that is left of a paused turn. The server's
+    /// own results are made again (no MCP server is configured: each is the same error).
+    pub(in crate::engine) fn of_answer(answer: &Message, owner: String) -> Option<PausedTurn> {
+        if answer.role != Role::Assistant {
+            return None;
+        }
+        let calls: Vec<&ToolCall> = answer
+            .blocks
+            .iter()
+            .filter_map(|block| match block {
+                Block::ToolCall(call) => Some(call),
+                _ => None,
+            })
+            .collect();
+        if !calls.iter().any(|call| call.dispatch == Dispatch::Client) {
+            return None;
+        }
+        Some(PausedTurn {
+            owner,
+            expected: calls.iter().map(|call| call.id.clone()).collect(),
+            names: calls.iter().map(|call| call.name.clone()).collect(),
+            server_results: calls
+                .iter()
+                .filter(|call| call.dispatch != Dispatch::Client)
+                .map(|c| unroutable(c))
+                .collect(),
+        })
+    }
+}
+
 /// A stored message that starts the history the provider sees (a compaction's preamble).
 pub(in crate::engine) const HISTORY_START: &str = "historyStart";
 

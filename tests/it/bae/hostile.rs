@@ -223,3 +223,33 @@ fn a_kill_9_mid_turn_keeps_every_event_already_streamed_and_the_session_goes_on(
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn a_turn_paused_at_a_restart_is_paused_again_for_its_owner() {
+    let mut bae = Bae::start();
+    let profile = bae.profile("main", &["lookup"]);
+    let ((_, key), (_, other_key)) = (bae.client_key(&profile), bae.client_key(&profile));
+    let mut owner = Harness::open(bae.base(), &key, &["lookup"]);
+    let session = owner.session_id.clone();
+    bae.fake.script([anthropic::tool_answer("tu_1", "lookup", json!({ "q": "x" }))]);
+    let paused = owner.send_message(json!("look it up"));
+    assert_eq!(paused.last().unwrap()["result"]["message"]["content"][0]["id"], "tu_1", "{paused:?}");
+
+    bae.restart();
+    owner.base = bae.base().to_string();
+    let mut other = Harness::join(bae.base(), &session, &other_key, &["lookup"]);
+    assert_eq!(owner.call("session.registerDriver", json!({})).last().unwrap()["result"]["registered"], true);
+    // Another driver waits for the owner (its deadline starts again at the restart)...
+    let queued = other.start("session.sendMessage", json!({ "message": { "content": "me next" } }));
+    assert!(queued.silent_for(std::time::Duration::from_millis(300)), "a queued driver hears nothing");
+    // ...and the owner's result resumes the turn as if nothing had happened.
+    bae.fake.script([anthropic::text_answer("Found it."), anthropic::text_answer("Your turn.")]);
+    let results = json!([{ "type": "tool_result", "tool_use_id": "tu_1", "content": "x is 1" }]);
+    let resumed = owner.send_message(results);
+    assert_eq!(resumed.last().unwrap()["result"]["message"]["content"][0]["text"], "Found it.", "{resumed:?}");
+    let asked = &bae.fake.requests()[2].body["messages"];
+    assert_eq!(asked[1]["content"][0]["id"], "tu_1");
+    assert_eq!(asked[2]["content"][0], json!({ "type": "tool_result", "tool_use_id": "tu_1", "content": "x is 1" }));
+    let next = queued.until_terminal();
+    assert_eq!(next.last().unwrap()["result"]["message"]["content"][0]["text"], "Your turn.", "{next:?}");
+}

@@ -247,7 +247,7 @@ fn a_turn_paused_at_a_restart_is_paused_again_for_its_owner() {
     let results = json!([{ "type": "tool_result", "tool_use_id": "tu_1", "content": "x is 1" }]);
     let resumed = owner.send_message(results);
     assert_eq!(resumed.last().unwrap()["result"]["message"]["content"][0]["text"], "Found it.", "{resumed:?}");
-    let asked = &bae.fake.requests()[2].body["messages"];
+    let asked = &bae.fake.requests()[1].body["messages"];
     assert_eq!(asked[1]["content"][0]["id"], "tu_1");
     assert_eq!(asked[2]["content"][0], json!({ "type": "tool_result", "tool_use_id": "tu_1", "content": "x is 1" }));
     let next = queued.until_terminal();

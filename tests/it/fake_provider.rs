@@ -82,7 +82,8 @@ impl Recorded {
 pub struct FakeProvider {
     pub base_url: String,
     script: Arc<Mutex<VecDeque<Reply>>>,
-    requests: Arc<Mutex<Vec<Recorded>>>,
+    /// What was received, and a signal for each arrival.
+    requests: Arc<(Mutex<Vec<Recorded>>, std::sync::Condvar)>,
     stopping: Arc<AtomicBool>,
     server: Arc<tiny_http::Server>,
 }
@@ -109,7 +110,8 @@ impl FakeProvider {
                     headers: request.headers().iter().map(|h| (h.field.to_string(), h.value.to_string())).collect(),
                     body: serde_json::from_str(&body).unwrap_or(Value::Null),
                 };
-                requests.lock().unwrap().push(recorded);
+                requests.0.lock().unwrap().push(recorded);
+                requests.1.notify_all();
                 let reply = script
                     .lock()
                     .unwrap()
@@ -128,7 +130,16 @@ impl FakeProvider {
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.requests.lock().unwrap().clone()
+        self.requests.0.lock().unwrap().clone()
+    }
+
+    /// Waits until `count` requests have arrived; fails the test after `WAIT`.
+    pub fn wait_for_requests(&self, count: usize) {
+        let (requests, arrived) = &*self.requests;
+        let received = requests.lock().unwrap();
+        let (received, timeout) =
+            arrived.wait_timeout_while(received, crate::support::WAIT, |received| received.len() < count).unwrap();
+        assert!(!timeout.timed_out(), "the fake got {} requests, not {count}", received.len());
     }
 }
 

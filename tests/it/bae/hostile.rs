@@ -150,8 +150,18 @@ fn keys_and_ids_of_other_sessions_and_of_the_other_door_are_refused() {
     assert_problem(&opened, 401, "unauthorized");
 }
 
-/// The release binary on `data` with the fake as its provider; its child, client and admin URLs.
-fn spawn_binary(data: &Path, fake_url: &str) -> (Child, String, String) {
+/// A server process, killed when dropped so that a failing test leaves none behind.
+struct Spawned(Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The binary on `data` with the fake as its provider; the process, its client and admin URLs.
+fn spawn_binary(data: &Path, fake_url: &str) -> (Spawned, String, String) {
     let config = format!(
         "[providers.fake]\nwire = \"anthropic\"\nbase_url = \"{fake_url}\"\nmodels = [{{ name = \"claude-x\" }}]\n"
     );
@@ -171,14 +181,14 @@ fn spawn_binary(data: &Path, fake_url: &str) -> (Child, String, String) {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut url = || lines.next().unwrap().unwrap().rsplit(' ').next().unwrap().to_string();
     let (base, admin) = (url(), url());
-    (child, base, admin)
+    (Spawned(child), base, admin)
 }
 
 #[test]
 fn a_kill_9_mid_turn_keeps_every_event_already_streamed_and_the_session_goes_on() {
     let fake = crate::fake_provider::FakeProvider::start();
     let data = tempfile::tempdir().unwrap();
-    let (mut child, base, admin) = spawn_binary(data.path(), &fake.base_url);
+    let (child, base, admin) = spawn_binary(data.path(), &fake.base_url);
     let admin_key = std::fs::read_to_string(data.path().join("data/admin-key")).unwrap().trim().to_string();
     let profile = json!({ "name": "crash", "primary_provider": "fake", "allowed_tools": [] });
     let profile = send(&admin, "POST", "/admin/v1/profiles", Some(&admin_key), Some(profile));
@@ -200,10 +210,12 @@ fn a_kill_9_mid_turn_keeps_every_event_already_streamed_and_the_session_goes_on(
     while !seen.iter().any(|f: &Value| f["params"]["event_type"] == "provider.request") {
         seen.push(watch.next(WAIT).expect("the observer sees the turn begin"));
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // The provider has the request (its stalled reply is used up), then kill -9, and wait
+    // until the process is gone.
+    fake.wait_for_requests(1);
+    drop(child);
 
-    let (mut child, base, _) = spawn_binary(data.path(), &fake.base_url);
+    let (_child, base, _) = spawn_binary(data.path(), &fake.base_url);
     driver.base = base.clone();
     // Every event the observer was streamed is in the log, in order, with the same ids.
     let logged = driver.events();
@@ -220,8 +232,6 @@ fn a_kill_9_mid_turn_keeps_every_event_already_streamed_and_the_session_goes_on(
     assert_eq!(frames.last().unwrap()["result"]["message"]["content"][0]["text"], "Back.", "{frames:?}");
     let asked = fake.requests().last().unwrap().body.clone();
     assert!(asked.to_string().contains("remember me"), "the message sent before the kill is in the history: {asked}");
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[test]

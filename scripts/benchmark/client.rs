@@ -133,8 +133,12 @@ pub fn follow_stream(host: &str, path: &str, mut reader: BufReader<TcpStream>, u
         match read_chunk(&mut reader) {
             Ok(Some(chunk)) => {
                 pending.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = pending.find("\n\n") {
-                    let frame: String = pending.drain(..end + 2).collect();
+                // One pass over the chunk and one drain: a batch of events arrives as one chunk,
+                // and draining frame by frame would move the rest of it once per frame.
+                let mut start = 0;
+                while let Some(end) = pending[start..].find("\n\n") {
+                    let frame = &pending[start..start + end + 2];
+                    start += end + 2;
                     if let Some(id) = frame.strip_prefix("id: ").and_then(|rest| rest.split('\n').next()) {
                         last_id = id.parse().ok();
                         outcome.events += 1;
@@ -144,6 +148,7 @@ pub fn follow_stream(host: &str, path: &str, mut reader: BufReader<TcpStream>, u
                         }
                     }
                 }
+                pending.drain(..start);
             }
             Ok(None) | Err(_) => {
                 outcome.reconnects += 1;

@@ -1,33 +1,10 @@
 //! Durability: restarts on the same data dir, a kill -9 mid-run, and the resume rules.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use serde_json::{json, Value};
 
-use crate::support::{event_type, is_run_end, test_config, TestServer};
-
-/// Starts the real binary on a data dir with a config file; returns it and its base URL.
-fn spawn_binary(data: &Path, workspace: &Path, config: &str) -> (Child, String) {
-    let config_path = data.join("kestrel.toml");
-    std::fs::write(&config_path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .arg("--config")
-        .arg(&config_path)
-        .env("KESTREL_ADDR", "127.0.0.1:0")
-        .env("KESTREL_DATA_DIR", data)
-        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
-        .env("KESTREL_WORKSPACE", workspace)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
-    (child, base)
-}
+use crate::support::{event_type, is_run_end, spawn_binary, test_config, TestServer};
 
 #[test]
 fn sessions_and_transcripts_survive_a_restart_and_seqs_keep_rising() {
@@ -53,7 +30,7 @@ fn sessions_and_transcripts_survive_a_restart_and_seqs_keep_rising() {
 fn a_run_killed_mid_stream_is_interrupted_on_boot_and_resumes() {
     let data = tempfile::tempdir().unwrap();
     let workspace = tempfile::tempdir().unwrap();
-    let (mut child, base) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 200\n");
+    let (mut child, base, _) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 200\n");
     let client = crate::support::Client { base: base.clone(), token: None };
     let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
     let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
@@ -133,7 +110,7 @@ fn binary_running_commands() -> Running {
     let data = tempfile::tempdir().unwrap();
     let workspace = tempfile::tempdir().unwrap();
     let config = "[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n";
-    let (child, base) = spawn_binary(data.path(), workspace.path(), config);
+    let (child, base, _) = spawn_binary(data.path(), workspace.path(), config);
     let client = crate::support::Client { base: base.clone(), token: None };
     let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
     (data, workspace, child, base, client, id)
@@ -175,7 +152,7 @@ fn a_command_in_flight_at_kill_9_is_not_run_again_and_the_model_is_told_to_verif
 fn an_approval_pending_at_kill_9_is_asked_again_on_resume_and_runs_once() {
     let data = tempfile::tempdir().unwrap();
     let workspace = tempfile::tempdir().unwrap();
-    let (mut child, base) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 1\n");
+    let (mut child, base, _) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 1\n");
     let client = crate::support::Client { base: base.clone(), token: None };
     let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
     let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);

@@ -467,3 +467,27 @@ pub fn read_answer(socket: &mut TcpStream, wait: Duration) -> RawAnswer {
     let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     RawAnswer { status, head: head.to_string(), json: serde_json::from_str(body).unwrap_or(Value::Null), closed }
 }
+
+/// Starts the real binary on a data dir with a config file (written to `data/kestrel.toml`);
+/// returns it, its base URL and its admin API's.
+pub fn spawn_binary(data: &Path, workspace: &Path, config: &str) -> (std::process::Child, String, String) {
+    use std::io::BufRead;
+    let config_path = data.join("kestrel.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .arg("--config")
+        .arg(&config_path)
+        .env("KESTREL_ADDR", "127.0.0.1:0")
+        .env("KESTREL_DATA_DIR", data)
+        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
+        .env("KESTREL_WORKSPACE", workspace)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "kestrel listening on http://…", then "kestrel admin API on http://…".
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut url = || lines.next().unwrap().unwrap().rsplit(' ').next().unwrap().to_string();
+    let (base, admin) = (url(), url());
+    (child, base, admin)
+}

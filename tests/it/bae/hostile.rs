@@ -2,10 +2,10 @@
 //! params, keys and ids of other sessions and of the other front door, and a kill -9 in the
 //! middle of a turn.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use serde_json::{json, Value};
 
@@ -161,35 +161,20 @@ impl Drop for Spawned {
 }
 
 /// The binary on `data` with the fake as its provider; the process, its client and admin URLs.
-fn spawn_binary(data: &Path, fake_url: &str) -> (Spawned, String, String) {
+fn spawn_binary(data: &Path, workspace: &Path, fake_url: &str) -> (Spawned, String, String) {
     let config = format!(
         "[providers.fake]\nwire = \"anthropic\"\nbase_url = \"{fake_url}\"\nmodels = [{{ name = \"claude-x\" }}]\n"
     );
-    let config_path = data.join("kestrel.toml");
-    std::fs::write(&config_path, config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .arg("--config")
-        .arg(&config_path)
-        .env("KESTREL_ADDR", "127.0.0.1:0")
-        .env("KESTREL_DATA_DIR", data.join("data"))
-        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
-        .env("KESTREL_WORKSPACE", data)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut url = || lines.next().unwrap().unwrap().rsplit(' ').next().unwrap().to_string();
-    let (base, admin) = (url(), url());
+    let (child, base, admin) = crate::support::spawn_binary(data, workspace, &config);
     (Spawned(child), base, admin)
 }
 
 #[test]
 fn a_kill_9_mid_turn_keeps_every_event_already_streamed_and_the_session_goes_on() {
     let fake = crate::fake_provider::FakeProvider::start();
-    let data = tempfile::tempdir().unwrap();
-    let (child, base, admin) = spawn_binary(data.path(), &fake.base_url);
-    let admin_key = std::fs::read_to_string(data.path().join("data/admin-key")).unwrap().trim().to_string();
+    let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (child, base, admin) = spawn_binary(data.path(), workspace.path(), &fake.base_url);
+    let admin_key = std::fs::read_to_string(data.path().join("admin-key")).unwrap().trim().to_string();
     let profile = json!({ "name": "crash", "primary_provider": "fake", "allowed_tools": [] });
     let profile = send(&admin, "POST", "/admin/v1/profiles", Some(&admin_key), Some(profile));
     let created = json!({ "name": "crash", "profile_id": profile.json["id"] });
@@ -215,7 +200,7 @@ fn a_kill_9_mid_turn_keeps_every_event_already_streamed_and_the_session_goes_on(
     fake.wait_for_requests(1);
     drop(child);
 
-    let (_child, base, _) = spawn_binary(data.path(), &fake.base_url);
+    let (_child, base, _) = spawn_binary(data.path(), workspace.path(), &fake.base_url);
     driver.base = base.clone();
     // Every event the observer was streamed is in the log, in order, with the same ids.
     let logged = driver.events();

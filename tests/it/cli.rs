@@ -26,6 +26,23 @@ fn a_public_address_without_a_token_is_refused_with_a_reason() {
 }
 
 #[test]
+fn an_admin_address_off_the_loopback_or_not_a_literal_is_refused_at_start() {
+    for (name, addr, why) in [
+        ("KESTREL_ADMIN_ADDR", "0.0.0.0:8081", "not a loopback address"),
+        ("BAE_ADMIN_ADDR", "192.0.2.1:8081", "not a loopback address"),
+        ("KESTREL_ADMIN_ADDR", "localhost:8081", "not an IP:port literal"),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let mut command = kestrel(data.path());
+        command.env_remove("KESTREL_ADMIN_ADDR").env(name, addr).env("KESTREL_ADDR", "127.0.0.1:0");
+        let output = command.output().unwrap();
+        assert!(!output.status.success(), "{name}={addr} was served");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(why), "{name}={addr}: {stderr}");
+    }
+}
+
+#[test]
 fn allow_unauthenticated_serves_and_sigterm_stops_cleanly() {
     let data = tempfile::tempdir().unwrap();
     let mut child =

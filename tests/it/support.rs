@@ -471,10 +471,27 @@ pub fn read_answer(socket: &mut TcpStream, wait: Duration) -> RawAnswer {
 /// Starts the real binary on a data dir with a config file (written to `data/kestrel.toml`);
 /// returns it, its base URL and its admin API's.
 pub fn spawn_binary(data: &Path, workspace: &Path, config: &str) -> (std::process::Child, String, String) {
+    spawn_binary_with(data, workspace, config, &[])
+}
+
+/// `spawn_binary` with more environment (a `-` value removes the variable).
+pub fn spawn_binary_with(
+    data: &Path,
+    workspace: &Path,
+    config: &str,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String, String) {
     use std::io::BufRead;
     let config_path = data.join("kestrel.toml");
     std::fs::write(&config_path, config).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"));
+    for (name, value) in env {
+        match *value {
+            "-" => command.env_remove(name),
+            value => command.env(name, value),
+        };
+    }
+    let mut child = command
         .arg("--config")
         .arg(&config_path)
         .env("KESTREL_ADDR", "127.0.0.1:0")

@@ -248,3 +248,50 @@ fn a_turn_paused_at_a_restart_is_paused_again_for_its_owner() {
     let next = queued.until_terminal();
     assert_eq!(next.last().unwrap()["result"]["message"]["content"][0]["text"], "Your turn.", "{next:?}");
 }
+
+#[test]
+fn a_bae_config_files_keys_come_from_the_environment_and_never_reach_an_event() {
+    let fake = crate::fake_provider::FakeProvider::start();
+    let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bae_config = data.path().join("bae-config.toml");
+    let base_url = fake.base_url.trim_end_matches("/v1");
+    std::fs::write(
+        &bae_config,
+        format!(
+            "[[providers.entries]]\nname = \"unset\"\nprovider = \"anthropic\"\nmodel = \"claude-x\"\n\
+             auth_token = \"${{KESTREL_TEST_UNSET_KEY}}\"\nbase_url = \"{base_url}\"\n\n\
+             [[providers.entries]]\nname = \"gw\"\nprovider = \"anthropic\"\nmodel = \"claude-x\"\n\
+             auth_token = \"${{KESTREL_TEST_GW_KEY}}\"\nbase_url = \"{base_url}\"\n"
+        ),
+    )
+    .unwrap();
+    let bae_config = bae_config.to_str().unwrap();
+    let env =
+        [("BAE_CONFIG", bae_config), ("KESTREL_TEST_GW_KEY", "sk-gw-secret-0123"), ("KESTREL_TEST_UNSET_KEY", "-")];
+    let (child, base, admin) = crate::support::spawn_binary_with(data.path(), workspace.path(), "", &env);
+    let _child = Spawned(child);
+    let admin_key = std::fs::read_to_string(data.path().join("admin-key")).unwrap().trim().to_string();
+    let profile =
+        json!({ "name": "p", "primary_provider": "unset", "fallback_providers": ["gw"], "allowed_tools": [] });
+    let profile = send(&admin, "POST", "/admin/v1/profiles", Some(&admin_key), Some(profile));
+    let key = json!({ "name": "k", "profile_id": profile.json["id"] });
+    let key =
+        send(&admin, "POST", "/admin/v1/keys", Some(&admin_key), Some(key)).json["key"].as_str().unwrap().to_string();
+
+    let mut harness = Harness::open(&base, &key, &[]);
+    fake.script([anthropic::text_answer("Through the gateway.")]);
+    let frames = harness.send_message(json!("hello"));
+    assert_eq!(frames.last().unwrap()["result"]["message"]["content"][0]["text"], "Through the gateway.", "{frames:?}");
+    // The primary's key is missing: that attempt fails naming the variable; the fallback's key
+    // is read from the environment at the call and sent as the vendor's header.
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1, "the primary never reached the provider");
+    assert_eq!(requests[0].header("x-api-key"), Some("sk-gw-secret-0123"));
+    let events = harness.events();
+    let failed = events.iter().find(|e| e["event_type"] == "provider.response").unwrap();
+    assert_eq!(failed["payload"]["ok"], false, "{failed}");
+    assert!(failed["payload"]["error"].as_str().unwrap().contains("KESTREL_TEST_UNSET_KEY"), "{failed}");
+    let everything =
+        serde_json::to_string(&events).unwrap() + &send(&admin, "GET", "/admin/v1/config", Some(&admin_key), None).text;
+    assert!(!everything.contains("sk-gw-secret"), "the key reached an event or the config view");
+}

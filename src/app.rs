@@ -278,7 +278,13 @@ impl Server {
             bus,
             models,
             tools,
-            EngineConfig { workspaces, max_steps: config.agent.max_steps.max(1), bae: bae_settings(&config)? },
+            EngineConfig {
+                workspaces,
+                max_steps: config.agent.max_steps.max(1),
+                bae: bae_settings(&config)?,
+                checkpoints: config.checkpoints.clone(),
+                data_dir: config.server.data_dir.clone(),
+            },
         );
 
         bootstrap_admin(&config, &engine)?;

@@ -10,6 +10,7 @@ mod app;
 pub mod auth;
 pub mod bus;
 pub mod cancel;
+pub mod checkpoints;
 pub mod config;
 pub mod domain;
 pub mod engine;

@@ -25,6 +25,8 @@ pub struct Config {
     pub providers: BTreeMap<String, ProviderConfig>,
     /// The BAE client API.
     pub bae: BaeConfig,
+    /// Workspace snapshots.
+    pub checkpoints: crate::checkpoints::CheckpointConfig,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,

@@ -109,6 +109,9 @@ pub struct EngineConfig {
     pub max_steps: u32,
     /// The BAE client API's settings.
     pub bae: bae::BaeSettings,
+    /// Workspace snapshots, and the data dir their blobs live under.
+    pub checkpoints: crate::checkpoints::CheckpointConfig,
+    pub data_dir: std::path::PathBuf,
 }
 
 pub struct NewSession {
@@ -133,6 +136,7 @@ pub(crate) struct Shared {
     sessions: session::Registry,
     /// Idempotency-Keys whose request is being handled.
     claims: idempotency::Claims,
+    checkpoints: crate::checkpoints::Checkpoints,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
@@ -150,8 +154,11 @@ const DEFAULT_TITLE: &str = "New session";
 
 impl Engine {
     pub fn new(store: Store, bus: Bus, models: ModelRegistry, tools: ToolRegistry, config: EngineConfig) -> Engine {
+        let checkpoints =
+            crate::checkpoints::Checkpoints::new(store.clone(), &config.data_dir, config.checkpoints.clone());
         Engine {
             shared: Arc::new(Shared {
+                checkpoints,
                 store,
                 bus,
                 models,

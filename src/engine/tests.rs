@@ -26,7 +26,8 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         loop_limit: 8,
         mcp_servers: Vec::new(),
     };
-    let config = EngineConfig { workspaces, max_steps: 5, bae };
+    let checkpoints = crate::checkpoints::CheckpointConfig::default();
+    let config = EngineConfig { workspaces, max_steps: 5, bae, checkpoints, data_dir: data.to_path_buf() };
     (Engine::new(store, bus, models, tools, config), writer, bus_handle)
 }
 

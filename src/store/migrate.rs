@@ -21,6 +21,7 @@ const MIGRATIONS: &[Migration] = &[
     // 5: messages from Kestrel's `ChatMessage` JSON to the engine's blocks.
     Migration::Code(messages_to_blocks),
     Migration::Sql(include_str!("migrations/0006_bae.sql")),
+    Migration::Sql(include_str!("migrations/0007_checkpoints.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

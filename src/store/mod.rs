@@ -6,6 +6,7 @@
 //! with `synchronous=FULL`: a write whose reply has arrived survives a power cut.
 
 mod bae;
+mod checkpoints;
 mod lock;
 mod migrate;
 mod reader;
@@ -18,6 +19,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::domain::{Message, SessionRecord, SessionStatus};
 
+pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord};
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use reader::{EventQuery, ReaderPool};
 pub use writer::WriterHandle;
@@ -145,6 +147,11 @@ pub enum WriteOp {
     },
     /// A change to the BAE client API's own tables.
     Bae(BaeWrite),
+    /// A checkpoint's manifest (its blobs are written before).
+    InsertCheckpoint {
+        record: CheckpointRecord,
+        entries: Vec<CheckpointEntry>,
+    },
 }
 
 /// An event as the log keeps it.

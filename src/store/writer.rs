@@ -214,6 +214,7 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
         WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
         WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep, trimmed_below)?,
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
+        WriteOp::InsertCheckpoint { record, entries } => super::checkpoints::insert(tx, record, entries)?,
         WriteOp::SetSeqCeiling(ceiling) => {
             tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('seq_ceiling', ?1)

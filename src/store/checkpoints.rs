@@ -1,0 +1,176 @@
+//! Checkpoint manifests: what each checkpoint holds, file by file. The contents themselves
+//! are blobs under the data dir (`crate::checkpoints::blobs`), named by their SHA-256.
+
+use rusqlite::{params, OptionalExtension, Row, Transaction};
+
+use super::reader::ReaderPool;
+use super::StoreError;
+
+/// Why a checkpoint was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointKind {
+    /// Asked for by a client.
+    Manual,
+    /// Taken before the first call of a run that can change files.
+    Auto,
+    /// Taken just before a restore or a rewind puts files back, so it can be undone.
+    Safety,
+}
+
+impl CheckpointKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointKind::Manual => "manual",
+            CheckpointKind::Auto => "auto",
+            CheckpointKind::Safety => "safety",
+        }
+    }
+
+    fn parse(text: &str) -> Result<CheckpointKind, StoreError> {
+        match text {
+            "manual" => Ok(CheckpointKind::Manual),
+            "auto" => Ok(CheckpointKind::Auto),
+            "safety" => Ok(CheckpointKind::Safety),
+            other => Err(StoreError::Corrupt(format!("checkpoint kind {other:?}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRecord {
+    pub id: String,
+    pub session_id: String,
+    pub label: Option<String>,
+    pub kind: CheckpointKind,
+    pub created_at: String,
+    pub run_id: Option<String>,
+    pub file_count: u64,
+    pub total_bytes: u64,
+}
+
+/// A file (with its content's digest) or a directory (no digest) of a checkpoint; `path` is
+/// POSIX and relative to the workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    pub path: String,
+    pub digest: Option<String>,
+    pub size: u64,
+    /// Unix permission bits.
+    pub mode: u32,
+}
+
+/// Stores a checkpoint and its entries.
+pub(super) fn insert(
+    tx: &Transaction<'_>,
+    record: &CheckpointRecord,
+    entries: &[CheckpointEntry],
+) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO checkpoints (id, session_id, label, kind, created_at, run_id, file_count, total_bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        record.id,
+        record.session_id,
+        record.label,
+        record.kind.as_str(),
+        record.created_at,
+        record.run_id,
+        record.file_count as i64,
+        record.total_bytes as i64
+    ])
+    .map_err(|error| match error {
+        rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
+            StoreError::MissingSession
+        }
+        other => other.into(),
+    })?;
+    let seq = tx.last_insert_rowid();
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO checkpoint_entries (checkpoint_seq, path, digest, size, mode) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for entry in entries {
+        insert.execute(params![seq, entry.path, entry.digest, entry.size as i64, entry.mode])?;
+    }
+    Ok(())
+}
+
+const COLUMNS: &str = "id, session_id, label, kind, created_at, run_id, file_count, total_bytes";
+
+fn record(row: &Row<'_>) -> rusqlite::Result<Result<CheckpointRecord, StoreError>> {
+    let kind: String = row.get(3)?;
+    Ok(CheckpointKind::parse(&kind).map(|kind| CheckpointRecord {
+        id: row.get(0).unwrap_or_default(),
+        session_id: row.get(1).unwrap_or_default(),
+        label: row.get(2).unwrap_or_default(),
+        kind,
+        created_at: row.get(4).unwrap_or_default(),
+        run_id: row.get(5).unwrap_or_default(),
+        file_count: row.get::<_, i64>(6).unwrap_or_default() as u64,
+        total_bytes: row.get::<_, i64>(7).unwrap_or_default() as u64,
+    }))
+}
+
+impl ReaderPool {
+    /// A session's checkpoints, oldest first.
+    pub fn checkpoints(&self, session_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
+        self.with(|conn| {
+            let sql = format!("SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 ORDER BY seq");
+            let mut statement = conn.prepare_cached(&sql)?;
+            let rows = statement.query_map([session_id], record)?;
+            let mut checkpoints = Vec::new();
+            for row in rows {
+                checkpoints.push(row??);
+            }
+            Ok(checkpoints)
+        })
+    }
+
+    /// One checkpoint of a session.
+    pub fn checkpoint(&self, session_id: &str, id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
+        self.with(|conn| {
+            let sql = format!("SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND id = ?2");
+            conn.prepare_cached(&sql)?.query_row(params![session_id, id], record).optional()?.transpose()
+        })
+    }
+
+    /// The automatic checkpoint taken during a run, if it took one.
+    pub fn checkpoint_of_run(&self, session_id: &str, run_id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
+        self.with(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND run_id = ?2 AND kind = 'auto' ORDER BY seq LIMIT 1"
+            );
+            conn.prepare_cached(&sql)?.query_row(params![session_id, run_id], record).optional()?.transpose()
+        })
+    }
+
+    /// What a checkpoint holds, by path.
+    pub fn checkpoint_entries(&self, id: &str) -> Result<Vec<CheckpointEntry>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT e.path, e.digest, e.size, e.mode FROM checkpoint_entries e
+                 JOIN checkpoints c ON c.seq = e.checkpoint_seq WHERE c.id = ?1 ORDER BY e.path",
+            )?;
+            let rows = statement.query_map([id], |row| {
+                Ok(CheckpointEntry {
+                    path: row.get(0)?,
+                    digest: row.get(1)?,
+                    size: row.get::<_, i64>(2)? as u64,
+                    mode: row.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+
+    /// Whether any checkpoint still refers to the blob with this digest.
+    pub fn blob_referenced(&self, digest: &str) -> Result<bool, StoreError> {
+        self.with(|conn| {
+            let found: Option<i64> = conn
+                .prepare_cached("SELECT 1 FROM checkpoint_entries WHERE digest = ?1 LIMIT 1")?
+                .query_row([digest], |row| row.get(0))
+                .optional()?;
+            Ok(found.is_some())
+        })
+    }
+}

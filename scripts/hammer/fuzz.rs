@@ -188,8 +188,8 @@ const ROUTES: &[(&str, &[&str], bool)] = &[
     ("/api/sessions/{id}/approvals/{other}", &["POST"], false),
     ("/api/sessions/{id}/files", &["GET"], false),
     ("/api/sessions/{id}/file", &["GET"], false),
-    ("/api/sessions/{id}/checkpoints", &["GET", "POST"], true),
-    ("/api/sessions/{id}/checkpoints/{other}/restore", &["POST"], true),
+    ("/api/sessions/{id}/checkpoints", &["GET", "POST"], false),
+    ("/api/sessions/{id}/checkpoints/{other}/restore", &["POST"], false),
 ];
 
 impl Fuzzer {

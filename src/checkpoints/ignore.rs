@@ -68,9 +68,9 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
             let rest = rest.strip_prefix(b"/").unwrap_or(rest);
             (0..=text.len()).any(|skip| glob(rest, &text[skip..]))
         }
-        [b'*', rest @ ..] => {
-            (0..=text.len()).take_while(|&skip| skip == 0 || text[skip - 1] != b'/').any(|skip| glob(rest, &text[skip..]))
-        }
+        [b'*', rest @ ..] => (0..=text.len())
+            .take_while(|&skip| skip == 0 || text[skip - 1] != b'/')
+            .any(|skip| glob(rest, &text[skip..])),
         [b'?', rest @ ..] => matches!(text, [c, tail @ ..] if *c != b'/' && glob(rest, tail)),
         [c, rest @ ..] => matches!(text, [t, tail @ ..] if t == c && glob(rest, tail)),
     }
@@ -82,7 +82,8 @@ mod tests {
 
     #[test]
     fn names_paths_directories_and_globs() {
-        let rules = IgnoreRules::parse("# deps\nnode_modules/\ntarget\n*.log\n/dist\nbuild/*.o\ndocs/**/tmp\n!keep.log\n\n");
+        let rules =
+            IgnoreRules::parse("# deps\nnode_modules/\ntarget\n*.log\n/dist\nbuild/*.o\ndocs/**/tmp\n!keep.log\n\n");
         assert!(rules.ignores("node_modules", true));
         assert!(rules.ignores("web/node_modules", true));
         assert!(!rules.ignores("node_modules", false), "a trailing slash matches directories only");

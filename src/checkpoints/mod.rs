@@ -200,7 +200,8 @@ impl Checkpoints {
         }
         let now: HashMap<&str, &CheckpointEntry> = current.iter().map(|e| (e.path.as_str(), e)).collect();
         for entry in target {
-            let unchanged = now.get(entry.path.as_str()).is_some_and(|c| c.digest == entry.digest && c.mode == entry.mode);
+            let unchanged =
+                now.get(entry.path.as_str()).is_some_and(|c| c.digest == entry.digest && c.mode == entry.mode);
             if unchanged {
                 continue;
             }

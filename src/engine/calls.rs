@@ -95,6 +95,9 @@ impl Run {
                 None => return Ok(CallEnd::Cancelled),
             }
         }
+        if self.shared.tools.changes_files(&call.name) {
+            self.checkpoint_before_changes();
+        }
         // Durable before the tool runs: see the module doc.
         self.shared.store.write(vec![WriteOp::MarkCallStarted {
             session_id: self.session_id.clone(),

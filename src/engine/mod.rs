@@ -9,6 +9,7 @@
 
 pub mod bae;
 mod calls;
+mod checkpoints;
 pub mod idempotency;
 mod publish;
 mod run;
@@ -55,6 +56,9 @@ pub enum EngineError {
     Provider(String),
     /// A compaction did not produce a summary; the history is untouched.
     Compaction(String),
+    /// Checkpoints are off, or the workspace is past their limits: why, for people.
+    CheckpointsDisabled(String),
+    CheckpointNotFound,
     Store(StoreError),
 }
 
@@ -84,6 +88,8 @@ impl std::fmt::Display for EngineError {
             EngineError::Workspace(error) => write!(f, "{error}"),
             EngineError::Provider(message) => write!(f, "{message}"),
             EngineError::Compaction(detail) => write!(f, "compaction failed: {detail}"),
+            EngineError::CheckpointsDisabled(reason) => write!(f, "checkpoints are disabled: {reason}"),
+            EngineError::CheckpointNotFound => write!(f, "no checkpoint with that id in this session"),
             EngineError::Store(error) => write!(f, "{error}"),
         }
     }

@@ -38,6 +38,8 @@ pub(super) struct Run {
     pub pending: std::cell::RefCell<Vec<crossbeam_channel::Receiver<u64>>>,
     /// What goes out with the next publish, in the same log transaction.
     pub held: std::cell::RefCell<super::publish::Held>,
+    /// Whether the run took its automatic checkpoint already.
+    pub checkpointed: std::cell::Cell<bool>,
 }
 
 /// The front door's side of a turn: which model is asked and how, which tools the model

@@ -28,7 +28,7 @@ use super::idempotency::{Created, Idempotent};
 use super::{run, EngineError, Shared};
 use crate::cancel::{CancelReason, Canceller};
 use crate::domain::{new_id, Event, Message, SessionRecord, SessionStatus};
-use crate::store::{SessionPatch, WriteOp};
+use crate::store::{CheckpointRecord, SessionPatch, WriteOp};
 
 /// What a front door can ask of a session.
 pub(super) enum Op {
@@ -48,6 +48,10 @@ pub(super) enum Op {
     Shutdown,
     /// An operation of the BAE client API (`bae/runtime.rs`).
     Bae(super::bae::BaeOp),
+    /// Take a manual checkpoint of the workspace.
+    Checkpoint { label: Option<String>, reply: Sender<Result<CheckpointRecord, EngineError>> },
+    /// Put a checkpoint back; `session_busy` while a turn runs.
+    Restore { checkpoint: String, reply: Sender<Result<crate::checkpoints::Restored, EngineError>> },
 }
 
 /// What a turn's worker tells its session.
@@ -293,6 +297,12 @@ impl SessionActor {
                     let _ = reply.send(self.delete());
                 }
             },
+            Op::Checkpoint { label, reply } => {
+                let _ = reply.send(self.checkpoint(label));
+            }
+            Op::Restore { checkpoint, reply } => {
+                let _ = reply.send(self.restore(&checkpoint));
+            }
             Op::Shutdown => {
                 if let Some(turn) = &self.turn {
                     turn.canceller.cancel(CancelReason::Shutdown);
@@ -370,6 +380,7 @@ impl SessionActor {
             plan: run::Plan::Kestrel,
             pending: Default::default(),
             held: Default::default(),
+            checkpointed: Default::default(),
         };
         match (self.shared.spawn_run)(run) {
             Ok(()) => {

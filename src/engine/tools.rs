@@ -72,6 +72,11 @@ pub trait Tool: Send + Sync {
     /// Runs the tool. An `Err` is a failure the model reads, the same as `ToolOutput::failure`,
     /// so tools can use `?` on bad arguments and refused paths.
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String>;
+    /// Whether a call may change the workspace's files: a run takes its automatic checkpoint
+    /// before the first such call. Unless a tool says otherwise, it may.
+    fn changes_files(&self) -> bool {
+        true
+    }
 }
 
 struct Registered {
@@ -107,6 +112,11 @@ impl ToolRegistry {
     /// A tool's permission; `None` for a name nobody registered.
     pub fn permission(&self, name: &str) -> Option<Permission> {
         self.find(name).map(|t| t.permission)
+    }
+
+    /// Whether a call of `name` may change files (an unknown tool runs nothing, so no).
+    pub fn changes_files(&self, name: &str) -> bool {
+        self.find(name).is_some_and(|t| t.tool.changes_files())
     }
 
     fn find(&self, name: &str) -> Option<&Registered> {

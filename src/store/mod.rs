@@ -19,8 +19,8 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::domain::{Message, SessionRecord, SessionStatus};
 
-pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord};
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
+pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord};
 pub use reader::{EventQuery, ReaderPool};
 pub use writer::WriterHandle;
 

@@ -19,6 +19,10 @@ pub struct ReadFile {
 }
 
 impl Tool for ReadFile {
+    fn changes_files(&self) -> bool {
+        false
+    }
+
     fn schema(&self) -> ToolSchema {
         schema(
             "read_file",
@@ -87,6 +91,10 @@ impl Tool for ReadFile {
 pub struct ListDirectory;
 
 impl Tool for ListDirectory {
+    fn changes_files(&self) -> bool {
+        false
+    }
+
     fn schema(&self) -> ToolSchema {
         schema(
             "list_directory",

@@ -85,6 +85,10 @@ fn start_of(workspace: &Workspace, path: Option<&str>) -> Result<PathBuf, String
 pub struct FindFiles;
 
 impl Tool for FindFiles {
+    fn changes_files(&self) -> bool {
+        false
+    }
+
     fn schema(&self) -> ToolSchema {
         schema(
             "find_files",
@@ -140,6 +144,10 @@ impl Tool for FindFiles {
 pub struct SearchText;
 
 impl Tool for SearchText {
+    fn changes_files(&self) -> bool {
+        false
+    }
+
     fn schema(&self) -> ToolSchema {
         schema(
             "search_text",

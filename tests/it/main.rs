@@ -2,6 +2,7 @@
 
 mod auth;
 mod bae;
+mod checkpoints;
 mod cli;
 mod edge;
 mod events;

@@ -73,6 +73,8 @@ impl From<EngineError> for ApiError {
             EngineError::IdempotencyConflict => ApiError::new(409, "idempotency_conflict", message),
             EngineError::IdempotencyInFlight => ApiError::new(409, "idempotency_in_progress", message),
             EngineError::Workspace(path_error) => ApiError::from(path_error),
+            EngineError::CheckpointsDisabled(_) => ApiError::new(409, "checkpoints_disabled", message),
+            EngineError::CheckpointNotFound => ApiError::new(404, "checkpoint_not_found", message),
             // A unique key that already exists: the request collides with another.
             EngineError::Store(StoreError::Conflict(_)) => {
                 ApiError::new(409, "conflict", "the request conflicts with another")

@@ -6,6 +6,7 @@
 
 mod approvals;
 mod body;
+mod checkpoints;
 mod error;
 mod events;
 mod files;
@@ -163,7 +164,10 @@ impl KestrelApi {
             (Route::Approval(id, approval), _) => approvals::resolve(self, &caller, id, approval, request),
             (Route::Files(id), _) => files::list(self, &caller, id, request),
             (Route::File(id), _) => files::read(self, &caller, id, request, self.file_read_limit),
-            (Route::Rewind(id), _) | (Route::Checkpoints(id), _) | (Route::CheckpointRestore(id, _), _) => {
+            (Route::Checkpoints(id), "GET") => checkpoints::list(self, &caller, id),
+            (Route::Checkpoints(id), _) => checkpoints::create(self, &caller, id, request),
+            (Route::CheckpointRestore(id, checkpoint), _) => checkpoints::restore(self, &caller, id, checkpoint),
+            (Route::Rewind(id), _) => {
                 // The session is checked first, so another tenant's id is still a 404.
                 self.engine.check_session(&caller.tenant, id)?;
                 Err(ApiError::new(501, "not_implemented", format!("{path} is not implemented by this server yet")))

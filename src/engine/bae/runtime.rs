@@ -456,6 +456,7 @@ impl SessionActor {
             plan,
             pending: Default::default(),
             held: Default::default(),
+            checkpointed: Default::default(),
         };
         match (self.shared.spawn_run)(run) {
             Ok(()) => {

@@ -1,0 +1,73 @@
+//! `/api/sessions/:id/checkpoints` and `…/:checkpointId/restore`: snapshots of a session's
+//! workspace, and putting one back.
+//!
+//! A checkpoint on the wire: `{id, label?, kind: "manual" | "auto" | "safety", createdAt,
+//! runId?, fileCount, totalBytes}`.
+
+use serde_json::{json, Map, Value};
+
+use super::body::JsonBody;
+use super::{json, ApiError, Caller, KestrelApi};
+use crate::http::{Reply, Request};
+use crate::store::CheckpointRecord;
+
+/// The longest label a checkpoint may carry, in characters.
+const LABEL_LIMIT: usize = 200;
+
+pub fn list(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
+    let list = api.engine.checkpoints(&caller.tenant, id)?;
+    let mut body = Map::new();
+    body.insert("enabled".into(), json!(list.disabled.is_none()));
+    if let Some(reason) = list.disabled {
+        body.insert("reason".into(), json!(reason));
+    }
+    body.insert("checkpoints".into(), list.checkpoints.iter().map(checkpoint_json).collect());
+    Ok(json(200, &Value::Object(body)))
+}
+
+pub fn create(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
+    // The session first, so another tenant's id is a 404 whatever the body.
+    api.engine.check_session(&caller.tenant, id)?;
+    let body = JsonBody::read(request)?;
+    let label = body.optional_string("label", "invalid_body")?.map(|l| l.trim().to_string()).filter(|l| !l.is_empty());
+    if label.as_ref().is_some_and(|l| l.chars().count() > LABEL_LIMIT) {
+        return Err(ApiError::invalid_body(format!("`label` is longer than {LABEL_LIMIT} characters")));
+    }
+    let checkpoint = api.engine.create_checkpoint(&caller.tenant, id, label)?;
+    Ok(json(201, &json!({ "checkpoint": checkpoint_json(&checkpoint) })))
+}
+
+pub fn restore(api: &KestrelApi, caller: &Caller, id: &str, checkpoint: &str) -> Result<Reply, ApiError> {
+    let restored = api.engine.restore_checkpoint(&caller.tenant, id, checkpoint)?;
+    let mut body = Map::new();
+    body.insert("restored".into(), checkpoint_json(&restored.restored));
+    body.insert("safety".into(), checkpoint_json(&restored.safety));
+    if !restored.warnings.is_empty() {
+        body.insert("warning".into(), json!(partial_warning(&restored.warnings)));
+    }
+    Ok(json(200, &Value::Object(body)))
+}
+
+/// One line for people about what a restore could not put back.
+pub fn partial_warning(warnings: &[String]) -> String {
+    let shown: Vec<&str> = warnings.iter().take(5).map(String::as_str).collect();
+    let more = warnings.len().saturating_sub(shown.len());
+    let tail = if more > 0 { format!(" (and {more} more)") } else { String::new() };
+    format!("the files were only partly restored: {}{tail}", shown.join("; "))
+}
+
+pub fn checkpoint_json(checkpoint: &CheckpointRecord) -> Value {
+    let mut object = Map::new();
+    object.insert("id".into(), json!(checkpoint.id));
+    if let Some(label) = &checkpoint.label {
+        object.insert("label".into(), json!(label));
+    }
+    object.insert("kind".into(), json!(checkpoint.kind.as_str()));
+    object.insert("createdAt".into(), json!(checkpoint.created_at));
+    if let Some(run_id) = &checkpoint.run_id {
+        object.insert("runId".into(), json!(run_id));
+    }
+    object.insert("fileCount".into(), json!(checkpoint.file_count));
+    object.insert("totalBytes".into(), json!(checkpoint.total_bytes));
+    Value::Object(object)
+}

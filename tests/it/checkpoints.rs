@@ -1,0 +1,196 @@
+//! Checkpoints over HTTP: snapshots, restores compared byte for byte, the safety checkpoint,
+//! the automatic one before a run's changes, dedup on disk, limits, and the refusals.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use kestrel::engine::tools::Permission;
+use serde_json::{json, Value};
+
+use crate::support::{event_type, TestServer};
+
+/// A server whose tools all run without asking.
+fn server(adjust: impl FnOnce(&mut kestrel::Config)) -> TestServer {
+    TestServer::start_with(|config| {
+        for tool in ["write_file", "edit_file", "run_command"] {
+            config.agent.permissions.insert(tool.into(), Permission::Auto);
+        }
+        adjust(config);
+    })
+}
+
+/// Every file (its bytes and mode) and every directory (`None`) under `root`, by path.
+fn tree(root: &Path) -> BTreeMap<String, Option<(Vec<u8>, u32)>> {
+    let mut found = BTreeMap::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let relative = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let metadata = fs::symlink_metadata(&path).unwrap();
+            if metadata.is_dir() {
+                found.insert(relative, None);
+                pending.push(path);
+            } else {
+                found.insert(relative, Some((fs::read(&path).unwrap(), metadata.permissions().mode() & 0o777)));
+            }
+        }
+    }
+    found
+}
+
+fn seed(workspace: &Path) {
+    fs::create_dir_all(workspace.join("src/deep")).unwrap();
+    fs::create_dir_all(workspace.join("empty")).unwrap();
+    fs::create_dir_all(workspace.join("node_modules/pkg")).unwrap();
+    fs::write(workspace.join(".gitignore"), "node_modules/\n*.log\n").unwrap();
+    fs::write(workspace.join("src/main.rs"), "fn main() {}\n").unwrap();
+    fs::write(workspace.join("src/deep/notes.txt"), "keep me\n").unwrap();
+    fs::write(workspace.join("doomed.txt"), "to be deleted\n").unwrap();
+    let binary: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    fs::write(workspace.join("logo.bin"), binary).unwrap();
+    fs::set_permissions(workspace.join("logo.bin"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(workspace.join("node_modules/pkg/index.js"), "ignored\n").unwrap();
+    fs::write(workspace.join("build.log"), "ignored too\n").unwrap();
+}
+
+fn tool_line(name: &str, arguments: Value) -> String {
+    format!("/tool {name} {arguments}")
+}
+
+#[test]
+fn a_restore_puts_the_tree_back_byte_for_byte_and_its_safety_checkpoint_undoes_it() {
+    let server = server(|_| {});
+    seed(&server.workspace);
+    let id = server.create_session(json!({}));
+    let path = format!("/api/sessions/{id}/checkpoints");
+    let listed = server.get(&path);
+    assert_eq!(listed.json, json!({ "enabled": true, "checkpoints": [] }), "{}", listed.text);
+
+    let created = server.post(&path, json!({ "label": "  before the agent  " }));
+    assert_eq!(created.status, 201, "{}", created.text);
+    let manual = created.json["checkpoint"].clone();
+    assert_eq!((manual["kind"].as_str(), manual["label"].as_str()), (Some("manual"), Some("before the agent")));
+    // main.rs, notes.txt, doomed.txt, logo.bin, .gitignore; node_modules and *.log left out.
+    assert_eq!(manual["fileCount"], 5, "{manual}");
+    let before = tree(&server.workspace);
+
+    // The agent changes files: an edit, a new file, a deletion, an empty directory removed.
+    let changes = [
+        tool_line("write_file", json!({ "path": "src/main.rs", "content": "fn main() { changed(); }\n" })),
+        tool_line("write_file", json!({ "path": "src/new/made.txt", "content": "new\n" })),
+        tool_line("run_command", json!({ "command": "rm doomed.txt && rmdir empty && chmod 600 logo.bin" })),
+    ];
+    let events = server.run_to_end(&id, &changes.join("\n"));
+    assert_eq!(events.iter().filter(|e| event_type(e) == "tool.finished").count(), 3, "{events:#?}");
+    fs::write(server.workspace.join("node_modules/pkg/added.js"), "ignored, never touched\n").unwrap();
+    let changed = tree(&server.workspace);
+    assert_ne!(changed, before);
+
+    // The run took its automatic checkpoint before its first change.
+    let checkpoints = server.get(&path).json["checkpoints"].as_array().unwrap().clone();
+    let auto = checkpoints.iter().find(|c| c["kind"] == "auto").expect("an automatic checkpoint");
+    assert!(auto["runId"].as_str().is_some_and(|r| r.starts_with("run_")), "{auto}");
+
+    let restored = server.post(&format!("{path}/{}/restore", manual["id"].as_str().unwrap()), json!({}));
+    assert_eq!(restored.status, 200, "{}", restored.text);
+    assert_eq!(restored.json["restored"]["id"], manual["id"]);
+    assert_eq!(restored.json["safety"]["kind"], "safety");
+    assert!(restored.json.get("warning").is_none(), "{}", restored.text);
+    let mut expected = before.clone();
+    expected.insert("node_modules/pkg/added.js".into(), Some((b"ignored, never touched\n".to_vec(), 0o644)));
+    assert_eq!(tree(&server.workspace), expected, "the tree is back, ignored files untouched");
+
+    // The safety checkpoint undoes the restore.
+    let safety = restored.json["safety"]["id"].as_str().unwrap().to_string();
+    let undone = server.post(&format!("{path}/{safety}/restore"), json!({}));
+    assert_eq!(undone.status, 200, "{}", undone.text);
+    assert_eq!(tree(&server.workspace), changed);
+}
+
+#[test]
+fn a_second_checkpoint_of_an_unchanged_tree_adds_almost_nothing_on_disk() {
+    let server = server(|_| {});
+    // 50 MB: fifty files of a megabyte each, no two alike.
+    for index in 0..50u32 {
+        let content: Vec<u8> =
+            (0..1_048_576u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ index as u8).collect();
+        fs::write(server.workspace.join(format!("blob{index:02}.bin")), content).unwrap();
+    }
+    let id = server.create_session(json!({}));
+    let path = format!("/api/sessions/{id}/checkpoints");
+    let disk = || -> u64 {
+        let mut total = 0;
+        let mut pending = vec![server.data_dir.clone()];
+        while let Some(dir) = pending.pop() {
+            for entry in fs::read_dir(&dir).unwrap().flatten() {
+                let metadata = entry.metadata().unwrap();
+                if metadata.is_dir() {
+                    pending.push(entry.path());
+                } else {
+                    total += metadata.len();
+                }
+            }
+        }
+        total
+    };
+    let first = server.post(&path, json!({}));
+    assert_eq!(first.status, 201, "{}", first.text);
+    assert_eq!(first.json["checkpoint"]["totalBytes"], 50 * 1_048_576);
+    let after_first = disk();
+    assert_eq!(server.post(&path, json!({})).status, 201);
+    let added = disk().saturating_sub(after_first);
+    assert!(added < 256 * 1024, "the second checkpoint added {added} bytes");
+}
+
+#[test]
+fn limits_and_the_switch_turn_checkpoints_off_with_a_reason() {
+    let limited = server(|config| config.checkpoints.max_files = 2);
+    for name in ["a", "b", "c"] {
+        fs::write(limited.workspace.join(name), name).unwrap();
+    }
+    let id = limited.create_session(json!({}));
+    let path = format!("/api/sessions/{id}/checkpoints");
+    let listed = limited.get(&path).json;
+    assert_eq!(listed["enabled"], false);
+    assert!(listed["reason"].as_str().unwrap().contains("more than 2 files"), "{listed}");
+    let refused = limited.post(&path, json!({}));
+    refused.assert_error(409, "checkpoints_disabled");
+    assert!(refused.json["error"]["message"].as_str().unwrap().contains("more than 2 files"), "{}", refused.text);
+    // The run goes on without its automatic checkpoint.
+    let events = limited.run_to_end(&id, &tool_line("write_file", json!({ "path": "d", "content": "d" })));
+    assert_eq!(events.last().unwrap()["event"]["type"], "run.finished", "{events:#?}");
+
+    let off = server(|config| config.checkpoints.enabled = false);
+    let id = off.create_session(json!({}));
+    let listed = off.get(&format!("/api/sessions/{id}/checkpoints")).json;
+    assert_eq!(listed["enabled"], false);
+    assert!(listed["reason"].as_str().unwrap().contains("checkpoints.enabled"), "{listed}");
+}
+
+#[test]
+fn unknown_checkpoints_other_tenants_bad_labels_and_busy_sessions_are_refused() {
+    let server = server(|config| config.builtin.delay_ms = 50);
+    fs::write(server.workspace.join("a.txt"), "a").unwrap();
+    let id = server.create_session(json!({}));
+    let path = format!("/api/sessions/{id}/checkpoints");
+    server.post(&format!("{path}/chk_nope/restore"), json!({})).assert_error(404, "checkpoint_not_found");
+    server.post(&path, json!({ "label": 5 })).assert_error(400, "invalid_body");
+    server.post(&path, json!({ "label": "x".repeat(201) })).assert_error(400, "invalid_body");
+    server.get("/api/sessions/ses_nope/checkpoints").assert_error(404, "session_not_found");
+    let checkpoint = server.post(&path, json!({})).json["checkpoint"]["id"].as_str().unwrap().to_string();
+
+    // While a run streams its answer, a restore is refused and nothing changes.
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let long = "word ".repeat(400);
+    assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": long })).status, 202);
+    stream.collect_until(|e| event_type(e) == "message.delta");
+    server.post(&format!("{path}/{checkpoint}/restore"), json!({})).assert_error(409, "session_busy");
+    server.post(&format!("/api/sessions/{id}/cancel"), json!({}));
+    stream.collect_until(crate::support::is_run_end);
+    let kinds: Vec<Value> =
+        server.get(&path).json["checkpoints"].as_array().unwrap().iter().map(|c| c["kind"].clone()).collect();
+    assert_eq!(kinds, [json!("manual")], "the refused restore took no safety checkpoint");
+}

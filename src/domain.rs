@@ -389,6 +389,9 @@ pub enum Event {
     ApprovalResolved { session_id: String, approval_id: String, approved: bool },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
+    /// A rewind dropped `message_id` and what came after it; `messages` are the ones left.
+    #[serde(rename = "session.rewound", rename_all = "camelCase")]
+    SessionRewound { session_id: String, message_id: String, messages: Vec<Message> },
     #[serde(rename = "notice", rename_all = "camelCase")]
     Notice { level: NoticeLevel, message: String },
     /// A client opened (`joined: false`) or joined a session, declaring its tools.
@@ -519,6 +522,7 @@ impl Event {
             Event::ApprovalRequested { .. } => "approval.requested",
             Event::ApprovalResolved { .. } => "approval.resolved",
             Event::SessionDeleted { .. } => "session.deleted",
+            Event::SessionRewound { .. } => "session.rewound",
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
             Event::DriverRegistered { .. } => "driver.registered",
@@ -553,6 +557,7 @@ impl Event {
             | Event::ApprovalRequested { session_id, .. }
             | Event::ApprovalResolved { session_id, .. }
             | Event::SessionDeleted { session_id }
+            | Event::SessionRewound { session_id, .. }
             | Event::ClientAttached { session_id, .. }
             | Event::DriverRegistered { session_id }
             | Event::SessionFault { session_id, .. }

@@ -183,7 +183,7 @@ const ROUTES: &[(&str, &[&str], bool)] = &[
     ("/api/sessions/{id}/messages", &["POST"], false),
     ("/api/sessions/{id}/cancel", &["POST"], false),
     ("/api/sessions/{id}/resume", &["POST"], false),
-    ("/api/sessions/{id}/rewind", &["POST"], true),
+    ("/api/sessions/{id}/rewind", &["POST"], false),
     ("/api/sessions/{id}/events", &["GET"], false),
     ("/api/sessions/{id}/approvals/{other}", &["POST"], false),
     ("/api/sessions/{id}/files", &["GET"], false),

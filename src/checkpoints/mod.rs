@@ -85,6 +85,8 @@ pub struct Taking<'a> {
     pub kind: CheckpointKind,
     pub label: Option<String>,
     pub run_id: Option<String>,
+    /// The session's message count now.
+    pub message_count: u64,
 }
 
 pub struct Checkpoints {
@@ -125,6 +127,7 @@ impl Checkpoints {
             kind: taking.kind,
             created_at: crate::time::now_rfc3339(),
             run_id: taking.run_id,
+            message_count: taking.message_count,
             file_count: entries.iter().filter(|e| e.digest.is_some()).count() as u64,
             total_bytes: entries.iter().filter(|e| e.digest.is_some()).map(|e| e.size).sum(),
         };
@@ -169,10 +172,11 @@ impl Checkpoints {
 
     /// Puts checkpoint `id` back, after a safety checkpoint of the workspace as it is:
     /// changed files are rewritten, files made since are deleted, deleted ones recreated.
-    pub fn restore(&self, session_id: &str, workspace: &Path, id: &str) -> Result<Restored, CheckpointError> {
+    pub fn restore(&self, at: Taking<'_>, id: &str) -> Result<Restored, CheckpointError> {
+        let (session_id, workspace) = (at.session_id, at.workspace);
         let restored = self.store.readers().checkpoint(session_id, id)?.ok_or(CheckpointError::NotFound)?;
         let label = Some(format!("before restoring {id}"));
-        let taking = Taking { session_id, workspace, kind: CheckpointKind::Safety, label, run_id: None };
+        let taking = Taking { kind: CheckpointKind::Safety, label, run_id: None, ..at };
         let safety = self.take(taking)?;
         let target = self.store.readers().checkpoint_entries(&restored.id)?;
         let current = self.store.readers().checkpoint_entries(&safety.id)?;

@@ -1,19 +1,29 @@
-//! Checkpoints as operations of a session: listing reads on the caller's thread; taking one
-//! and restoring one are ops of the session's actor, so a restore never races a run (it is
-//! refused while one is active); the automatic checkpoint is taken by the run itself, before
-//! its first call that can change files.
+//! Checkpoints and rewind as operations of a session: listing reads on the caller's thread;
+//! taking a checkpoint, restoring one and rewinding are ops of the session's actor, so a
+//! restore or a rewind never races a run (both are refused while one is active); the
+//! automatic checkpoint is taken by the run itself, before its first call that can change
+//! files.
 
 use std::path::Path;
 
 use super::session::{self, Op, SessionActor};
 use super::{Engine, EngineError};
 use crate::checkpoints::{CheckpointError, Restored, Taking};
-use crate::store::{CheckpointKind, CheckpointRecord};
+use crate::domain::{Event, Message, Role};
+use crate::store::{CheckpointKind, CheckpointRecord, WriteOp};
 
 /// What `GET /checkpoints` answers: whether checkpoints work here (and why not), and the list.
 pub struct CheckpointList {
     pub disabled: Option<String>,
     pub checkpoints: Vec<CheckpointRecord>,
+}
+
+/// What a rewind did: the messages left, how many went, and the files it put back (`None`
+/// when it was asked not to, or no run since that message changed files).
+pub struct Rewound {
+    pub removed: u64,
+    pub messages: Vec<Message>,
+    pub files: Option<Restored>,
 }
 
 impl From<CheckpointError> for EngineError {
@@ -57,30 +67,91 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Drops a user message and everything after it; with `restore_files`, first puts back
+    /// the files as they were before that message's run changed them (after a safety
+    /// checkpoint). `session_busy` while a run is active.
+    pub fn rewind(
+        &self,
+        tenant: &str,
+        id: &str,
+        message_id: String,
+        restore_files: bool,
+    ) -> Result<Rewound, EngineError> {
+        let record = self.shared.owned_session(tenant, id)?;
+        session::ask(&self.shared, &record, |reply| Op::Rewind { message_id, restore_files, reply })?
+    }
+}
+
 impl SessionActor {
-    fn workspace(&self) -> Result<String, EngineError> {
-        let record = self.shared.store.readers().session(&self.id)?.ok_or(EngineError::SessionNotFound)?;
-        Ok(record.summary.workspace)
+    pub(super) fn rewind(&self, message_id: &str, restore_files: bool) -> Result<Rewound, EngineError> {
+        if self.turn.is_some() {
+            return Err(EngineError::SessionBusy);
+        }
+        let record = self.record()?;
+        let readers = self.shared.store.readers();
+        let mut messages = readers.messages(&self.id)?;
+        let index = messages.iter().position(|m| m.id == message_id).ok_or(EngineError::MessageNotFound)?;
+        if messages[index].role != Role::User {
+            return Err(EngineError::InvalidRewindTarget);
+        }
+        let files = match restore_files {
+            true => match readers.first_auto_checkpoint_after(&self.id, index as u64)? {
+                Some(before) => {
+                    let safety = taking(&record, CheckpointKind::Safety, None, None);
+                    Some(self.shared.checkpoints.restore(safety, &before.id)?)
+                }
+                None => None,
+            },
+            false => None,
+        };
+        let now = crate::time::now_rfc3339();
+        let truncate = WriteOp::TruncateMessages {
+            session_id: self.id.clone(),
+            from_message_id: message_id.into(),
+            updated_at: now,
+        };
+        self.shared.store.write(vec![truncate])?;
+        let removed = (messages.len() - index) as u64;
+        messages.truncate(index);
+        let event = Event::SessionRewound {
+            session_id: self.id.clone(),
+            message_id: message_id.to_string(),
+            messages: messages.clone(),
+        };
+        self.shared.bus.publish_shared(Some(self.tenant.clone()), event);
+        self.shared.publish_summary(&self.record()?);
+        Ok(Rewound { removed, messages, files })
     }
 
     pub(super) fn checkpoint(&self, label: Option<String>) -> Result<CheckpointRecord, EngineError> {
-        let workspace = self.workspace()?;
-        let taking = Taking {
-            session_id: &self.id,
-            workspace: Path::new(&workspace),
-            kind: CheckpointKind::Manual,
-            label,
-            run_id: None,
-        };
-        Ok(self.shared.checkpoints.take(taking)?)
+        let record = self.record()?;
+        Ok(self.shared.checkpoints.take(taking(&record, CheckpointKind::Manual, label, None))?)
     }
 
     pub(super) fn restore(&self, checkpoint: &str) -> Result<Restored, EngineError> {
         if self.turn.is_some() {
             return Err(EngineError::SessionBusy);
         }
-        let workspace = self.workspace()?;
-        Ok(self.shared.checkpoints.restore(&self.id, Path::new(&workspace), checkpoint)?)
+        let record = self.record()?;
+        Ok(self.shared.checkpoints.restore(taking(&record, CheckpointKind::Safety, None, None), checkpoint)?)
+    }
+}
+
+/// A checkpoint of `record`'s workspace, as it is now.
+fn taking(
+    record: &crate::domain::SessionRecord,
+    kind: CheckpointKind,
+    label: Option<String>,
+    run_id: Option<String>,
+) -> Taking<'_> {
+    Taking {
+        session_id: &record.summary.id,
+        workspace: Path::new(&record.summary.workspace),
+        kind,
+        label,
+        run_id,
+        message_count: record.summary.message_count,
     }
 }
 
@@ -92,17 +163,12 @@ impl super::run::Run {
         if self.checkpointed.replace(true) {
             return;
         }
-        let workspace = match self.session() {
-            Ok(record) => record.summary.workspace,
+        let record = match self.session() {
+            Ok(record) => record,
             Err(error) => return log::warn!("run {}: no checkpoint: {error}", self.run_id),
         };
-        let taking = Taking {
-            session_id: &self.session_id,
-            workspace: Path::new(&workspace),
-            kind: CheckpointKind::Auto,
-            label: Some("before the run's changes".into()),
-            run_id: Some(self.run_id.clone()),
-        };
+        let label = Some("before the run's changes".to_string());
+        let taking = taking(&record, CheckpointKind::Auto, label, Some(self.run_id.clone()));
         match self.shared.checkpoints.take(taking) {
             Ok(_) | Err(CheckpointError::Disabled(_)) => {}
             Err(error) => log::warn!("run {}: no checkpoint: {error}", self.run_id),

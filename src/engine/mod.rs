@@ -59,6 +59,9 @@ pub enum EngineError {
     /// Checkpoints are off, or the workspace is past their limits: why, for people.
     CheckpointsDisabled(String),
     CheckpointNotFound,
+    MessageNotFound,
+    /// A rewind names a message that is not the user's.
+    InvalidRewindTarget,
     Store(StoreError),
 }
 
@@ -90,6 +93,8 @@ impl std::fmt::Display for EngineError {
             EngineError::Compaction(detail) => write!(f, "compaction failed: {detail}"),
             EngineError::CheckpointsDisabled(reason) => write!(f, "checkpoints are disabled: {reason}"),
             EngineError::CheckpointNotFound => write!(f, "no checkpoint with that id in this session"),
+            EngineError::MessageNotFound => write!(f, "no message with that id in this session"),
+            EngineError::InvalidRewindTarget => write!(f, "only a user message can be rewound to"),
             EngineError::Store(error) => write!(f, "{error}"),
         }
     }

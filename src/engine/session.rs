@@ -50,6 +50,9 @@ pub(super) enum Op {
     Bae(super::bae::BaeOp),
     /// Take a manual checkpoint of the workspace.
     Checkpoint { label: Option<String>, reply: Sender<Result<CheckpointRecord, EngineError>> },
+    /// Drop a user message and its successors, maybe restoring files; `session_busy` while a
+    /// turn runs.
+    Rewind { message_id: String, restore_files: bool, reply: Sender<Result<super::checkpoints::Rewound, EngineError>> },
     /// Put a checkpoint back; `session_busy` while a turn runs.
     Restore { checkpoint: String, reply: Sender<Result<crate::checkpoints::Restored, EngineError>> },
 }
@@ -303,6 +306,9 @@ impl SessionActor {
             Op::Restore { checkpoint, reply } => {
                 let _ = reply.send(self.restore(&checkpoint));
             }
+            Op::Rewind { message_id, restore_files, reply } => {
+                let _ = reply.send(self.rewind(&message_id, restore_files));
+            }
             Op::Shutdown => {
                 if let Some(turn) = &self.turn {
                     turn.canceller.cancel(CancelReason::Shutdown);
@@ -344,7 +350,7 @@ impl SessionActor {
         }
     }
 
-    fn record(&self) -> Result<SessionRecord, EngineError> {
+    pub(super) fn record(&self) -> Result<SessionRecord, EngineError> {
         self.shared.store.readers().session(&self.id)?.ok_or(EngineError::SessionNotFound)
     }
 

@@ -46,6 +46,8 @@ pub struct CheckpointRecord {
     pub run_id: Option<String>,
     pub file_count: u64,
     pub total_bytes: u64,
+    /// The session's message count when it was taken.
+    pub message_count: u64,
 }
 
 /// A file (with its content's digest) or a directory (no digest) of a checkpoint; `path` is
@@ -66,8 +68,9 @@ pub(super) fn insert(
     entries: &[CheckpointEntry],
 ) -> Result<(), StoreError> {
     tx.prepare_cached(
-        "INSERT INTO checkpoints (id, session_id, label, kind, created_at, run_id, file_count, total_bytes)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO checkpoints (id, session_id, label, kind, created_at, run_id, file_count, total_bytes,
+                                  message_count)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?
     .execute(params![
         record.id,
@@ -77,7 +80,8 @@ pub(super) fn insert(
         record.created_at,
         record.run_id,
         record.file_count as i64,
-        record.total_bytes as i64
+        record.total_bytes as i64,
+        record.message_count as i64
     ])
     .map_err(|error| match error {
         rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
@@ -95,7 +99,7 @@ pub(super) fn insert(
     Ok(())
 }
 
-const COLUMNS: &str = "id, session_id, label, kind, created_at, run_id, file_count, total_bytes";
+const COLUMNS: &str = "id, session_id, label, kind, created_at, run_id, file_count, total_bytes, message_count";
 
 fn record(row: &Row<'_>) -> rusqlite::Result<Result<CheckpointRecord, StoreError>> {
     let kind: String = row.get(3)?;
@@ -108,6 +112,7 @@ fn record(row: &Row<'_>) -> rusqlite::Result<Result<CheckpointRecord, StoreError
         run_id: row.get(5).unwrap_or_default(),
         file_count: row.get::<_, i64>(6).unwrap_or_default() as u64,
         total_bytes: row.get::<_, i64>(7).unwrap_or_default() as u64,
+        message_count: row.get::<_, i64>(8).unwrap_or_default() as u64,
     }))
 }
 
@@ -141,6 +146,22 @@ impl ReaderPool {
                 "SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND run_id = ?2 AND kind = 'auto' ORDER BY seq LIMIT 1"
             );
             conn.prepare_cached(&sql)?.query_row(params![session_id, run_id], record).optional()?.transpose()
+        })
+    }
+
+    /// The first automatic checkpoint taken once the session had more than `messages`
+    /// messages: the files as they were before any run from that message on changed them.
+    pub fn first_auto_checkpoint_after(
+        &self,
+        session_id: &str,
+        messages: u64,
+    ) -> Result<Option<CheckpointRecord>, StoreError> {
+        self.with(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM checkpoints
+                 WHERE session_id = ?1 AND kind = 'auto' AND message_count > ?2 ORDER BY seq LIMIT 1"
+            );
+            conn.prepare_cached(&sql)?.query_row(params![session_id, messages as i64], record).optional()?.transpose()
         })
     }
 

@@ -147,6 +147,12 @@ pub enum WriteOp {
     },
     /// A change to the BAE client API's own tables.
     Bae(BaeWrite),
+    /// Drops a message and every later one of its session (a rewind).
+    TruncateMessages {
+        session_id: String,
+        from_message_id: String,
+        updated_at: String,
+    },
     /// A checkpoint's manifest (its blobs are written before).
     InsertCheckpoint {
         record: CheckpointRecord,

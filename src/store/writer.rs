@@ -215,6 +215,16 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
         WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep, trimmed_below)?,
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
         WriteOp::InsertCheckpoint { record, entries } => super::checkpoints::insert(tx, record, entries)?,
+        WriteOp::TruncateMessages { session_id, from_message_id, updated_at } => {
+            let removed = tx
+                .prepare_cached(
+                    "DELETE FROM messages WHERE session_id = ?1
+                     AND rowid >= (SELECT rowid FROM messages WHERE id = ?2 AND session_id = ?1)",
+                )?
+                .execute(params![session_id, from_message_id])?;
+            tx.prepare_cached("UPDATE sessions SET message_count = message_count - ?2, updated_at = ?3 WHERE id = ?1")?
+                .execute(params![session_id, removed as i64, updated_at])?;
+        }
         WriteOp::SetSeqCeiling(ceiling) => {
             tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('seq_ceiling', ?1)

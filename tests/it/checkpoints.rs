@@ -188,9 +188,67 @@ fn unknown_checkpoints_other_tenants_bad_labels_and_busy_sessions_are_refused() 
     assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": long })).status, 202);
     stream.collect_until(|e| event_type(e) == "message.delta");
     server.post(&format!("{path}/{checkpoint}/restore"), json!({})).assert_error(409, "session_busy");
+    let running = server.get(&format!("/api/sessions/{id}")).json["session"]["messages"][0]["id"].clone();
+    server
+        .post(&format!("/api/sessions/{id}/rewind"), json!({ "messageId": running }))
+        .assert_error(409, "session_busy");
     server.post(&format!("/api/sessions/{id}/cancel"), json!({}));
     stream.collect_until(crate::support::is_run_end);
     let kinds: Vec<Value> =
         server.get(&path).json["checkpoints"].as_array().unwrap().iter().map(|c| c["kind"].clone()).collect();
     assert_eq!(kinds, [json!("manual")], "the refused restore took no safety checkpoint");
+}
+
+#[test]
+fn rewind_drops_a_user_message_and_its_successors_and_puts_the_files_back() {
+    let server = server(|_| {});
+    let id = server.create_session(json!({}));
+    let write = |path: &str, content: &str| tool_line("write_file", json!({ "path": path, "content": content }));
+    server.run_to_end(&id, &write("a.txt", "one\n"));
+    let session = |server: &TestServer| server.get(&format!("/api/sessions/{id}")).json["session"].clone();
+    let kept = session(&server)["messages"].as_array().unwrap().len();
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let events = server.run_to_end(&id, &[write("a.txt", "two\n"), write("b/new.txt", "new\n")].join("\n"));
+    let second_run = events.iter().find(|e| event_type(e) == "run.started").unwrap()["event"]["runId"].clone();
+    let messages = session(&server)["messages"].as_array().unwrap().clone();
+    let target = messages[kept]["id"].as_str().unwrap().to_string();
+    assert_eq!(messages[kept]["role"], "user");
+    assert_eq!(fs::read_to_string(server.workspace.join("a.txt")).unwrap(), "two\n");
+    stream.drain_events();
+
+    // Refusals first: nothing changes.
+    let rewind = format!("/api/sessions/{id}/rewind");
+    server.post(&rewind, json!({ "messageId": "msg_nope" })).assert_error(404, "message_not_found");
+    let answer_id = messages[kept + 1]["id"].as_str().unwrap();
+    server.post(&rewind, json!({ "messageId": answer_id })).assert_error(400, "invalid_rewind_target");
+    server.post(&rewind, json!({})).assert_error(400, "invalid_body");
+    server.post(&rewind, json!({ "messageId": target, "restoreFiles": "yes" })).assert_error(400, "invalid_body");
+    server.post("/api/sessions/ses_nope/rewind", json!({ "messageId": target })).assert_error(404, "session_not_found");
+
+    let rewound = server.post(&rewind, json!({ "messageId": target }));
+    assert_eq!(rewound.status, 200, "{}", rewound.text);
+    assert_eq!(rewound.json["messageId"], target.as_str());
+    assert_eq!(rewound.json["removed"], messages.len() - kept);
+    assert_eq!(rewound.json["messages"].as_array().unwrap().len(), kept);
+    assert_eq!(
+        (rewound.json["restored"]["kind"].as_str(), &rewound.json["restored"]["runId"]),
+        (Some("auto"), &second_run)
+    );
+    assert_eq!(rewound.json["safety"]["kind"], "safety");
+    // The files are as they were before the second run; the transcript ends before it.
+    assert_eq!(fs::read_to_string(server.workspace.join("a.txt")).unwrap(), "one\n");
+    assert!(!server.workspace.join("b").exists(), "a directory the run made is gone with its file");
+    let now = session(&server);
+    assert_eq!(now["messages"], rewound.json["messages"]);
+    assert_eq!(now["messageCount"], kept);
+    let rewound_event = stream.collect_until(|e| event_type(e) == "session.rewound").pop().unwrap();
+    assert_eq!(rewound_event["event"]["messages"], rewound.json["messages"]);
+
+    // Without files: only the transcript goes back.
+    let first = now["messages"][0]["id"].as_str().unwrap().to_string();
+    let only_transcript = server.post(&rewind, json!({ "messageId": first, "restoreFiles": false }));
+    assert_eq!(only_transcript.status, 200, "{}", only_transcript.text);
+    assert_eq!((&only_transcript.json["restored"], &only_transcript.json["safety"]), (&Value::Null, &Value::Null));
+    assert_eq!(only_transcript.json["messages"], json!([]));
+    assert_eq!(fs::read_to_string(server.workspace.join("a.txt")).unwrap(), "one\n");
 }

@@ -1,5 +1,5 @@
-//! `/api/sessions/:id/checkpoints` and `…/:checkpointId/restore`: snapshots of a session's
-//! workspace, and putting one back.
+//! `/api/sessions/:id/checkpoints`, `…/:checkpointId/restore` and `/rewind`: snapshots of a
+//! session's workspace, putting one back, and dropping the end of a conversation.
 //!
 //! A checkpoint on the wire: `{id, label?, kind: "manual" | "auto" | "safety", createdAt,
 //! runId?, fileCount, totalBytes}`.
@@ -46,6 +46,35 @@ pub fn restore(api: &KestrelApi, caller: &Caller, id: &str, checkpoint: &str) ->
         body.insert("warning".into(), json!(partial_warning(&restored.warnings)));
     }
     Ok(json(200, &Value::Object(body)))
+}
+
+/// `POST /rewind` with `{messageId, restoreFiles?}`.
+pub fn rewind(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
+    api.engine.check_session(&caller.tenant, id)?;
+    let body = JsonBody::read(request)?;
+    let message_id = match body.get("messageId") {
+        Some(Value::String(message_id)) if !message_id.is_empty() => message_id.clone(),
+        _ => return Err(ApiError::invalid_body("`messageId` must name a message of this session")),
+    };
+    let restore_files = match body.get("restoreFiles") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(restore)) => *restore,
+        Some(_) => return Err(ApiError::invalid_body("`restoreFiles` must be true or false")),
+    };
+    let rewound = api.engine.rewind(&caller.tenant, id, message_id.clone(), restore_files)?;
+    let messages: Vec<super::wire::WireMessage<'_>> =
+        rewound.messages.iter().map(super::wire::WireMessage::from).collect();
+    let mut answer = Map::new();
+    answer.insert("messageId".into(), json!(message_id));
+    answer.insert("removed".into(), json!(rewound.removed));
+    answer.insert("messages".into(), serde_json::to_value(&messages).unwrap_or_default());
+    let files = rewound.files.as_ref();
+    answer.insert("restored".into(), files.map_or(Value::Null, |f| checkpoint_json(&f.restored)));
+    answer.insert("safety".into(), files.map_or(Value::Null, |f| checkpoint_json(&f.safety)));
+    if let Some(files) = files.filter(|f| !f.warnings.is_empty()) {
+        answer.insert("warning".into(), json!(partial_warning(&files.warnings)));
+    }
+    Ok(json(200, &Value::Object(answer)))
 }
 
 /// One line for people about what a restore could not put back.

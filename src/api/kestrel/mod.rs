@@ -167,11 +167,7 @@ impl KestrelApi {
             (Route::Checkpoints(id), "GET") => checkpoints::list(self, &caller, id),
             (Route::Checkpoints(id), _) => checkpoints::create(self, &caller, id, request),
             (Route::CheckpointRestore(id, checkpoint), _) => checkpoints::restore(self, &caller, id, checkpoint),
-            (Route::Rewind(id), _) => {
-                // The session is checked first, so another tenant's id is still a 404.
-                self.engine.check_session(&caller.tenant, id)?;
-                Err(ApiError::new(501, "not_implemented", format!("{path} is not implemented by this server yet")))
-            }
+            (Route::Rewind(id), _) => checkpoints::rewind(self, &caller, id, request),
             (Route::PluginEvents, _) => events::plugins(self, &caller),
             (Route::Health, _) => unreachable!("answered before authentication"),
         }

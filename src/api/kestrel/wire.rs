@@ -86,11 +86,27 @@ struct MessageEvent<'a> {
     message: WireMessage<'a>,
 }
 
+/// `session.rewound` with Kestrel's `ChatMessage`s.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RewoundEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    session_id: &'a str,
+    message_id: &'a str,
+    messages: Vec<WireMessage<'a>>,
+}
+
 /// An event as Kestrel's `SessionEvent`.
 pub fn event_json(event: &Event) -> Result<String, serde_json::Error> {
     match event {
         Event::MessageStarted { session_id, message } | Event::MessageCompleted { session_id, message } => {
             let wire = MessageEvent { kind: event.kind(), session_id, message: WireMessage::from(message) };
+            serde_json::to_string(&wire)
+        }
+        Event::SessionRewound { session_id, message_id, messages } => {
+            let messages: Vec<WireMessage<'_>> = messages.iter().map(WireMessage::from).collect();
+            let wire = RewoundEvent { kind: event.kind(), session_id, message_id, messages };
             serde_json::to_string(&wire)
         }
         // Every other event's own serde shape is Kestrel's.

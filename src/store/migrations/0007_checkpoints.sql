@@ -9,7 +9,10 @@ CREATE TABLE checkpoints (
     created_at   TEXT NOT NULL,
     run_id       TEXT,
     file_count   INTEGER NOT NULL,
-    total_bytes  INTEGER NOT NULL
+    total_bytes  INTEGER NOT NULL,
+    -- The session's message count when it was taken: a rewind to the message at index i
+    -- puts back the first automatic checkpoint taken after it (message_count > i).
+    message_count INTEGER NOT NULL
 ) STRICT;
 
 CREATE INDEX checkpoints_by_session ON checkpoints (session_id, seq);

@@ -288,6 +288,11 @@ impl Server {
         );
 
         bootstrap_admin(&config, &engine)?;
+        match engine.collect_checkpoint_garbage() {
+            Ok(0) => {}
+            Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),
+            Err(error) => log::warn!("checkpoint blobs were not collected: {error}"),
+        }
         let http = serve(&config, &engine, tokens, addr, admin_addr)?;
         log::info!("listening on http://{}", http.addr());
         Ok(Server { http: Some(http), engine, store, bus: Some(bus_handle), store_writer: Some(store_writer) })

@@ -41,6 +41,11 @@ impl From<CheckpointError> for EngineError {
 }
 
 impl Engine {
+    /// Removes the blobs no checkpoint refers to (their sessions were deleted); how many.
+    pub fn collect_checkpoint_garbage(&self) -> Result<usize, EngineError> {
+        Ok(self.shared.checkpoints.collect_garbage()?)
+    }
+
     pub fn checkpoints(&self, tenant: &str, id: &str) -> Result<CheckpointList, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let disabled = self.shared.checkpoints.status(Path::new(&record.summary.workspace)).err();

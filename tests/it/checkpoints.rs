@@ -252,3 +252,28 @@ fn rewind_drops_a_user_message_and_its_successors_and_puts_the_files_back() {
     assert_eq!(only_transcript.json["messages"], json!([]));
     assert_eq!(fs::read_to_string(server.workspace.join("a.txt")).unwrap(), "one\n");
 }
+
+#[test]
+fn a_deleted_sessions_blobs_are_collected_at_the_next_start() {
+    let mut server = server(|_| {});
+    fs::write(server.workspace.join("shared.txt"), "in both sessions' checkpoints").unwrap();
+    let (kept, dropped) = (server.create_session(json!({})), server.create_session(json!({})));
+    assert_eq!(server.post(&format!("/api/sessions/{kept}/checkpoints"), json!({})).status, 201);
+    fs::write(server.workspace.join("only-later.txt"), "only in the dropped session's checkpoint").unwrap();
+    assert_eq!(server.post(&format!("/api/sessions/{dropped}/checkpoints"), json!({})).status, 201);
+    let blobs = |server: &TestServer| -> usize {
+        fs::read_dir(server.data_dir.join("blobs"))
+            .unwrap()
+            .flatten()
+            .map(|d| fs::read_dir(d.path()).unwrap().count())
+            .sum()
+    };
+    assert_eq!(blobs(&server), 2);
+    assert_eq!(server.delete(&format!("/api/sessions/{dropped}")).status, 204);
+    server.restart(|config| {
+        config.agent.permissions.insert("write_file".into(), Permission::Auto);
+    });
+    assert_eq!(blobs(&server), 1, "the blob only the deleted session's checkpoint held is gone");
+    let listed = server.get(&format!("/api/sessions/{kept}/checkpoints")).json;
+    assert_eq!(listed["checkpoints"].as_array().unwrap().len(), 1);
+}

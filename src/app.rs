@@ -225,7 +225,10 @@ impl Server {
         };
         let workspace = workspace.canonicalize().map_err(|e| StartError::Workspace(workspace.clone(), e))?;
 
-        let echo = EchoProvider { delay: Duration::from_millis(config.builtin.delay_ms) };
+        let echo = EchoProvider {
+            delay: Duration::from_millis(config.builtin.delay_ms),
+            context_window: config.builtin.context_window,
+        };
         let mut models = ModelRegistry::from_config(&config, echo, &|name| std::env::var(name).ok())
             .map_err(StartError::Providers)?;
         if let Some(model) = &config.agent.default_model {
@@ -282,6 +285,8 @@ impl Server {
                 workspaces,
                 max_steps: config.agent.max_steps.max(1),
                 bae: bae_settings(&config)?,
+                compact_at: config.agent.compact_at.clamp(0.05, 1.0),
+                compaction_keep_turns: config.agent.compaction_keep_turns.max(1),
                 checkpoints: config.checkpoints.clone(),
                 data_dir: config.server.data_dir.clone(),
             },

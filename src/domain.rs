@@ -389,6 +389,15 @@ pub enum Event {
     ApprovalResolved { session_id: String, approval_id: String, approved: bool },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
+    /// A compaction replaced `removed_messages` older messages with a summary.
+    #[serde(rename = "context.compacted", rename_all = "camelCase")]
+    ContextCompacted {
+        session_id: String,
+        removed_messages: u64,
+        kept_messages: u64,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
     /// A rewind dropped `message_id` and what came after it; `messages` are the ones left.
     #[serde(rename = "session.rewound", rename_all = "camelCase")]
     SessionRewound { session_id: String, message_id: String, messages: Vec<Message> },
@@ -523,6 +532,7 @@ impl Event {
             Event::ApprovalResolved { .. } => "approval.resolved",
             Event::SessionDeleted { .. } => "session.deleted",
             Event::SessionRewound { .. } => "session.rewound",
+            Event::ContextCompacted { .. } => "context.compacted",
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
             Event::DriverRegistered { .. } => "driver.registered",
@@ -558,6 +568,7 @@ impl Event {
             | Event::ApprovalResolved { session_id, .. }
             | Event::SessionDeleted { session_id }
             | Event::SessionRewound { session_id, .. }
+            | Event::ContextCompacted { session_id, .. }
             | Event::ClientAttached { session_id, .. }
             | Event::DriverRegistered { session_id }
             | Event::SessionFault { session_id, .. }

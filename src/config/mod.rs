@@ -230,6 +230,10 @@ pub struct AgentConfig {
     pub file_read_limit_bytes: usize,
     /// Characters of one tool result sent to the model; the rest is cut with a note.
     pub tool_output_limit_chars: usize,
+    /// Past this share of the model's `contextWindow`, a run compacts the history first.
+    pub compact_at: f64,
+    /// The most recent turns a compaction keeps as they are.
+    pub compaction_keep_turns: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -237,6 +241,8 @@ pub struct AgentConfig {
 pub struct BuiltinConfig {
     /// Pause before each word `builtin/echo` streams.
     pub delay_ms: u64,
+    /// The `contextWindow` `builtin/echo` reports, in tokens (small values make it compact).
+    pub context_window: u64,
 }
 
 impl Default for ServerConfig {
@@ -272,13 +278,15 @@ impl Default for AgentConfig {
             command_max_timeout_secs: 600,
             file_read_limit_bytes: 2 * 1024 * 1024,
             tool_output_limit_chars: 50_000,
+            compact_at: 0.8,
+            compaction_keep_turns: 2,
         }
     }
 }
 
 impl Default for BuiltinConfig {
     fn default() -> Self {
-        BuiltinConfig { delay_ms: 15 }
+        BuiltinConfig { delay_ms: 15, context_window: 1_000_000 }
     }
 }
 

@@ -10,6 +10,7 @@
 pub mod bae;
 mod calls;
 mod checkpoints;
+mod context;
 pub mod idempotency;
 mod publish;
 mod run;
@@ -120,6 +121,10 @@ pub struct EngineConfig {
     pub max_steps: u32,
     /// The BAE client API's settings.
     pub bae: bae::BaeSettings,
+    /// Past this share of a model's context window a Kestrel run compacts first.
+    pub compact_at: f64,
+    /// The most recent turns a compaction keeps as they are.
+    pub compaction_keep_turns: usize,
     /// Workspace snapshots, and the data dir their blobs live under.
     pub checkpoints: crate::checkpoints::CheckpointConfig,
     pub data_dir: std::path::PathBuf,
@@ -265,7 +270,9 @@ impl Engine {
 
     pub fn session(&self, tenant: &str, id: &str) -> Result<SessionDetail, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
-        let messages = self.shared.store.readers().messages(id)?;
+        let mut messages = self.shared.store.readers().messages(id)?;
+        // What a compaction replaced stays stored for audit, out of the transcript.
+        messages.retain(|message| !message.flag(context::COMPACTED));
         Ok(SessionDetail { summary: record.summary, messages, system_prompt: record.system_prompt })
     }
 

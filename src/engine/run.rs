@@ -229,7 +229,10 @@ impl Run {
     ) -> Result<Step, EngineError> {
         match (model, &self.plan) {
             (Model::Bae(chain), Plan::Bae(turn)) => self.ask_chain(turn, chain, usage, tail),
-            (Model::Kestrel(provider), _) => self.call_model(provider.as_ref(), session, usage),
+            (Model::Kestrel(provider), _) => {
+                self.fit_context(provider.as_ref(), session)?;
+                self.call_model(provider.as_ref(), session, usage)
+            }
             (Model::Bae(_), _) => Err(EngineError::Internal("a provider chain outside a BAE turn")),
         }
     }
@@ -265,10 +268,9 @@ impl Run {
         session: &SessionRecord,
         usage: &mut Usage,
     ) -> Result<Step, EngineError> {
-        let mut history = self.shared.store.readers().messages(&self.session_id)?;
-        // An answer a shutdown cut short is kept for people to see, but the model answers again
-        // as if it had never started (see `repair_transcript`).
-        history.retain(|message| !is_interrupted_partial(message));
+        // Neither what a compaction replaced nor an answer a shutdown cut short (kept for people
+        // to see; the model answers again as if it had never started, see `repair_transcript`).
+        let history = super::context::visible(self.shared.store.readers().messages(&self.session_id)?);
         let tools = self.shared.tools.schemas();
         let request =
             CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &history, tools: &tools };
@@ -304,6 +306,11 @@ impl Run {
                 if let Some(finish) = &completion.finish {
                     let meta = message.meta.get_or_insert_with(Map::new);
                     meta.insert("finishReason".into(), Value::String(finish.as_str().to_string()));
+                }
+                // What the provider counted: the next context estimate starts from it.
+                if completion.usage.input_tokens > 0 {
+                    let meta = message.meta.get_or_insert_with(Map::new);
+                    meta.insert("usage".into(), serde_json::to_value(&completion.usage).unwrap_or_default());
                 }
                 Step::Answered(Box::new(message.clone()))
             }

@@ -17,7 +17,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None] },
     )
     .unwrap();
-    let echo = EchoProvider { delay: Duration::ZERO };
+    let echo = EchoProvider { delay: Duration::ZERO, context_window: 1_000_000 };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
     let bae = super::bae::BaeSettings {
@@ -27,7 +27,15 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         mcp_servers: Vec::new(),
     };
     let checkpoints = crate::checkpoints::CheckpointConfig::default();
-    let config = EngineConfig { workspaces, max_steps: 5, bae, checkpoints, data_dir: data.to_path_buf() };
+    let config = EngineConfig {
+        workspaces,
+        max_steps: 5,
+        bae,
+        compact_at: 0.8,
+        compaction_keep_turns: 2,
+        checkpoints,
+        data_dir: data.to_path_buf(),
+    };
     (Engine::new(store, bus, models, tools, config), writer, bus_handle)
 }
 

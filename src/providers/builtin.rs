@@ -17,15 +17,17 @@ pub const ECHO_MODEL_ID: &str = "builtin/echo";
 pub struct EchoProvider {
     /// Pause before each streamed word.
     pub delay: Duration,
+    /// The `contextWindow` it reports (`[builtin] context_window`).
+    pub context_window: u64,
 }
 
-pub(super) fn echo_model_info() -> ModelInfo {
+pub(super) fn echo_model_info(context_window: u64) -> ModelInfo {
     ModelInfo {
         id: ECHO_MODEL_ID.into(),
         provider: "builtin".into(),
         label: Some("Echo (offline)".into()),
         description: Some("Repeats your message; `/tool NAME {json}` lines call tools.".into()),
-        context_window: Some(1_000_000),
+        context_window: Some(context_window),
         supports_tools: true,
         supports_reasoning: Some(true),
     }

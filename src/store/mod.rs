@@ -153,6 +153,14 @@ pub enum WriteOp {
         from_message_id: String,
         updated_at: String,
     },
+    /// A compaction: `summary` goes before the `kept` messages (moved after it, in order),
+    /// and the `hidden` ones are marked `meta.compacted`.
+    CompactHistory {
+        session_id: String,
+        summary: Message,
+        hidden: Vec<String>,
+        kept: Vec<String>,
+    },
     /// A checkpoint's manifest (its blobs are written before).
     InsertCheckpoint {
         record: CheckpointRecord,

@@ -215,6 +215,9 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
         WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep, trimmed_below)?,
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
         WriteOp::InsertCheckpoint { record, entries } => super::checkpoints::insert(tx, record, entries)?,
+        WriteOp::CompactHistory { session_id, summary, hidden, kept } => {
+            compact_history(tx, session_id, summary, hidden, kept)?
+        }
         WriteOp::TruncateMessages { session_id, from_message_id, updated_at } => {
             let removed = tx
                 .prepare_cached(
@@ -233,6 +236,42 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
             .execute([*ceiling as i64])?;
         }
     }
+    Ok(())
+}
+
+/// Marks the replaced messages, then puts the summary before the kept ones by moving those
+/// after it (same ids, new rowids, same order).
+fn compact_history(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    summary: &crate::domain::Message,
+    hidden: &[String],
+    kept: &[String],
+) -> Result<(), StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
+    for id in hidden {
+        let body: String =
+            tx.prepare_cached("SELECT body FROM messages WHERE id = ?1 AND session_id = ?2")?.query_row(params![id, session_id], |r| r.get(0))?;
+        let mut message: crate::domain::Message = serde_json::from_str(&body).map_err(corrupt)?;
+        message.meta.get_or_insert_with(Default::default).insert("compacted".into(), serde_json::Value::Bool(true));
+        let body = serde_json::to_string(&message).map_err(corrupt)?;
+        tx.prepare_cached("UPDATE messages SET body = ?2 WHERE id = ?1")?.execute(params![id, body])?;
+    }
+    let insert = |id: &str, role: &str, body: &str| -> Result<(), StoreError> {
+        tx.prepare_cached("INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![id, session_id, role, body])?;
+        Ok(())
+    };
+    let role = serde_json::to_value(summary.role).map_err(corrupt)?;
+    insert(&summary.id, role.as_str().unwrap_or(""), &serde_json::to_string(summary).map_err(corrupt)?)?;
+    for id in kept {
+        let (role, body): (String, String) = tx
+            .prepare_cached("SELECT role, body FROM messages WHERE id = ?1 AND session_id = ?2")?
+            .query_row(params![id, session_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        tx.prepare_cached("DELETE FROM messages WHERE id = ?1")?.execute([id])?;
+        insert(id, &role, &body)?;
+    }
+    tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1")?.execute([session_id])?;
     Ok(())
 }
 

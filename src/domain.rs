@@ -402,7 +402,13 @@ pub enum Event {
     #[serde(rename = "session.rewound", rename_all = "camelCase")]
     SessionRewound { session_id: String, message_id: String, messages: Vec<Message> },
     #[serde(rename = "notice", rename_all = "camelCase")]
-    Notice { level: NoticeLevel, message: String },
+    Notice {
+        level: NoticeLevel,
+        message: String,
+        /// The session it is about, if any: then it also reaches that session's streams.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session_id: Option<String>,
+    },
     /// A client opened (`joined: false`) or joined a session, declaring its tools.
     #[serde(rename = "client.attached")]
     ClientAttached {
@@ -578,7 +584,7 @@ impl Event {
             Event::ProviderRequest(request) => Some(&request.session_id),
             Event::ProviderResponse(response) => Some(&response.session_id),
             Event::CompactionCompleted(completed) => Some(&completed.session_id),
-            Event::Notice { .. } => None,
+            Event::Notice { session_id, .. } => session_id.as_deref(),
         }
     }
 }

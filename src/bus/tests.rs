@@ -3,7 +3,7 @@ use crate::domain::NoticeLevel;
 use std::time::Duration;
 
 fn notice(text: &str) -> Event {
-    Event::Notice { level: NoticeLevel::Info, message: text.into() }
+    Event::Notice { level: NoticeLevel::Info, message: text.into(), session_id: None }
 }
 
 fn start(dir: &std::path::Path, config: BusConfig) -> (Bus, BusHandle, crate::store::WriterHandle) {

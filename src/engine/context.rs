@@ -37,11 +37,21 @@ pub(crate) fn visible(mut messages: Vec<Message>) -> Vec<Message> {
     messages
 }
 
-/// Tokens the model would read for `messages` (see the module doc).
+/// Tokens the model would read for `messages` (see the module doc). A compaction's kept
+/// messages report what the provider counted before it, so only later answers' figures count.
 pub(crate) fn estimate(messages: &[Message]) -> u64 {
-    let reported = messages.iter().rposition(|m| reported_usage(m).is_some());
+    let fresh = match messages.iter().rposition(|m| m.flag(SUMMARY)) {
+        Some(at) => {
+            let kept = messages[at].meta.as_ref().and_then(|m| m.get("keptMessages")).and_then(|k| k.as_u64());
+            (at + 1 + kept.unwrap_or(0) as usize).min(messages.len())
+        }
+        None => 0,
+    };
+    let reported = messages[fresh..].iter().rposition(|m| reported_usage(m).is_some()).map(|at| fresh + at);
     let (base, rest) = match reported {
-        Some(at) => (reported_usage(&messages[at]).map_or(0, |u| u.input_tokens + u.output_tokens), &messages[at + 1..]),
+        Some(at) => {
+            (reported_usage(&messages[at]).map_or(0, |u| u.input_tokens + u.output_tokens), &messages[at + 1..])
+        }
         None => (0, messages),
     };
     base + rest.iter().map(|m| (serde_json::to_string(m).map_or(0, |s| s.len()) as u64).div_ceil(4) + 4).sum::<u64>()
@@ -64,7 +74,8 @@ fn split(messages: &[Message], keep: usize) -> Option<usize> {
 impl Run {
     /// Compacts the session's history first if the next call would not fit (see the module doc).
     pub(super) fn fit_context(&self, provider: &dyn Provider, session: &SessionRecord) -> Result<(), EngineError> {
-        let Some(window) = self.shared.models.infos().find(|m| m.id == session.summary.model).and_then(|m| m.context_window)
+        let Some(window) =
+            self.shared.models.infos().find(|m| m.id == session.summary.model).and_then(|m| m.context_window)
         else {
             return Ok(());
         };
@@ -80,6 +91,7 @@ impl Run {
                 self.publish(Event::Notice {
                     level: NoticeLevel::Warn,
                     message: format!("the conversation could not be compacted ({why}); it goes on in full"),
+                    session_id: Some(self.session_id.clone()),
                 });
                 Ok(())
             }
@@ -87,10 +99,16 @@ impl Run {
     }
 
     /// The model's summary of `older`, or why there is none.
-    fn summary_of(&self, provider: &dyn Provider, session: &SessionRecord, older: &[Message]) -> Result<String, String> {
+    fn summary_of(
+        &self,
+        provider: &dyn Provider,
+        session: &SessionRecord,
+        older: &[Message],
+    ) -> Result<String, String> {
         let mut messages = older.to_vec();
         messages.push(Message::text_of(Role::User, INSTRUCTION));
-        let request = CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &messages, tools: &[] };
+        let request =
+            CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &messages, tools: &[] };
         let mut ignore = |_: Delta<'_>| {};
         let completion = provider.complete(&request, &mut ignore, &self.cancel).map_err(|e| e.to_string())?;
         match completion.text.trim() {
@@ -105,6 +123,7 @@ impl Run {
         meta.insert(SUMMARY.into(), json!(true));
         meta.insert("removedMessages".into(), json!(at));
         let kept = &history[at..];
+        meta.insert("keptMessages".into(), json!(kept.len()));
         self.shared.store.write(vec![WriteOp::CompactHistory {
             session_id: self.session_id.clone(),
             summary: summary.clone(),
@@ -151,10 +170,10 @@ mod tests {
     #[test]
     fn the_estimate_uses_reported_usage_and_counts_what_came_after() {
         let mut answer = message(Role::Assistant, "answer");
-        answer.meta.get_or_insert_with(Default::default).insert(
-            "usage".into(),
-            json!({ "inputTokens": 1000, "outputTokens": 200, "totalTokens": 1200 }),
-        );
+        answer
+            .meta
+            .get_or_insert_with(Default::default)
+            .insert("usage".into(), json!({ "inputTokens": 1000, "outputTokens": 200, "totalTokens": 1200 }));
         let after = message(Role::User, &"x".repeat(400));
         let without = estimate(std::slice::from_ref(&after));
         assert!(without >= 100, "{without}");

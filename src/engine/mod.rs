@@ -269,10 +269,15 @@ impl Engine {
     }
 
     pub fn session(&self, tenant: &str, id: &str) -> Result<SessionDetail, EngineError> {
+        self.session_with(tenant, id, false)
+    }
+
+    /// A session; `with_compacted` keeps the messages a compaction replaced (stored for
+    /// audit, out of the transcript otherwise).
+    pub fn session_with(&self, tenant: &str, id: &str, with_compacted: bool) -> Result<SessionDetail, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let mut messages = self.shared.store.readers().messages(id)?;
-        // What a compaction replaced stays stored for audit, out of the transcript.
-        messages.retain(|message| !message.flag(context::COMPACTED));
+        messages.retain(|message| with_compacted || !message.flag(context::COMPACTED));
         Ok(SessionDetail { summary: record.summary, messages, system_prompt: record.system_prompt })
     }
 

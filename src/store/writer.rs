@@ -250,8 +250,9 @@ fn compact_history(
 ) -> Result<(), StoreError> {
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
     for id in hidden {
-        let body: String =
-            tx.prepare_cached("SELECT body FROM messages WHERE id = ?1 AND session_id = ?2")?.query_row(params![id, session_id], |r| r.get(0))?;
+        let body: String = tx
+            .prepare_cached("SELECT body FROM messages WHERE id = ?1 AND session_id = ?2")?
+            .query_row(params![id, session_id], |r| r.get(0))?;
         let mut message: crate::domain::Message = serde_json::from_str(&body).map_err(corrupt)?;
         message.meta.get_or_insert_with(Default::default).insert("compacted".into(), serde_json::Value::Bool(true));
         let body = serde_json::to_string(&message).map_err(corrupt)?;

@@ -4,6 +4,7 @@ mod auth;
 mod bae;
 mod checkpoints;
 mod cli;
+mod context;
 mod edge;
 mod events;
 mod fake_provider;

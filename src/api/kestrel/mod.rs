@@ -153,7 +153,7 @@ impl KestrelApi {
             (Route::Plugins, _) => meta::plugins(),
             (Route::Sessions, "GET") => sessions::list(self, &caller),
             (Route::Sessions, _) => sessions::create(self, &caller, request),
-            (Route::Session(id), "GET") => sessions::get(self, &caller, id),
+            (Route::Session(id), "GET") => sessions::get(self, &caller, id, request),
             (Route::Session(id), "PATCH") => sessions::patch(self, &caller, id, request),
             (Route::Session(id), _) => sessions::delete(self, &caller, id),
             (Route::Messages(id), _) => runs::send(self, &caller, id, request),

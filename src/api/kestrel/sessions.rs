@@ -55,8 +55,10 @@ pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Resul
     })
 }
 
-pub fn get(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
-    let session = api.engine.session(&caller.tenant, id)?;
+/// `?compacted=true` also shows the messages a compaction replaced (`hidden: true`), for audit.
+pub fn get(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
+    let with_compacted = request.query("compacted") == Some("true");
+    let session = api.engine.session_with(&caller.tenant, id, with_compacted)?;
     Ok(json(200, &OneSession { session: WireSession::from(&session) }))
 }
 

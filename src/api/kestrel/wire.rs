@@ -31,6 +31,9 @@ pub struct WireMessage<'a> {
     created_at: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<&'a str>,
+    /// Replaced by a compaction's summary (shown only when asked for).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    hidden: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     meta: Option<&'a Map<String, Value>>,
 }
@@ -50,6 +53,7 @@ impl<'a> From<&'a Message> for WireMessage<'a> {
             tool_name: result.map(|r| r.name.as_str()),
             created_at: &message.created_at,
             model: message.model.as_deref(),
+            hidden: message.flag("compacted"),
             meta: message.meta.as_ref(),
         }
     }

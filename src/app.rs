@@ -14,9 +14,11 @@ use crate::api::kestrel::KestrelApi;
 use crate::auth::TokenSet;
 use crate::bus::{Bus, BusConfig, BusHandle};
 use crate::config::{Config, ConfigError};
+use crate::domain::{Event, NoticeLevel};
 use crate::engine::tools::ToolRegistry;
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{HttpConfig, HttpServer};
+use crate::plugins::Plugins;
 use crate::providers::{EchoProvider, ModelRegistry};
 use crate::store::{Store, StoreError, WriteOp, WriterHandle};
 use crate::tools::workspace::{Protected, WorkspacePolicy};
@@ -118,6 +120,7 @@ fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
 fn serve(
     config: &Config,
     engine: &Engine,
+    plugins: &Arc<Plugins>,
     tokens: Vec<crate::config::TenantToken>,
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
@@ -127,6 +130,7 @@ fn serve(
         TokenSet::new(tokens),
         config.sanitized(),
         config.agent.file_read_limit_bytes.max(1),
+        Arc::clone(plugins),
     );
     let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(engine.clone()) });
     let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
@@ -276,6 +280,8 @@ impl Server {
             death_signal_wrapper: death_signal_wrapper(),
         };
         crate::tools::register_builtins(&mut tools, &tool_settings);
+        let reserved = tools.schemas().into_iter().map(|schema| schema.name).collect();
+        let plugins = Arc::new(Plugins::load(config.plugins.clone(), reserved));
         let engine = Engine::new(
             store.clone(),
             bus,
@@ -298,7 +304,10 @@ impl Server {
             Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),
             Err(error) => log::warn!("checkpoint blobs were not collected: {error}"),
         }
-        let http = serve(&config, &engine, tokens, addr, admin_addr)?;
+        for problem in plugins.problems() {
+            engine.bus().publish(None, Event::Notice { level: NoticeLevel::Warn, message: problem, session_id: None });
+        }
+        let http = serve(&config, &engine, &plugins, tokens, addr, admin_addr)?;
         log::info!("listening on http://{}", http.addr());
         Ok(Server { http: Some(http), engine, store, bus: Some(bus_handle), store_writer: Some(store_writer) })
     }

@@ -27,6 +27,8 @@ pub struct Config {
     pub bae: BaeConfig,
     /// Workspace snapshots.
     pub checkpoints: crate::checkpoints::CheckpointConfig,
+    /// Plugins: where they live, and whether their web assets are watched.
+    pub plugins: crate::plugins::PluginConfig,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,

@@ -51,6 +51,11 @@ pub enum Reply {
     },
     /// A whole NDJSON body (a 200 of one or a few lines, sent with its length).
     Ndjson(Vec<u8>),
+    /// A static file: its bytes and content type (a 200, not cached without revalidation).
+    File {
+        content_type: &'static str,
+        body: Vec<u8>,
+    },
     /// A body streamed for as long as it lasts: server-sent events or NDJSON.
     Stream(Stream),
 }

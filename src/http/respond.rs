@@ -27,6 +27,9 @@ pub fn reply(tcp: &TcpStream, reply: Reply, head: &Head, request: &Request, keep
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
         Reply::Ndjson(body) => (200, body, vec![("Content-Type", "application/x-ndjson".to_string())]),
+        Reply::File { content_type, body } => {
+            (200, body, vec![("Content-Type", content_type.to_string()), ("Cache-Control", "no-cache".to_string())])
+        }
         Reply::Stream(_) => unreachable!("streams are written by `stream`"),
     };
     write_response(tcp, status, body, &headers, head.version, request.inner.headers(), head_only, keep_alive)
@@ -41,7 +44,7 @@ pub fn refusal(tcp: &TcpStream, handler: &dyn Handler, path: Option<&str>, error
             (status, body, all)
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
-        Reply::Ndjson(_) | Reply::Stream(_) => (error.status(), Vec::new(), Vec::new()),
+        Reply::Ndjson(_) | Reply::File { .. } | Reply::Stream(_) => (error.status(), Vec::new(), Vec::new()),
     };
     let mut headers = headers;
     if matches!(error, EdgeError::TooManyConnections | EdgeError::Unavailable) {

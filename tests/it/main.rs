@@ -14,6 +14,7 @@ mod hardening;
 mod http;
 mod idempotency;
 mod migrate;
+mod plugins;
 mod providers;
 mod restart;
 mod runs;

@@ -31,7 +31,7 @@ pub fn plugins(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
         Filter { tenant: caller.tenant.clone(), scope: Scope::Plugins, format: Some(wire::FORMAT) },
         None,
     )?;
-    let ready = json!({ "enabled": false, "plugins": [] });
+    let ready = json!({ "enabled": api.plugins.hot_reload(), "plugins": api.plugins.infos() });
     let stream = EventStream::new(subscription, wire::FORMAT, wire::sse_frame);
     let stream = stream.with_preamble(format!("event: ready\ndata: {ready}\n\n"));
     Ok(Reply::Stream(Stream::new(Framing::EventStream, stream)))

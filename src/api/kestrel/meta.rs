@@ -4,6 +4,7 @@ use serde_json::json;
 
 use super::{json, ApiError, KestrelApi};
 use crate::http::Reply;
+use crate::plugins::AssetError;
 
 pub const PROTOCOL_VERSION: &str = "1.0";
 pub const SERVER_NAME: &str = "kestrel";
@@ -17,7 +18,7 @@ pub fn health(api: &KestrelApi) -> Result<Reply, ApiError> {
             "version": env!("CARGO_PKG_VERSION"),
             "protocol": PROTOCOL_VERSION,
             "uptimeMs": api.started.elapsed().as_millis() as u64,
-            "plugins": 0,
+            "plugins": api.plugins.active_count(),
             "sessions": api.engine.session_count()?,
         }),
     ))
@@ -33,7 +34,7 @@ pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
             "protocol": PROTOCOL_VERSION,
             "models": models,
             "tools": api.engine.tools().schemas(),
-            "plugins": [],
+            "plugins": api.plugins.infos(),
             "features": {
                 "streaming": true,
                 "approvals": true,
@@ -44,6 +45,21 @@ pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
     ))
 }
 
-pub fn plugins() -> Result<Reply, ApiError> {
-    Ok(json(200, &json!({ "plugins": [] })))
+pub fn plugins(api: &KestrelApi) -> Result<Reply, ApiError> {
+    Ok(json(200, &json!({ "plugins": api.plugins.infos() })))
+}
+
+/// `GET /plugins/<id>/web/<path>`: a file of a plugin's `web/` tree, with its content type.
+pub fn plugin_asset(api: &KestrelApi, method: &str, rest: &str) -> Result<Reply, ApiError> {
+    if method != "GET" && method != "HEAD" {
+        return Err(ApiError::method_not_allowed(&["GET", "HEAD"]));
+    }
+    let Some((id, path)) = rest.split_once("/web/") else { return Err(ApiError::not_found()) };
+    match api.plugins.asset(id, path) {
+        Ok((body, content_type)) => Ok(Reply::File { content_type, body }),
+        Err(AssetError::NotFound) => Err(ApiError::not_found()),
+        Err(AssetError::Forbidden) => {
+            Err(ApiError::new(403, "forbidden", "that path is not a file of the plugin's web/ tree"))
+        }
+    }
 }

@@ -39,6 +39,7 @@ pub struct KestrelApi {
     /// Bytes `GET /file` reads at most.
     file_read_limit: usize,
     started: Instant,
+    plugins: Arc<crate::plugins::Plugins>,
 }
 
 /// The authenticated caller.
@@ -120,8 +121,9 @@ impl KestrelApi {
         tokens: TokenSet,
         config_view: serde_json::Value,
         file_read_limit: usize,
+        plugins: Arc<crate::plugins::Plugins>,
     ) -> Arc<KestrelApi> {
-        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started: Instant::now() })
+        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started: Instant::now(), plugins })
     }
 
     fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {
@@ -138,6 +140,10 @@ impl KestrelApi {
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, ApiError> {
         let path = request.path().to_string();
+        // Plugins' web assets are static files, never authenticated (as the spec says).
+        if let Some(rest) = path.strip_prefix("/plugins/") {
+            return meta::plugin_asset(self, request.method(), rest);
+        }
         let route = Route::parse(&path).ok_or_else(ApiError::not_found)?;
         let method = request.method().to_string();
         if !route.methods().contains(&method.as_str()) {
@@ -150,7 +156,7 @@ impl KestrelApi {
         match (route, method.as_str()) {
             (Route::Bootstrap, _) => meta::bootstrap(self),
             (Route::Config, _) => Ok(json(200, &self.config_view)),
-            (Route::Plugins, _) => meta::plugins(),
+            (Route::Plugins, _) => meta::plugins(self),
             (Route::Sessions, "GET") => sessions::list(self, &caller),
             (Route::Sessions, _) => sessions::create(self, &caller, request),
             (Route::Session(id), "GET") => sessions::get(self, &caller, id, request),

@@ -1,0 +1,180 @@
+//! `plugin.json`: what a plugin says about itself, read and checked. A manifest that does not
+//! pass is reported (the plugin is listed as failed, with why), never fatal.
+//!
+//! ```json
+//! {
+//!   "id": "hello",                       // [a-z0-9][a-z0-9_-]{0,63}, unique
+//!   "name": "Hello",                     // 1–100 characters
+//!   "version": "1.2.0",                  // 1–40 characters
+//!   "description": "Says hello",         // optional, at most 1,000 characters
+//!   "web": { "entry": "index.js", "stylesheet": "style.css" },   // optional, under web/
+//!   "tools": [{                          // optional
+//!     "name": "hello_world",             // [a-z][a-z0-9_]{0,63}, not a built-in tool's name
+//!     "description": "…",
+//!     "parameters": { "type": "object", … },                    // JSON Schema, an object
+//!     "command": ["python3", "hello.py"],                        // argv, run in the workspace
+//!     "timeoutSecs": 30,                 // optional, 1–600, default 30
+//!     "permission": "ask"                // optional, "auto" or "ask" (the default)
+//!   }]
+//! }
+//! ```
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Manifest {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub web: Option<WebEntry>,
+    #[serde(default)]
+    pub tools: Vec<ToolManifest>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebEntry {
+    pub entry: String,
+    #[serde(default)]
+    pub stylesheet: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ToolManifest {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub permission: Option<String>,
+}
+
+/// The largest `plugin.json` read.
+const MANIFEST_LIMIT: u64 = 256 * 1024;
+
+/// Reads and checks a manifest; the error says what is wrong, for people.
+pub fn read(path: &std::path::Path, reserved_tools: &[String]) -> Result<Manifest, String> {
+    let metadata = std::fs::metadata(path).map_err(|e| format!("plugin.json: {e}"))?;
+    if metadata.len() > MANIFEST_LIMIT {
+        return Err(format!("plugin.json is larger than {MANIFEST_LIMIT} bytes"));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("plugin.json: {e}"))?;
+    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| format!("plugin.json: {e}"))?;
+    check(&manifest, reserved_tools)?;
+    Ok(manifest)
+}
+
+fn check(manifest: &Manifest, reserved_tools: &[String]) -> Result<(), String> {
+    let id_ok = !manifest.id.is_empty()
+        && manifest.id.len() <= 64
+        && manifest.id.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && manifest.id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !id_ok {
+        return Err(format!("id {:?} must be 1–64 of a-z, 0-9, - and _", manifest.id));
+    }
+    if manifest.name.trim().is_empty() || manifest.name.chars().count() > 100 {
+        return Err("name must be 1–100 characters".into());
+    }
+    if manifest.version.trim().is_empty() || manifest.version.chars().count() > 40 {
+        return Err("version must be 1–40 characters".into());
+    }
+    if manifest.description.as_ref().is_some_and(|d| d.chars().count() > 1000) {
+        return Err("description must be at most 1,000 characters".into());
+    }
+    if let Some(web) = &manifest.web {
+        for file in std::iter::once(&web.entry).chain(web.stylesheet.as_ref()) {
+            if !relative_path_ok(file) {
+                return Err(format!("web file {file:?} must be a relative path inside web/"));
+            }
+        }
+    }
+    let mut names = std::collections::HashSet::new();
+    for tool in &manifest.tools {
+        check_tool(tool, reserved_tools)?;
+        if !names.insert(tool.name.as_str()) {
+            return Err(format!("tool {:?} is declared twice", tool.name));
+        }
+    }
+    Ok(())
+}
+
+fn check_tool(tool: &ToolManifest, reserved_tools: &[String]) -> Result<(), String> {
+    let name_ok = !tool.name.is_empty()
+        && tool.name.len() <= 64
+        && tool.name.starts_with(|c: char| c.is_ascii_lowercase())
+        && tool.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !name_ok {
+        return Err(format!("tool name {:?} must be 1–64 of a-z, 0-9 and _, starting with a letter", tool.name));
+    }
+    if reserved_tools.contains(&tool.name) {
+        return Err(format!("tool {:?} has the name of a built-in tool", tool.name));
+    }
+    if !tool.parameters.is_object() {
+        return Err(format!("tool {:?}: parameters must be a JSON Schema object", tool.name));
+    }
+    if tool.command.is_empty() || tool.command.iter().any(|part| part.is_empty() || part.contains('\0')) {
+        return Err(format!("tool {:?}: command must be a non-empty list of arguments", tool.name));
+    }
+    if tool.timeout_secs.is_some_and(|t| !(1..=600).contains(&t)) {
+        return Err(format!("tool {:?}: timeoutSecs must be 1–600", tool.name));
+    }
+    if tool.permission.as_deref().is_some_and(|p| p != "auto" && p != "ask") {
+        return Err(format!("tool {:?}: permission must be \"auto\" or \"ask\"", tool.name));
+    }
+    Ok(())
+}
+
+/// A relative POSIX path with no `..`, no empty part and no leading `/`.
+pub fn relative_path_ok(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\\')
+        && !path.contains('\0')
+        && path.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(json: &str) -> Result<Manifest, String> {
+        let manifest: Manifest = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        check(&manifest, &["read_file".to_string()]).map(|()| manifest)
+    }
+
+    #[test]
+    fn a_good_manifest_passes_and_each_kind_of_bad_one_says_why() {
+        let good = r#"{"id":"hello","name":"Hello","version":"1.0.0","web":{"entry":"index.js"},
+            "tools":[{"name":"hi","description":"d","parameters":{"type":"object"},"command":["echo"]}]}"#;
+        assert!(manifest(good).is_ok());
+        for (bad, why) in [
+            (r#"{"id":"Hello","name":"x","version":"1"}"#, "id"),
+            (r#"{"id":"a","name":"","version":"1"}"#, "name"),
+            (r#"{"id":"a","name":"x","version":"1","web":{"entry":"../x.js"}}"#, "web file"),
+            (
+                r#"{"id":"a","name":"x","version":"1","tools":[{"name":"read_file","description":"d","parameters":{},"command":["x"]}]}"#,
+                "built-in",
+            ),
+            (
+                r#"{"id":"a","name":"x","version":"1","tools":[{"name":"t","description":"d","parameters":[],"command":["x"]}]}"#,
+                "parameters",
+            ),
+            (
+                r#"{"id":"a","name":"x","version":"1","tools":[{"name":"t","description":"d","parameters":{},"command":[]}]}"#,
+                "command",
+            ),
+            (r#"{"id":"a","name":"x","version":"1","surprise":true}"#, "unknown field"),
+        ] {
+            let error = manifest(bad).unwrap_err();
+            assert!(error.contains(why), "{bad}: {error}");
+        }
+    }
+}

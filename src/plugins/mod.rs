@@ -1,0 +1,243 @@
+//! Plugins: directories under `plugins.dir`, each with a `plugin.json` (`manifest.rs`) and an
+//! optional `web/` tree served as static files at `/plugins/<id>/web/<path>`.
+//!
+//! A plugin whose manifest does not pass is listed as failed, with why, and reported with a
+//! `notice`; it never stops the server. The list is read at start (and again by the hot reload
+//! watcher when a manifest changes); readers take a snapshot.
+
+pub mod manifest;
+
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use serde::Serialize;
+
+use manifest::{relative_path_ok, Manifest};
+
+/// `[plugins]` in the config file.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginConfig {
+    /// Where plugins live; none: no plugins.
+    pub dir: Option<PathBuf>,
+    /// Watch plugins' `web/` trees and announce saves on `/api/plugins/events`.
+    pub hot_reload: bool,
+}
+
+/// One plugin directory, loaded or not.
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    /// The manifest's id, or the directory's name when the manifest failed.
+    pub id: String,
+    pub dir: PathBuf,
+    pub manifest: Result<Manifest, String>,
+}
+
+/// `PluginInfo` on the wire.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PluginInfo {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// `"active"` or `"failed"`.
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub web: Option<WebInfo>,
+    pub tools: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WebInfo {
+    /// URLs of the entry module and the stylesheet.
+    pub entry: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stylesheet: Option<String>,
+    /// A fingerprint of the `web/` tree, while hot reload watches it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+}
+
+/// Why a web asset is not served.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AssetError {
+    NotFound,
+    /// A path that climbs out, or names something that is not a regular file inside `web/`.
+    Forbidden,
+}
+
+pub struct Plugins {
+    config: PluginConfig,
+    reserved_tools: Vec<String>,
+    loaded: RwLock<Vec<Plugin>>,
+}
+
+impl Plugins {
+    /// Reads every plugin directory; `reserved_tools` are names no plugin tool may take.
+    pub fn load(config: PluginConfig, reserved_tools: Vec<String>) -> Plugins {
+        let plugins = Plugins { config, reserved_tools, loaded: RwLock::new(Vec::new()) };
+        plugins.reload();
+        plugins
+    }
+
+    /// Reads the plugin directories again.
+    pub fn reload(&self) {
+        let found = match &self.config.dir {
+            Some(dir) => scan(dir, &self.reserved_tools),
+            None => Vec::new(),
+        };
+        *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = found;
+    }
+
+    /// What is wrong with the plugins that failed, for notices.
+    pub fn problems(&self) -> Vec<String> {
+        let plugins = self.snapshot();
+        plugins.iter().filter_map(|p| p.manifest.as_ref().err().map(|e| format!("plugin {}: {e}", p.id))).collect()
+    }
+
+    pub fn hot_reload(&self) -> bool {
+        self.config.hot_reload && self.config.dir.is_some()
+    }
+
+    pub fn snapshot(&self) -> Vec<Plugin> {
+        self.loaded.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn active_count(&self) -> usize {
+        self.snapshot().iter().filter(|p| p.manifest.is_ok()).count()
+    }
+
+    /// Every plugin as `GET /api/plugins` lists it.
+    pub fn infos(&self) -> Vec<PluginInfo> {
+        self.snapshot().iter().map(|plugin| self.info(plugin)).collect()
+    }
+
+    fn info(&self, plugin: &Plugin) -> PluginInfo {
+        match &plugin.manifest {
+            Ok(manifest) => PluginInfo {
+                id: manifest.id.clone(),
+                name: manifest.name.clone(),
+                version: manifest.version.clone(),
+                description: manifest.description.clone(),
+                status: "active",
+                error: None,
+                web: manifest.web.as_ref().map(|web| WebInfo {
+                    entry: asset_url(&manifest.id, &web.entry),
+                    stylesheet: web.stylesheet.as_ref().map(|s| asset_url(&manifest.id, s)),
+                    revision: self.hot_reload().then(|| revision(&plugin.dir.join("web"))),
+                }),
+                tools: manifest.tools.iter().map(|t| t.name.clone()).collect(),
+            },
+            Err(error) => PluginInfo {
+                id: plugin.id.clone(),
+                name: plugin.id.clone(),
+                version: String::new(),
+                description: None,
+                status: "failed",
+                error: Some(error.clone()),
+                web: None,
+                tools: Vec::new(),
+            },
+        }
+    }
+
+    /// A file of an active plugin's `web/` tree and its content type.
+    pub fn asset(&self, id: &str, path: &str) -> Result<(Vec<u8>, &'static str), AssetError> {
+        let plugins = self.snapshot();
+        let plugin = plugins.iter().find(|p| p.id == id && p.manifest.is_ok()).ok_or(AssetError::NotFound)?;
+        if !relative_path_ok(path) {
+            return Err(AssetError::Forbidden);
+        }
+        let root = plugin.dir.join("web").canonicalize().map_err(|_| AssetError::NotFound)?;
+        let file = root.join(path).canonicalize().map_err(|_| AssetError::NotFound)?;
+        // Symbolic links are resolved first, so one pointing out of `web/` is refused too.
+        if !file.starts_with(&root) || !file.is_file() {
+            return Err(AssetError::Forbidden);
+        }
+        let bytes = std::fs::read(&file).map_err(|_| AssetError::NotFound)?;
+        Ok((bytes, content_type(&file)))
+    }
+}
+
+fn asset_url(id: &str, path: &str) -> String {
+    format!("/plugins/{id}/web/{path}")
+}
+
+/// Every directory under `dir` holding a `plugin.json`, by name; ids must be unique.
+fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        log::warn!("plugins.dir {} cannot be read", dir.display());
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> =
+        entries.flatten().map(|e| e.path()).filter(|p| p.join("plugin.json").is_file()).collect();
+    dirs.sort();
+    let mut plugins: Vec<Plugin> = Vec::new();
+    for dir in dirs {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut manifest = manifest::read(&dir.join("plugin.json"), reserved_tools);
+        if let Ok(read) = &manifest {
+            if plugins.iter().any(|p| p.id == read.id) {
+                manifest = Err(format!("id {:?} is taken by another plugin", read.id));
+            }
+        }
+        let id = manifest.as_ref().map_or(name, |m| m.id.clone());
+        if let Err(error) = &manifest {
+            log::warn!("plugin {id}: {error}");
+        }
+        plugins.push(Plugin { id, dir, manifest });
+    }
+    plugins
+}
+
+/// A fingerprint of a tree: every file's path, size and modification time, hashed.
+pub fn revision(dir: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    let mut pending = vec![dir.to_path_buf()];
+    let mut files = Vec::new();
+    while let Some(at) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&at) else { continue };
+        for entry in entries.flatten() {
+            let Ok(metadata) = entry.metadata() else { continue };
+            match metadata.is_dir() {
+                true => pending.push(entry.path()),
+                false => {
+                    let modified = metadata.modified().ok().and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok());
+                    files.push((entry.path(), metadata.len(), modified.map_or(0, |m| m.as_nanos())));
+                }
+            }
+        }
+    }
+    files.sort();
+    for (path, size, modified) in files {
+        hasher.update(path.to_string_lossy().as_bytes());
+        hasher.update(size.to_le_bytes());
+        hasher.update(modified.to_le_bytes());
+    }
+    hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+fn content_type(path: &Path) -> &'static str {
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("js" | "mjs") => "text/javascript; charset=utf-8",
+        Some("css") => "text/css; charset=utf-8",
+        Some("html" | "htm") => "text/html; charset=utf-8",
+        Some("json" | "map") => "application/json",
+        Some("svg") => "image/svg+xml",
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("gif") => "image/gif",
+        Some("webp") => "image/webp",
+        Some("woff2") => "font/woff2",
+        Some("woff") => "font/woff",
+        Some("txt" | "md") => "text/plain; charset=utf-8",
+        Some("wasm") => "application/wasm",
+        _ => "application/octet-stream",
+    }
+}

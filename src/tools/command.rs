@@ -1,30 +1,19 @@
 //! run_command: a shell command in the workspace, with a timeout, capped interleaved output,
 //! and its whole process group killed on cancel or timeout.
 //!
-//! The command runs under `/bin/sh -c` in a process group of its own, marked so that it cannot
-//! outlive the server (`orphans.rs`), with stdout and stderr on one pipe (so they interleave as the command wrote them) and without the server's
-//! secrets in its environment. A reader thread drains the pipe into a capped buffer; a waiter
-//! thread reaps the child; the run's worker waits on both, its cancel token and the clock.
+//! The command runs under `/bin/sh -c` as `process.rs` runs a tool's processes, with stdout
+//! and stderr on one pipe, so they interleave as the command wrote them.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_channel::{bounded, select};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
-use super::orphans;
+use super::process::{Ending, Launcher, Pipes, OUTPUT_CAP};
 use super::schema;
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
-
-/// Output kept from one command; the rest is counted and dropped.
-const OUTPUT_CAP: usize = 30_000;
 
 pub struct RunCommand {
     pub default_timeout: Duration,
@@ -69,63 +58,14 @@ impl Tool for RunCommand {
     }
 }
 
-enum Ending {
-    Exited(Option<i32>),
-    TimedOut,
-    Cancelled,
-}
-
 impl RunCommand {
     fn execute(&self, command: &str, timeout: Duration, context: &ToolContext<'_>) -> std::io::Result<ToolOutput> {
-        let started = Instant::now();
-        let (reader, writer) = std::io::pipe()?;
-        let mut shell = match &self.death_signal_wrapper {
-            Some(setpriv) => {
-                let mut wrapped = Command::new(setpriv);
-                wrapped.args(["--pdeathsig", "KILL", "--", "/bin/sh"]);
-                wrapped
-            }
-            None => Command::new("/bin/sh"),
-        };
-        shell
-            .arg("-c")
-            .arg(command)
-            .env(orphans::MARKER, orphans::marker_value(context.session_id, context.call_id))
-            .current_dir(context.workspace.root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(writer.try_clone()?))
-            .stderr(Stdio::from(writer))
-            .process_group(0);
-        for name in &self.hidden_env {
-            shell.env_remove(name);
-        }
-        let mut child = shell.spawn()?;
-        drop(shell); // closes our copies of the pipe's write end, so EOF comes when the command's do
-        let group = Pid::from_raw(child.id() as i32);
-
-        let (output_tx, output_rx) = bounded(1);
-        std::thread::Builder::new().name("kestrel-cmd-out".into()).spawn(move || {
-            let _ = output_tx.send(read_capped(reader));
-        })?;
-        let (exit_tx, exit_rx) = bounded(1);
-        std::thread::Builder::new().name("kestrel-cmd-wait".into()).spawn(move || {
-            let _ = exit_tx.send(child.wait().ok().and_then(|status| status.code()));
-        })?;
-
-        let ending = select! {
-            recv(exit_rx) -> code => Ending::Exited(code.ok().flatten()),
-            recv(context.cancel.receiver()) -> _ => Ending::Cancelled,
-            default(timeout) => Ending::TimedOut,
-        };
-        if !matches!(ending, Ending::Exited(_)) {
-            // The whole group: a shell's children die with it.
-            let _ = killpg(group, Signal::SIGKILL);
-            let _ = exit_rx.recv_timeout(Duration::from_secs(5));
-        }
-        // A daemon that left the group may hold the pipe open; do not wait for it forever.
-        let (output, dropped) = output_rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
-        let duration_ms = started.elapsed().as_millis() as u64;
-        let mut content = match &ending {
+        let launcher =
+            Launcher { hidden_env: self.hidden_env.clone(), death_signal_wrapper: self.death_signal_wrapper.clone() };
+        let shell = launcher.command("/bin/sh", &["-c".to_string(), command.to_string()], context);
+        let finished = launcher.run(shell, None, Pipes::Merged, timeout, context)?;
+        let (output, dropped) = finished.outputs.first().cloned().unwrap_or_default();
+        let mut content = match &finished.ending {
             Ending::Exited(Some(code)) => format!("exit code {code}\n"),
             Ending::Exited(None) => "killed by a signal\n".to_string(),
             Ending::TimedOut => format!("timed out after {} s; the command was killed\n", timeout.as_secs()),
@@ -135,15 +75,12 @@ impl RunCommand {
         if dropped > 0 {
             content.push_str(&format!("\n[output truncated: {dropped} more bytes]"));
         }
-        let exit_code = match ending {
-            Ending::Exited(code) => code,
-            _ => None,
-        };
+        let exit_code = finished.exit_code();
         let data = json!({
             "exitCode": exit_code,
-            "timedOut": matches!(ending, Ending::TimedOut),
-            "cancelled": matches!(ending, Ending::Cancelled),
-            "durationMs": duration_ms,
+            "timedOut": matches!(finished.ending, Ending::TimedOut),
+            "cancelled": matches!(finished.ending, Ending::Cancelled),
+            "durationMs": finished.duration_ms,
             "truncated": dropped > 0,
         });
         let ok = exit_code == Some(0);
@@ -154,23 +91,4 @@ impl RunCommand {
             data: Some(data),
         })
     }
-}
-
-/// Reads to the end, keeping the first `OUTPUT_CAP` bytes; returns the text and how many bytes
-/// were dropped.
-fn read_capped(mut reader: impl Read) -> (String, usize) {
-    let mut kept = Vec::new();
-    let mut dropped = 0;
-    let mut buffer = [0u8; 8192];
-    loop {
-        match reader.read(&mut buffer) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = OUTPUT_CAP.saturating_sub(kept.len()).min(n);
-                kept.extend_from_slice(&buffer[..room]);
-                dropped += n - room;
-            }
-        }
-    }
-    (String::from_utf8_lossy(&kept).into_owned(), dropped)
 }

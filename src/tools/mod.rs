@@ -7,6 +7,7 @@ mod args;
 mod command;
 mod files;
 pub mod orphans;
+pub mod process;
 mod search;
 pub mod workspace;
 

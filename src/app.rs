@@ -282,6 +282,13 @@ impl Server {
         crate::tools::register_builtins(&mut tools, &tool_settings);
         let reserved = tools.schemas().into_iter().map(|schema| schema.name).collect();
         let plugins = Arc::new(Plugins::load(config.plugins.clone(), reserved));
+        let launcher = crate::tools::process::Launcher {
+            hidden_env: tool_settings.hidden_env.clone(),
+            death_signal_wrapper: tool_settings.death_signal_wrapper.clone(),
+        };
+        for tool in plugins.tools(&launcher) {
+            tools.register(Box::new(tool));
+        }
         let engine = Engine::new(
             store.clone(),
             bus,

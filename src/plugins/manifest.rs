@@ -115,7 +115,7 @@ fn check_tool(tool: &ToolManifest, reserved_tools: &[String]) -> Result<(), Stri
         return Err(format!("tool name {:?} must be 1–64 of a-z, 0-9 and _, starting with a letter", tool.name));
     }
     if reserved_tools.contains(&tool.name) {
-        return Err(format!("tool {:?} has the name of a built-in tool", tool.name));
+        return Err(format!("tool {:?} has the name of a built-in tool or another plugin's", tool.name));
     }
     if !tool.parameters.is_object() {
         return Err(format!("tool {:?}: parameters must be a JSON Schema object", tool.name));

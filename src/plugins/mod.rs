@@ -6,6 +6,7 @@
 //! watcher when a manifest changes); readers take a snapshot.
 
 pub mod manifest;
+pub mod tool;
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -94,6 +95,20 @@ impl Plugins {
         *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = found;
     }
 
+    /// Every active plugin's tools, ready to register.
+    pub fn tools(&self, launcher: &crate::tools::process::Launcher) -> Vec<tool::PluginTool> {
+        let plugins = self.snapshot();
+        let active = plugins.iter().filter_map(|p| p.manifest.as_ref().ok().map(|m| (p, m)));
+        active
+            .flat_map(|(plugin, manifest)| {
+                manifest
+                    .tools
+                    .iter()
+                    .map(|t| tool::PluginTool::new(&manifest.id, plugin.dir.clone(), t.clone(), launcher.clone()))
+            })
+            .collect()
+    }
+
     /// What is wrong with the plugins that failed, for notices.
     pub fn problems(&self) -> Vec<String> {
         let plugins = self.snapshot();
@@ -178,13 +193,18 @@ fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
         entries.flatten().map(|e| e.path()).filter(|p| p.join("plugin.json").is_file()).collect();
     dirs.sort();
     let mut plugins: Vec<Plugin> = Vec::new();
+    let mut taken: Vec<String> = reserved_tools.to_vec();
     for dir in dirs {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut manifest = manifest::read(&dir.join("plugin.json"), reserved_tools);
+        // Built-in tools' names and those of the plugins read before are taken.
+        let mut manifest = manifest::read(&dir.join("plugin.json"), &taken);
         if let Ok(read) = &manifest {
             if plugins.iter().any(|p| p.id == read.id) {
                 manifest = Err(format!("id {:?} is taken by another plugin", read.id));
             }
+        }
+        if let Ok(read) = &manifest {
+            taken.extend(read.tools.iter().map(|t| t.name.clone()));
         }
         let id = manifest.as_ref().map_or(name, |m| m.id.clone());
         if let Err(error) = &manifest {

@@ -115,3 +115,67 @@ fn raw_get(base: &str, path: &str) -> String {
     let _ = socket.read_to_string(&mut answer);
     answer
 }
+
+const TOOL_SCRIPT: &str = r#"input=$(cat)
+case "$input" in
+  *fail*) echo "it went wrong" >&2; exit 3 ;;
+  *slow*) sleep 5 ;;
+esac
+printf '{"ok": true, "content": "ran in %s", "data": {"got": %s, "dir": "%s"}}' "$(pwd)" "$input" "$KESTREL_PLUGIN_DIR"
+"#;
+
+#[test]
+fn a_plugin_tool_runs_as_a_subprocess_with_the_rules_of_a_built_in_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = |name: &str, permission: &str, timeout: u64| {
+        json!({ "name": name, "description": "A plugin tool", "permission": permission, "timeoutSecs": timeout,
+                "parameters": { "type": "object", "properties": { "mode": { "type": "string" } } },
+                "command": ["/bin/sh", "{pluginDir}/tool.sh"] })
+    };
+    let manifest = json!({ "id": "kit", "name": "Kit", "version": "0.1.0",
+        "tools": [tool("kit_run", "auto", 1), tool("kit_asked", "ask", 5)] });
+    plugin(dir.path(), "kit", manifest, &[("tool.sh", TOOL_SCRIPT)]);
+    // A later plugin may not take a tool name that is already taken.
+    let clash = json!({ "id": "clash", "name": "Clash", "version": "1", "tools": [tool("kit_run", "auto", 1)] });
+    plugin(dir.path(), "zz-clash", clash, &[("tool.sh", TOOL_SCRIPT)]);
+    let plugins = dir.path().to_path_buf();
+    let server = TestServer::start_with(move |config| config.plugins.dir = Some(plugins));
+    let listed = server.get("/api/plugins").json;
+    assert_eq!(listed["plugins"][0]["tools"], json!(["kit_run", "kit_asked"]));
+    assert_eq!(listed["plugins"][1]["status"], "failed", "{listed}");
+    let schemas = server.get("/api/bootstrap").json["tools"].clone();
+    let kit = schemas.as_array().unwrap().iter().find(|t| t["name"] == "kit_run").unwrap().clone();
+    assert_eq!((kit["permission"].as_str(), kit["category"].as_str()), (Some("auto"), Some("plugin:kit")));
+
+    let id = server.create_session(json!({}));
+    let result = |line: &str| {
+        let events = server.run_to_end(&id, line);
+        let finished = events.iter().find(|e| crate::support::event_type(e) == "tool.finished");
+        finished.unwrap_or_else(|| panic!("{events:#?}"))["event"]["result"].clone()
+    };
+    let ran = result(r#"/tool kit_run {"mode": "fine"}"#);
+    assert_eq!(ran["ok"], true, "{ran}");
+    let workspace = server.workspace.canonicalize().unwrap();
+    assert_eq!(ran["content"], format!("ran in {}", workspace.display()));
+    assert_eq!(ran["data"]["got"], json!({ "mode": "fine" }), "the arguments arrive as JSON on stdin");
+    assert_eq!(ran["data"]["dir"], dir.path().join("kit").to_string_lossy().as_ref());
+
+    let failed = result(r#"/tool kit_run {"mode": "fail"}"#);
+    assert_eq!(failed["ok"], false);
+    assert!(failed["error"].as_str().unwrap().contains("exit code 3: it went wrong"), "{failed}");
+    let slow = result(r#"/tool kit_run {"mode": "slow"}"#);
+    assert_eq!(slow["ok"], false);
+    assert!(slow["error"].as_str().unwrap().contains("timed out after 1 s"), "{slow}");
+
+    // An `ask` tool waits for a person, like a built-in one.
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let sent = server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": "/tool kit_asked {}" }));
+    assert_eq!(sent.status, 202);
+    let asked = stream.collect_until(|e| crate::support::event_type(e) == "approval.requested").pop().unwrap();
+    let approval = asked["event"]["approval"]["id"].as_str().unwrap().to_string();
+    let decided = server.post(&format!("/api/sessions/{id}/approvals/{approval}"), json!({ "approved": false }));
+    assert_eq!(decided.status, 200);
+    let denied = stream.collect_until(|e| crate::support::event_type(e) == "tool.finished").pop().unwrap();
+    assert_eq!(denied["event"]["result"]["ok"], false);
+    stream.collect_until(crate::support::is_run_end);
+}

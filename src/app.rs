@@ -41,6 +41,8 @@ pub enum StartError {
     Keyring(crate::auth::keys::KeyringError),
     /// The admin key could not be set up.
     AdminKey(String),
+    /// A thread the server needs could not be started.
+    Thread(&'static str, std::io::Error),
 }
 
 impl std::fmt::Display for StartError {
@@ -62,6 +64,7 @@ impl std::fmt::Display for StartError {
             StartError::Bind(addr, error) => write!(f, "cannot listen on {addr}: {error}"),
             StartError::Keyring(error) => write!(f, "{error}"),
             StartError::AdminKey(why) => write!(f, "admin key: {why}"),
+            StartError::Thread(name, error) => write!(f, "cannot start the {name} thread: {error}"),
         }
     }
 }
@@ -197,6 +200,8 @@ pub struct Server {
     store: Store,
     bus: Option<BusHandle>,
     store_writer: Option<WriterHandle>,
+    /// The hot reload watcher, when it runs.
+    plugin_watcher: Option<crate::plugins::watch::Watcher>,
 }
 
 /// Counters a test or an operator can read.
@@ -314,9 +319,12 @@ impl Server {
         for problem in plugins.problems() {
             engine.bus().publish(None, Event::Notice { level: NoticeLevel::Warn, message: problem, session_id: None });
         }
+        let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone())
+            .map_err(|e| StartError::Thread("kestrel-plugins", e))?;
         let http = serve(&config, &engine, &plugins, tokens, addr, admin_addr)?;
         log::info!("listening on http://{}", http.addr());
-        Ok(Server { http: Some(http), engine, store, bus: Some(bus_handle), store_writer: Some(store_writer) })
+        let (bus, store_writer) = (Some(bus_handle), Some(store_writer));
+        Ok(Server { http: Some(http), engine, store, bus, store_writer, plugin_watcher })
     }
 
     /// The bound address (useful with port 0).
@@ -352,6 +360,7 @@ impl Server {
             return;
         };
         http.stop_accepting();
+        self.plugin_watcher.take();
         self.engine.shutdown(SHUTDOWN_GRACE);
         sweep_commands(&self.store, "still running at shutdown");
         if let Some(bus) = self.bus.take() {

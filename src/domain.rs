@@ -347,6 +347,13 @@ pub enum NoticeLevel {
     Error,
 }
 
+/// A plugin's new `web/` revision, in `plugins.changed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PluginRevision {
+    pub id: String,
+    pub revision: String,
+}
+
 /// Everything the engine tells the world. The bus stamps each with a `seq` and a time; the
 /// event log keeps this serde form. Its names and field names are Kestrel's, so
 /// `api/kestrel/wire.rs` renders every event as it is but the two that carry a message.
@@ -389,6 +396,9 @@ pub enum Event {
     ApprovalResolved { session_id: String, approval_id: String, approved: bool },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
+    /// Plugins' `web/` trees changed (hot reload): each plugin's new revision.
+    #[serde(rename = "plugins.changed")]
+    PluginsChanged { plugins: Vec<PluginRevision>, at: String },
     /// A compaction replaced `removed_messages` older messages with a summary.
     #[serde(rename = "context.compacted", rename_all = "camelCase")]
     ContextCompacted {
@@ -539,6 +549,7 @@ impl Event {
             Event::SessionDeleted { .. } => "session.deleted",
             Event::SessionRewound { .. } => "session.rewound",
             Event::ContextCompacted { .. } => "context.compacted",
+            Event::PluginsChanged { .. } => "plugins.changed",
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
             Event::DriverRegistered { .. } => "driver.registered",
@@ -555,7 +566,12 @@ impl Event {
     /// Token deltas (and stream signals) live only in the in-memory ring; every other event
     /// goes to the log.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Event::MessageDelta { .. } | Event::StreamsReleased { .. })
+        matches!(self, Event::MessageDelta { .. } | Event::StreamsReleased { .. } | Event::PluginsChanged { .. })
+    }
+
+    /// Whether it is for the plugin stream (and only for it).
+    pub fn is_plugin_change(&self) -> bool {
+        matches!(self, Event::PluginsChanged { .. })
     }
 
     /// The session an event belongs to, if any; session streams filter on it.
@@ -585,6 +601,7 @@ impl Event {
             Event::ProviderResponse(response) => Some(&response.session_id),
             Event::CompactionCompleted(completed) => Some(&completed.session_id),
             Event::Notice { session_id, .. } => session_id.as_deref(),
+            Event::PluginsChanged { .. } => None,
         }
     }
 }

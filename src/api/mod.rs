@@ -9,7 +9,7 @@ use crate::http::{EdgeError, Handler, Reply, Request};
 
 /// How the bus renders envelopes for each format: Kestrel's SSE, BAE's NDJSON.
 pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] =
-    [Some(kestrel::wire_sse_frame), Some(bae::wire::ndjson_frame)];
+    [Some(kestrel::wire_sse_frame), Some(bae::wire::ndjson_frame), Some(kestrel::wire_plugins_frame)];
 
 /// The main port: BAE's client routes (`/healthz`, `/api/v1/…`) beside the Kestrel routes.
 pub struct MainDoor {

@@ -315,7 +315,7 @@ impl BusActor {
         }
         for (index, render) in self.config.renderers.iter().enumerate() {
             let Some(render) = render else { continue };
-            let format = if index == Format::KestrelSse as usize { Format::KestrelSse } else { Format::BaeNdjson };
+            let format = Format::ALL[index];
             if self.subscribers.iter().any(|subscriber| subscriber.filter.format == Some(format)) {
                 for envelope in batch.iter() {
                     envelope.frame(format, *render);

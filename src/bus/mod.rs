@@ -63,9 +63,16 @@ pub enum Format {
     KestrelSse = 0,
     /// BAE's NDJSON frames (the next front door).
     BaeNdjson = 1,
+    /// Kestrel's plugin stream: named SSE events (`plugins.changed`).
+    KestrelPlugins = 2,
 }
 
-pub const FORMATS: usize = 2;
+pub const FORMATS: usize = 3;
+
+impl Format {
+    /// Every format, by its index.
+    pub const ALL: [Format; FORMATS] = [Format::KestrelSse, Format::BaeNdjson, Format::KestrelPlugins];
+}
 
 impl Envelope {
     fn new(seq: u64, at: String, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
@@ -137,9 +144,9 @@ impl Filter {
     fn matches(&self, envelope: &Envelope) -> bool {
         let tenant_ok = envelope.tenant.as_deref().is_none_or(|t| t == self.tenant);
         let scope_ok = match &self.scope {
-            Scope::AllSessions => true,
+            Scope::AllSessions => !envelope.event.is_plugin_change(),
             Scope::Session(wanted) => envelope.session_id.as_deref() == Some(wanted.as_str()),
-            Scope::Plugins => false,
+            Scope::Plugins => envelope.event.is_plugin_change(),
         };
         tenant_ok && scope_ok
     }

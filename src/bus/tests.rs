@@ -21,7 +21,7 @@ fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
     let dir = tempfile::tempdir().unwrap();
     let (bus, handle, writer) = start(
         dir.path(),
-        BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000, renderers: [None, None] },
+        BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000, renderers: [None, None, None] },
     );
     let slow = bus.subscribe(filter(), None).unwrap();
     let fast = bus.subscribe(filter(), None).unwrap();
@@ -58,7 +58,7 @@ fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
 fn seqs_continue_above_the_stored_ceiling_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let config =
-        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None] };
+        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None, None] };
     let (bus, handle, writer) = start(dir.path(), config);
     let sub = bus.subscribe(filter(), None).unwrap();
     bus.publish(None, notice("before"));
@@ -81,7 +81,7 @@ fn replay_and_filters_respect_tenant_and_session() {
     let dir = tempfile::tempdir().unwrap();
     let (bus, handle, writer) = start(
         dir.path(),
-        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None] },
+        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None, None] },
     );
     let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
     bus.publish(Some("t"), deleted("a"));
@@ -112,7 +112,7 @@ fn replay(subscription: &mut Subscription) -> Vec<Arc<Envelope>> {
 fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let config =
-        BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None] };
+        BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None, None] };
     let (bus, handle, writer) = start(dir.path(), config);
     let live = bus.subscribe(filter(), None).unwrap();
     let delta = |i: usize| Event::MessageDelta {

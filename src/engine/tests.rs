@@ -14,7 +14,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
     let (store, writer) = Store::open(data).unwrap();
     let (bus, bus_handle) = Bus::start(
         store.clone(),
-        BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None] },
+        BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None, None] },
     )
     .unwrap();
     let echo = EchoProvider { delay: Duration::ZERO, context_window: 1_000_000 };

@@ -7,6 +7,7 @@
 
 pub mod manifest;
 pub mod tool;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;

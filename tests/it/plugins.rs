@@ -179,3 +179,81 @@ fn a_plugin_tool_runs_as_a_subprocess_with_the_rules_of_a_built_in_one() {
     assert_eq!(denied["event"]["result"]["ok"], false);
     stream.collect_until(crate::support::is_run_end);
 }
+
+#[test]
+fn hot_reload_announces_a_burst_of_saves_once_and_a_manifest_change_reloads_the_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = json!({ "id": "live", "name": "Live", "version": "1", "web": { "entry": "index.js" } });
+    plugin(dir.path(), "live", manifest, &[("web/index.js", "v1")]);
+    let plugins = dir.path().to_path_buf();
+    let server = TestServer::start_with(move |config| {
+        config.plugins.dir = Some(plugins);
+        config.plugins.hot_reload = true;
+    });
+    let revision = |server: &TestServer| server.get("/api/plugins").json["plugins"][0]["web"]["revision"].clone();
+    let before = revision(&server);
+    assert!(before.as_str().is_some_and(|r| !r.is_empty()), "a revision while hot reload watches");
+
+    let mut stream = crate::support::SseClient::open(&server.base, "/api/plugins/events", None, None);
+    let (name, ready) = next_named(&mut stream, crate::support::WAIT).expect("the ready frame");
+    assert_eq!(name, "ready");
+    assert_eq!(ready["enabled"], true);
+    assert_eq!(ready["plugins"][0]["id"], "live");
+
+    // A burst of saves: one event, within two seconds, with the new revision.
+    let saved = std::time::Instant::now();
+    // Saves spread over more than one poll (shaping the input, not waiting for the server).
+    for version in ["v2", "v3", "v4"] {
+        fs::write(dir.path().join("live/web/index.js"), version).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(120));
+    }
+    fs::write(dir.path().join("live/web/extra.css"), "a{}").unwrap();
+    let (name, changed) = next_named(&mut stream, crate::support::WAIT).expect("plugins.changed");
+    assert!(saved.elapsed() < std::time::Duration::from_secs(2), "seen after {:?}", saved.elapsed());
+    assert_eq!(name, "plugins.changed");
+    assert_eq!(changed["type"], "plugins.changed");
+    assert_eq!(changed["plugins"], json!([{ "id": "live", "revision": revision(&server) }]));
+    assert_ne!(changed["plugins"][0]["revision"], before);
+    assert!(changed["at"].as_str().is_some());
+    assert!(next_named(&mut stream, std::time::Duration::from_millis(800)).is_none(), "the burst was one event");
+
+    // A new manifest is read again: the list follows.
+    let renamed = json!({ "id": "live", "name": "Live, renamed", "version": "2", "web": { "entry": "index.js" } });
+    fs::write(dir.path().join("live/plugin.json"), renamed.to_string()).unwrap();
+    crate::support::wait_until("the manifest change to be picked up", || {
+        server.get("/api/plugins").json["plugins"][0]["version"] == "2"
+    });
+    assert_eq!(server.get("/api/plugins").json["plugins"][0]["name"], "Live, renamed");
+}
+
+#[test]
+fn with_hot_reload_off_the_stream_says_so_and_stays_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    plugin(
+        dir.path(),
+        "still",
+        json!({ "id": "still", "name": "Still", "version": "1", "web": { "entry": "a.js" } }),
+        &[("web/a.js", "1")],
+    );
+    let plugins = dir.path().to_path_buf();
+    let server = TestServer::start_with(move |config| config.plugins.dir = Some(plugins));
+    assert!(server.get("/api/plugins").json["plugins"][0]["web"].get("revision").is_none());
+    let mut stream = crate::support::SseClient::open(&server.base, "/api/plugins/events", None, None);
+    let (_, ready) = next_named(&mut stream, crate::support::WAIT).unwrap();
+    assert_eq!(ready["enabled"], false);
+    fs::write(dir.path().join("still/web/a.js"), "2").unwrap();
+    assert!(next_named(&mut stream, std::time::Duration::from_millis(800)).is_none(), "nothing is watched");
+}
+
+/// The next named frame (pings skipped), or `None` when none comes within `within`.
+fn next_named(stream: &mut crate::support::SseClient, within: std::time::Duration) -> Option<(String, Value)> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match stream.next_item(left)? {
+            crate::support::SseItem::Named(name, data) => return Some((name, data)),
+            _ if left.is_zero() => return None,
+            _ => {}
+        }
+    }
+}

@@ -28,11 +28,11 @@ pub fn session(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -
 pub fn plugins(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
     let subscription = bus_subscription(
         api,
-        Filter { tenant: caller.tenant.clone(), scope: Scope::Plugins, format: Some(wire::FORMAT) },
+        Filter { tenant: caller.tenant.clone(), scope: Scope::Plugins, format: Some(wire::PLUGINS_FORMAT) },
         None,
     )?;
     let ready = json!({ "enabled": api.plugins.hot_reload(), "plugins": api.plugins.infos() });
-    let stream = EventStream::new(subscription, wire::FORMAT, wire::sse_frame);
+    let stream = EventStream::new(subscription, wire::PLUGINS_FORMAT, wire::plugins_frame);
     let stream = stream.with_preamble(format!("event: ready\ndata: {ready}\n\n"));
     Ok(Reply::Stream(Stream::new(Framing::EventStream, stream)))
 }

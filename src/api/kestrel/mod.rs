@@ -30,6 +30,11 @@ pub fn wire_sse_frame(envelope: &crate::bus::Envelope) -> String {
     wire::sse_frame(envelope)
 }
 
+/// How the bus renders an envelope for the plugin stream.
+pub fn wire_plugins_frame(envelope: &crate::bus::Envelope) -> String {
+    wire::plugins_frame(envelope)
+}
+
 /// The Kestrel front door.
 pub struct KestrelApi {
     engine: Engine,

@@ -134,5 +134,20 @@ pub fn sse_frame(envelope: &Envelope) -> String {
     }
 }
 
+/// An envelope as a frame of `/api/plugins/events`: `event: plugins.changed` with Kestrel's
+/// `PluginChangeEvent`; nothing for any other event.
+pub fn plugins_frame(envelope: &Envelope) -> String {
+    match &*envelope.event {
+        Event::PluginsChanged { plugins, at } => {
+            let body = serde_json::json!({ "type": "plugins.changed", "plugins": plugins, "at": at });
+            format!("event: plugins.changed\ndata: {body}\n\n")
+        }
+        _ => String::new(),
+    }
+}
+
+/// The format the plugin stream uses.
+pub const PLUGINS_FORMAT: Format = Format::KestrelPlugins;
+
 /// The format the Kestrel streams use.
 pub const FORMAT: Format = Format::KestrelSse;

@@ -291,9 +291,7 @@ impl Server {
             hidden_env: tool_settings.hidden_env.clone(),
             death_signal_wrapper: tool_settings.death_signal_wrapper.clone(),
         };
-        for tool in plugins.tools(&launcher) {
-            tools.register(Box::new(tool));
-        }
+        tools.replace_plugin_tools(plugins.tools(&launcher));
         let engine = Engine::new(
             store.clone(),
             bus,
@@ -319,7 +317,12 @@ impl Server {
         for problem in plugins.problems() {
             engine.bus().publish(None, Event::Notice { level: NoticeLevel::Warn, message: problem, session_id: None });
         }
-        let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone())
+        // A reloaded manifest brings its tools along.
+        let reloaded: crate::plugins::watch::OnReload = {
+            let (engine, plugins) = (engine.clone(), Arc::clone(&plugins));
+            Box::new(move || engine.tools().replace_plugin_tools(plugins.tools(&launcher)))
+        };
+        let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone(), reloaded)
             .map_err(|e| StartError::Thread("kestrel-plugins", e))?;
         let http = serve(&config, &engine, &plugins, tokens, addr, admin_addr)?;
         log::info!("listening on http://{}", http.addr());

@@ -7,6 +7,7 @@
 //! characters, with a note saying so.
 
 use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -85,8 +86,11 @@ struct Registered {
     permission: Permission,
 }
 
+/// The tools a run may call: the built-in ones, fixed at start, then the plugins' tools,
+/// which a plugin reload replaces as a whole (a call already running keeps its tool).
 pub struct ToolRegistry {
-    tools: Vec<Registered>,
+    tools: Vec<Arc<Registered>>,
+    plugin_tools: RwLock<Vec<Arc<Registered>>>,
     overrides: HashMap<String, Permission>,
     output_limit: usize,
 }
@@ -94,19 +98,35 @@ pub struct ToolRegistry {
 impl ToolRegistry {
     /// An empty registry; `overrides` replace tools' default permissions by name.
     pub fn new(overrides: HashMap<String, Permission>, output_limit: usize) -> ToolRegistry {
-        ToolRegistry { tools: Vec::new(), overrides, output_limit }
+        ToolRegistry { tools: Vec::new(), plugin_tools: RwLock::default(), overrides, output_limit }
     }
 
-    pub fn register(&mut self, tool: Box<dyn Tool>) {
+    fn registered(&self, tool: Box<dyn Tool>) -> Arc<Registered> {
         let mut schema = tool.schema();
         let permission = self.overrides.get(&schema.name).copied().unwrap_or_else(|| tool.default_permission());
         schema.permission = Some(permission.as_str().to_string());
-        self.tools.push(Registered { tool, schema, permission });
+        Arc::new(Registered { tool, schema, permission })
+    }
+
+    pub fn register(&mut self, tool: Box<dyn Tool>) {
+        let registered = self.registered(tool);
+        self.tools.push(registered);
+    }
+
+    /// Replaces every plugin tool with `tools` (a plugin reload).
+    pub fn replace_plugin_tools(&self, tools: Vec<Box<dyn Tool>>) {
+        let registered = tools.into_iter().map(|tool| self.registered(tool)).collect();
+        *self.plugin_tools.write().unwrap_or_else(|e| e.into_inner()) = registered;
+    }
+
+    fn all(&self) -> Vec<Arc<Registered>> {
+        let plugins = self.plugin_tools.read().unwrap_or_else(|e| e.into_inner());
+        self.tools.iter().chain(plugins.iter()).cloned().collect()
     }
 
     /// The tools offered to models and clients: every tool but the denied ones.
     pub fn schemas(&self) -> Vec<ToolSchema> {
-        self.tools.iter().filter(|t| t.permission != Permission::Deny).map(|t| t.schema.clone()).collect()
+        self.all().iter().filter(|t| t.permission != Permission::Deny).map(|t| t.schema.clone()).collect()
     }
 
     /// A tool's permission; `None` for a name nobody registered.
@@ -119,8 +139,12 @@ impl ToolRegistry {
         self.find(name).is_some_and(|t| t.tool.changes_files())
     }
 
-    fn find(&self, name: &str) -> Option<&Registered> {
-        self.tools.iter().find(|t| t.schema.name == name)
+    fn find(&self, name: &str) -> Option<Arc<Registered>> {
+        if let Some(builtin) = self.tools.iter().find(|t| t.schema.name == name) {
+            return Some(Arc::clone(builtin));
+        }
+        let plugins = self.plugin_tools.read().unwrap_or_else(|e| e.into_inner());
+        plugins.iter().find(|t| t.schema.name == name).cloned()
     }
 
     /// Runs one call to completion; never fails, an error becomes an error result.

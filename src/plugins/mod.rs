@@ -97,17 +97,17 @@ impl Plugins {
     }
 
     /// Every active plugin's tools, ready to register.
-    pub fn tools(&self, launcher: &crate::tools::process::Launcher) -> Vec<tool::PluginTool> {
+    pub fn tools(&self, launcher: &crate::tools::process::Launcher) -> Vec<Box<dyn crate::engine::tools::Tool>> {
         let plugins = self.snapshot();
         let active = plugins.iter().filter_map(|p| p.manifest.as_ref().ok().map(|m| (p, m)));
-        active
-            .flat_map(|(plugin, manifest)| {
-                manifest
-                    .tools
-                    .iter()
-                    .map(|t| tool::PluginTool::new(&manifest.id, plugin.dir.clone(), t.clone(), launcher.clone()))
-            })
-            .collect()
+        let mut tools: Vec<Box<dyn crate::engine::tools::Tool>> = Vec::new();
+        for (plugin, manifest) in active {
+            for declared in &manifest.tools {
+                let tool = tool::PluginTool::new(&manifest.id, plugin.dir.clone(), declared.clone(), launcher.clone());
+                tools.push(Box::new(tool));
+            }
+        }
+        tools
     }
 
     /// What is wrong with the plugins that failed, for notices.

@@ -38,15 +38,18 @@ impl Drop for Watcher {
     }
 }
 
+/// What to do once the plugin list was read again (register the plugins' tools anew).
+pub type OnReload = Box<dyn Fn() + Send>;
+
 /// Starts watching, if hot reload is on.
-pub fn start(plugins: Arc<Plugins>, bus: Bus) -> std::io::Result<Option<Watcher>> {
+pub fn start(plugins: Arc<Plugins>, bus: Bus, reloaded: OnReload) -> std::io::Result<Option<Watcher>> {
     if !plugins.hot_reload() {
         return Ok(None);
     }
     let (stop, stopped) = bounded::<()>(0);
     let thread = std::thread::Builder::new()
         .name("kestrel-plugins".into())
-        .spawn(move || State::new(&plugins).run(&plugins, &bus, &stopped))?;
+        .spawn(move || State::new(&plugins).run(&plugins, &bus, &reloaded, &stopped))?;
     Ok(Some(Watcher { stop: Some(stop), thread: Some(thread) }))
 }
 
@@ -67,20 +70,21 @@ impl State {
         state
     }
 
-    fn run(mut self, plugins: &Plugins, bus: &Bus, stopped: &Receiver<()>) {
+    fn run(mut self, plugins: &Plugins, bus: &Bus, reloaded: &OnReload, stopped: &Receiver<()>) {
         loop {
             match stopped.recv_timeout(POLL) {
                 Err(RecvTimeoutError::Timeout) => {}
                 _ => return,
             }
-            self.look(plugins, bus);
+            self.look(plugins, bus, reloaded);
         }
     }
 
-    fn look(&mut self, plugins: &Plugins, bus: &Bus) {
+    fn look(&mut self, plugins: &Plugins, bus: &Bus, reloaded: &OnReload) {
         let manifests = manifest_times(plugins);
         if manifests != self.manifests {
             plugins.reload();
+            reloaded();
             for problem in plugins.problems() {
                 bus.publish(None, Event::Notice { level: NoticeLevel::Warn, message: problem, session_id: None });
             }

@@ -217,13 +217,21 @@ fn hot_reload_announces_a_burst_of_saves_once_and_a_manifest_change_reloads_the_
     assert!(changed["at"].as_str().is_some());
     assert!(next_named(&mut stream, std::time::Duration::from_millis(800)).is_none(), "the burst was one event");
 
-    // A new manifest is read again: the list follows.
-    let renamed = json!({ "id": "live", "name": "Live, renamed", "version": "2", "web": { "entry": "index.js" } });
+    // A new manifest is read again: the list follows, and so do its tools.
+    let tool = json!({ "name": "live_tool", "description": "d", "parameters": { "type": "object" },
+                       "command": ["/bin/sh", "-c", "echo reloaded"], "permission": "auto" });
+    let renamed = json!({ "id": "live", "name": "Live, renamed", "version": "2", "web": { "entry": "index.js" }, "tools": [tool] });
     fs::write(dir.path().join("live/plugin.json"), renamed.to_string()).unwrap();
     crate::support::wait_until("the manifest change to be picked up", || {
         server.get("/api/plugins").json["plugins"][0]["version"] == "2"
     });
     assert_eq!(server.get("/api/plugins").json["plugins"][0]["name"], "Live, renamed");
+    let tools = server.get("/api/bootstrap").json["tools"].clone();
+    assert!(tools.as_array().unwrap().iter().any(|t| t["name"] == "live_tool"), "{tools}");
+    let id = server.create_session(json!({}));
+    let events = server.run_to_end(&id, "/tool live_tool {}");
+    let finished = events.iter().find(|e| crate::support::event_type(e) == "tool.finished").unwrap();
+    assert_eq!(finished["event"]["result"]["content"], "reloaded\n", "{finished}");
 }
 
 #[test]

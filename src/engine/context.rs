@@ -8,7 +8,8 @@
 //!
 //! What a compaction does: the most recent `agent.compaction_keep_turns` turns (a turn starts
 //! at a user message, so a tool call and its result are never split) stay as they are; the
-//! model is asked for a summary of what came before; the summary is stored as a user message
+//! model is asked for a summary of what came before (`compaction.rs`, the step BAE's
+//! compactions take too); the summary is stored as a user message
 //! marked `meta.compactionSummary`, before the kept turns; the messages it replaces stay in
 //! the store marked `meta.compacted` (hidden: out of the model's history and out of
 //! `GET /api/sessions/:id`, still there for audit). A compaction that fails changes nothing:
@@ -19,17 +20,13 @@ use serde_json::json;
 use super::run::{is_interrupted_partial, Run};
 use super::EngineError;
 use crate::domain::{Event, Message, NoticeLevel, Role, SessionRecord, Usage};
-use crate::providers::{CompletionRequest, Delta, Provider};
+use crate::providers::Provider;
 use crate::store::WriteOp;
 
 /// A message a compaction replaced.
 pub(crate) const COMPACTED: &str = "compacted";
 /// The message holding a compaction's summary.
 pub(crate) const SUMMARY: &str = "compactionSummary";
-
-const INSTRUCTION: &str = "Summarize the conversation so far for your own later use: the user's goals and \
-constraints, what was done and decided, files and commands involved with their outcomes, and what is still \
-open. Be complete but concise; reply with the summary only.";
 
 /// The messages the model sees: neither the compacted ones nor an answer a shutdown cut short.
 pub(crate) fn visible(mut messages: Vec<Message>) -> Vec<Message> {
@@ -85,8 +82,14 @@ impl Run {
             return Ok(());
         }
         let Some(at) = split(&history, self.shared.config.compaction_keep_turns) else { return Ok(()) };
-        match self.summary_of(provider, session, &history[..at]) {
-            Ok(text) => self.store_compaction(&history, at, text, before),
+        let summarizer = super::compaction::Summarizer::Provider(provider);
+        match self.summarize_messages(
+            summarizer,
+            &history[..at],
+            super::compaction::DEFAULT_PROMPT,
+            session.system_prompt.as_deref(),
+        ) {
+            Ok(summary) => self.store_compaction(&history, at, summary.text, before),
             Err(why) => {
                 self.publish(Event::Notice {
                     level: NoticeLevel::Warn,
@@ -95,25 +98,6 @@ impl Run {
                 });
                 Ok(())
             }
-        }
-    }
-
-    /// The model's summary of `older`, or why there is none.
-    fn summary_of(
-        &self,
-        provider: &dyn Provider,
-        session: &SessionRecord,
-        older: &[Message],
-    ) -> Result<String, String> {
-        let mut messages = older.to_vec();
-        messages.push(Message::text_of(Role::User, INSTRUCTION));
-        let request =
-            CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &messages, tools: &[] };
-        let mut ignore = |_: Delta<'_>| {};
-        let completion = provider.complete(&request, &mut ignore, &self.cancel).map_err(|e| e.to_string())?;
-        match completion.text.trim() {
-            "" => Err("the summary was empty".into()),
-            text => Ok(text.to_string()),
         }
     }
 

@@ -10,6 +10,7 @@
 pub mod bae;
 mod calls;
 mod checkpoints;
+mod compaction;
 mod context;
 pub mod idempotency;
 mod publish;

@@ -1,5 +1,6 @@
-//! Compaction: the model summarizes the history so far, and the provider sees that summary
-//! instead of the history from the next turn on. The history itself stays stored.
+//! Compaction: the model summarizes the history so far (the engine's one summary step,
+//! `engine/compaction.rs`, which Kestrel's long sessions use too), and the provider sees that
+//! summary instead of the history from the next turn on. The history itself stays stored.
 //!
 //! What is stored: a preamble (a user-role message flagged `historyStart` and `synthetic`) and
 //! the summary (an assistant message); the provider's history starts at the last preamble
@@ -14,18 +15,16 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::merge::ABANDONED_RESULT;
-use super::turn::{effective_history, Attempted, PausedTurn, HISTORY_START};
+use super::turn::{effective_history, PausedTurn, HISTORY_START};
 use crate::domain::{Block, CompactionCompleted, CompactionTrigger, Dispatch, Event, Message, Role, ToolResult, Usage};
+use crate::engine::compaction::Summarizer;
 use crate::engine::run::Run;
 use crate::engine::session::{SessionMsg, TurnMsg};
 use crate::engine::EngineError;
-use crate::providers::Finish;
 use crate::store::WriteOp;
 
-/// The instruction used when neither the call nor the session gives one.
-pub const DEFAULT_PROMPT: &str = "Summarize the conversation so far in a single, self-contained message that \
-lets it continue without the earlier messages: the user's goals and constraints, decisions made, tool \
-results that still matter, open questions and the next steps. Write only the summary.";
+/// The instruction used when neither the call nor the session gives one (the engine's one).
+pub use crate::engine::compaction::DEFAULT_PROMPT;
 
 /// What the preamble tells the model.
 const PREAMBLE: &str = "The earlier part of this conversation was compacted. The next message is a summary of \
@@ -79,33 +78,19 @@ impl Run {
         let chain = self
             .resolve_chain(primary, fallbacks)
             .map_err(|d| EngineError::Compaction(format!("provider_config: {d}")))?;
-        let mut request = history;
-        request.push(Message::text_of(Role::User, prompt));
-        let (exchanged, wire) = match self.attempt_chain(&chain, &request, &[], |_, _| {}) {
-            Attempted::Answer(exchanged, target) => (exchanged, target.wire),
-            Attempted::AllFailed => {
-                return Err(EngineError::Compaction(format!("all {} providers failed", chain.len())))
-            }
-            Attempted::Cancelled => return Err(EngineError::Compaction("cancelled".into())),
-        };
-        let completion = exchanged.completion;
-        usage.add(&completion.usage);
-        if completion.finish == Some(Finish::Length) {
-            let why = if wire == "openai" { "finish_reason length" } else { "stop_reason max_tokens" };
-            return Err(EngineError::Compaction(format!("summary truncated: {why}")));
-        }
-        if completion.text.trim().is_empty() {
-            return Err(EngineError::Compaction("empty summary".into()));
-        }
+        let written = self
+            .summarize_messages(Summarizer::Chain(&chain), &history, prompt, None)
+            .map_err(EngineError::Compaction)?;
+        usage.add(&written.usage);
         let preamble = flagged(Message::text_of(Role::User, PREAMBLE), "compaction_preamble", true);
-        let summary = Message::text_of(Role::Assistant, completion.text);
+        let summary = Message::text_of(Role::Assistant, written.text);
         let (preamble_event, summary_event) = self.store_pair(preamble, summary)?;
         self.publish(Event::CompactionCompleted(Box::new(CompactionCompleted {
             session_id: self.session_id.clone(),
             trigger,
             compacted_message_count: message_count,
-            input_tokens: completion.usage.input_tokens,
-            summary_tokens: completion.usage.output_tokens,
+            input_tokens: written.usage.input_tokens,
+            summary_tokens: written.usage.output_tokens,
             preamble_event,
             summary_event,
         })));

@@ -277,3 +277,36 @@ fn a_deleted_sessions_blobs_are_collected_at_the_next_start() {
     let listed = server.get(&format!("/api/sessions/{kept}/checkpoints")).json;
     assert_eq!(listed["checkpoints"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn a_restore_never_writes_through_a_link_and_other_tenants_sessions_are_hidden() {
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("victim.txt"), "untouched").unwrap();
+    let server = TestServer::start_with(|config| {
+        config.auth.tokens.push(kestrel::config::TokenConfig::new("a", "token-a"));
+        config.auth.tokens.push(kestrel::config::TokenConfig::new("b", "token-b"));
+    });
+    let (a, b) = (server.client().with_token(Some("token-a")), server.client().with_token(Some("token-b")));
+    fs::create_dir_all(server.workspace.join("src")).unwrap();
+    fs::write(server.workspace.join("src/victim.txt"), "the checkpoint's").unwrap();
+    let id = a.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let path = format!("/api/sessions/{id}/checkpoints");
+    let checkpoint = a.post(&path, json!({})).json["checkpoint"]["id"].as_str().unwrap().to_string();
+
+    // Another tenant sees none of it, and cannot restore or rewind it.
+    b.get(&path).assert_error(404, "session_not_found");
+    b.post(&path, json!({})).assert_error(404, "session_not_found");
+    b.post(&format!("{path}/{checkpoint}/restore"), json!({})).assert_error(404, "session_not_found");
+    b.post(&format!("/api/sessions/{id}/rewind"), json!({ "messageId": "msg_x" }))
+        .assert_error(404, "session_not_found");
+
+    // `src` becomes a link to a directory outside the workspace: the restore replaces the
+    // link with the directory and writes nothing outside.
+    fs::remove_dir_all(server.workspace.join("src")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), server.workspace.join("src")).unwrap();
+    let restored = a.post(&format!("{path}/{checkpoint}/restore"), json!({}));
+    assert_eq!(restored.status, 200, "{}", restored.text);
+    assert_eq!(fs::read_to_string(outside.path().join("victim.txt")).unwrap(), "untouched");
+    assert!(!fs::symlink_metadata(server.workspace.join("src")).unwrap().file_type().is_symlink());
+    assert_eq!(fs::read_to_string(server.workspace.join("src/victim.txt")).unwrap(), "the checkpoint's");
+}

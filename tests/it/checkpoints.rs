@@ -310,3 +310,28 @@ fn a_restore_never_writes_through_a_link_and_other_tenants_sessions_are_hidden()
     assert!(!fs::symlink_metadata(server.workspace.join("src")).unwrap().file_type().is_symlink());
     assert_eq!(fs::read_to_string(server.workspace.join("src/victim.txt")).unwrap(), "the checkpoint's");
 }
+
+#[test]
+fn what_cannot_be_put_back_is_a_warning_and_the_rest_is_restored() {
+    let server = server(|_| {});
+    fs::write(server.workspace.join("lost.txt"), "its blob will be gone").unwrap();
+    fs::write(server.workspace.join("kept.txt"), "fine").unwrap();
+    let id = server.create_session(json!({}));
+    let path = format!("/api/sessions/{id}/checkpoints");
+    let checkpoint = server.post(&path, json!({})).json["checkpoint"]["id"].as_str().unwrap().to_string();
+    fs::write(server.workspace.join("lost.txt"), "changed").unwrap();
+    fs::write(server.workspace.join("kept.txt"), "changed too").unwrap();
+    // The blob of lost.txt's old content disappears from the data dir.
+    let digest: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(b"its blob will be gone").iter().map(|b| format!("{b:02x}")).collect()
+    };
+    fs::remove_file(server.data_dir.join("blobs").join(&digest[..2]).join(&digest)).unwrap();
+
+    let restored = server.post(&format!("{path}/{checkpoint}/restore"), json!({}));
+    assert_eq!(restored.status, 200, "{}", restored.text);
+    let warning = restored.json["warning"].as_str().expect("a warning");
+    assert!(warning.contains("lost.txt: not restored"), "{warning}");
+    assert_eq!(fs::read_to_string(server.workspace.join("kept.txt")).unwrap(), "fine");
+    assert_eq!(fs::read_to_string(server.workspace.join("lost.txt")).unwrap(), "changed", "left as it was");
+}

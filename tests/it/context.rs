@@ -127,3 +127,32 @@ fn the_provider_s_usage_triggers_it_a_failed_summary_changes_nothing_and_the_mod
     assert_eq!(last[0]["content"], "Summary of the earlier conversation:\n\nSUMMARY TEXT");
     assert_eq!(last[1]["content"], "fourth", "the kept turns follow, as they were");
 }
+
+#[test]
+fn a_rewind_to_a_turn_a_compaction_kept_puts_back_that_turn_s_files() {
+    let server = TestServer::start_with(|config| {
+        config.builtin.context_window = 1_500;
+        config.builtin.delay_ms = 0;
+        config.agent.permissions.insert("write_file".into(), kestrel::engine::tools::Permission::Auto);
+    });
+    let id = server.create_session(json!({}));
+    let mut turn = 0;
+    loop {
+        let line = json!({ "path": "f.txt", "content": format!("v{turn}") });
+        let events = server.run_to_end(&id, &format!("{}\n/tool write_file {line}", text(60, &format!("t{turn}w"))));
+        turn += 1;
+        if events.iter().any(|e| event_type(e) == "context.compacted") {
+            break;
+        }
+        assert!(turn < 12, "no compaction");
+    }
+    // The first kept message (after the summary) is the user message of turn `kept`.
+    let messages = server.get(&format!("/api/sessions/{id}")).json["session"]["messages"].clone();
+    let kept = &messages[1];
+    let kept_turn: usize = kept["content"].as_str().unwrap().split('w').next().unwrap()[1..].parse().unwrap();
+    let rewound = server.post(&format!("/api/sessions/{id}/rewind"), json!({ "messageId": kept["id"] }));
+    assert_eq!(rewound.status, 200, "{}", rewound.text);
+    assert_eq!(rewound.json["restored"]["kind"], "auto", "{}", rewound.text);
+    let expected = format!("v{}", kept_turn - 1);
+    assert_eq!(std::fs::read_to_string(server.workspace.join("f.txt")).unwrap(), expected);
+}

@@ -15,6 +15,7 @@ pub mod config;
 pub mod domain;
 pub mod engine;
 pub mod http;
+pub mod mcp;
 pub mod plugins;
 pub mod providers;
 pub mod store;

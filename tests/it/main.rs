@@ -13,6 +13,7 @@ mod hammer;
 mod hardening;
 mod http;
 mod idempotency;
+mod mcp;
 mod migrate;
 mod plugins;
 mod providers;

@@ -190,6 +190,7 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
         turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),
         loop_limit: config.bae.loop_limit.max(1),
         mcp_servers: config.bae.file.mcp.servers.iter().map(|server| server.name.clone()).collect(),
+        mcp_configs: config.bae.file.mcp.servers.clone(),
     })
 }
 

@@ -396,6 +396,20 @@ pub enum Event {
     ApprovalResolved { session_id: String, approval_id: String, approved: bool },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
+    /// A turn asks an MCP server to run a tool (`server_name` is `None` when none has it).
+    #[serde(rename = "mcp.request", rename_all = "camelCase")]
+    McpRequest { session_id: String, server_name: Option<String>, tool: String, input: Value },
+    /// What the MCP server answered: its result, or why there is none.
+    #[serde(rename = "mcp.response", rename_all = "camelCase")]
+    McpResponse {
+        session_id: String,
+        server_name: Option<String>,
+        ok: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// Plugins' `web/` trees changed (hot reload): each plugin's new revision.
     #[serde(rename = "plugins.changed")]
     PluginsChanged { plugins: Vec<PluginRevision>, at: String },
@@ -550,6 +564,8 @@ impl Event {
             Event::SessionRewound { .. } => "session.rewound",
             Event::ContextCompacted { .. } => "context.compacted",
             Event::PluginsChanged { .. } => "plugins.changed",
+            Event::McpRequest { .. } => "mcp.request",
+            Event::McpResponse { .. } => "mcp.response",
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
             Event::DriverRegistered { .. } => "driver.registered",
@@ -591,6 +607,8 @@ impl Event {
             | Event::SessionDeleted { session_id }
             | Event::SessionRewound { session_id, .. }
             | Event::ContextCompacted { session_id, .. }
+            | Event::McpRequest { session_id, .. }
+            | Event::McpResponse { session_id, .. }
             | Event::ClientAttached { session_id, .. }
             | Event::DriverRegistered { session_id }
             | Event::SessionFault { session_id, .. }

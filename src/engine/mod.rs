@@ -154,6 +154,8 @@ pub(crate) struct Shared {
     /// Idempotency-Keys whose request is being handled.
     claims: idempotency::Claims,
     checkpoints: crate::checkpoints::Checkpoints,
+    /// BAE sessions' MCP connections.
+    mcp: bae::mcp::McpSessions,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
@@ -176,6 +178,7 @@ impl Engine {
         Engine {
             shared: Arc::new(Shared {
                 checkpoints,
+                mcp: bae::mcp::McpSessions::default(),
                 store,
                 bus,
                 models,

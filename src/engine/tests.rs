@@ -25,6 +25,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         turn_timeout: std::time::Duration::from_secs(120),
         loop_limit: 8,
         mcp_servers: Vec::new(),
+        mcp_configs: Vec::new(),
     };
     let checkpoints = crate::checkpoints::CheckpointConfig::default();
     let config = EngineConfig {

@@ -76,6 +76,13 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             ("tool.call", payload)
         }
         Event::ToolFinished { result, dispatch: by, .. } => ("tool.result", tool_result_payload(result, by)),
+        Event::McpRequest { server_name, tool, input, .. } => {
+            ("mcp.request", json!({ "method": "tools/call", "server_name": server_name, "tool": tool, "input": input }))
+        }
+        Event::McpResponse { server_name, ok, result, error, .. } => match error {
+            Some(error) => ("mcp.response", json!({ "server_name": server_name, "ok": false, "error": error })),
+            None => ("mcp.response", json!({ "server_name": server_name, "ok": ok, "result": result })),
+        },
         Event::SessionFault { fault, .. } => ("session.error", serde_json::to_value(fault).ok()?),
         Event::SessionClosed { reason, .. } => ("session.close", json!({ "reason": reason })),
         Event::CompactionStarted { trigger, message_count, .. } => {

@@ -6,8 +6,10 @@
 //! - `runtime.rs`: what a session actor keeps for BAE (drivers, the turn gate and its FIFO,
 //!   a paused turn) and the operations it answers.
 //! - `merge.rs`: the resume rules for a paused turn's tool results.
+//! - `mcp.rs`: a session's MCP connections and the calls a turn makes on them.
 
 pub mod compaction;
+pub mod mcp;
 pub mod merge;
 pub mod runtime;
 mod sessions;
@@ -35,6 +37,8 @@ pub struct BaeSettings {
     pub loop_limit: u32,
     /// The configured MCP servers' names.
     pub mcp_servers: Vec<String>,
+    /// The configured MCP servers.
+    pub mcp_configs: Vec<crate::config::bae::McpServer>,
 }
 
 /// Why a BAE request was refused; `api/bae` gives each its status, slug and wording.

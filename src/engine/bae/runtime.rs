@@ -367,7 +367,9 @@ impl SessionActor {
             }
             Err(_) => return Err(RpcError::Internal),
         };
-        let (tools, client_tools) = client_tools(&record, &key);
+        let (mut tools, client_tools) = client_tools(&record, &key);
+        // The session's MCP tools, after the client's (a client tool wins a shared name).
+        tools.extend(self.shared.mcp.schemas(&self.id).into_iter().filter(|t| !client_tools.contains(&t.name)));
         let turn = BaeTurn {
             actor: Arc::from(key.as_str()),
             primary: profile.primary_provider,
@@ -577,6 +579,7 @@ impl SessionActor {
         if let Some(turn) = &self.turn {
             turn.canceller.cancel(CancelReason::User);
         }
+        self.shared.mcp.disconnect(&self.id);
         self.bae.gate = Gate::Free;
         for waiter in std::mem::take(&mut self.bae.queue) {
             waiter.fail(RpcError::NotOpen(BaeState::Closed));

@@ -102,6 +102,8 @@ pub const BAE_EVENT_KINDS: &[&str] = &[
     "provider.response",
     "tool.started",
     "tool.finished",
+    "mcp.request",
+    "mcp.response",
     "session.fault",
     "session.closed",
     "compaction.started",
@@ -142,6 +144,7 @@ impl Engine {
         // The session, its key and `session.open` commit together.
         self.record_attached(&client.id, &session_id, false, &attach, writes)?;
         self.log_mcp_servers(&profile, &session_id);
+        self.shared.mcp.connect(&session_id, &profile.mcp_servers, &self.bae().mcp_configs);
         Ok(Attached { session_id, session_key: minted.plaintext, target: self.target_of(&model), profile })
     }
 

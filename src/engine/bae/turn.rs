@@ -284,23 +284,29 @@ impl Run {
         tail: &mut Vec<Message>,
     ) -> Result<Option<Stop>, EngineError> {
         let mut calls = Vec::new();
+        let mut routes = Vec::new();
         for block in &mut answer.blocks {
             if let Block::ToolCall(call) = block {
-                call.dispatch = match turn.client_tools.contains(&call.name) {
-                    true => Dispatch::Client,
-                    false => Dispatch::Mcp { server: String::new() },
+                let route = match turn.client_tools.contains(&call.name) {
+                    true => None,
+                    false => self.shared.mcp.route(&self.session_id, &call.name),
+                };
+                call.dispatch = match (turn.client_tools.contains(&call.name), &route) {
+                    (true, _) => Dispatch::Client,
+                    (false, Some((server, _))) => Dispatch::Mcp { server: server.clone() },
+                    (false, None) => Dispatch::Mcp { server: String::new() },
                 };
                 calls.push(call.clone());
+                routes.push(route);
             }
         }
+        // Every call is announced before any runs.
         for call in &calls {
             self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone() });
         }
-        let server_results: Vec<ToolResult> =
-            calls.iter().filter(|c| c.dispatch != Dispatch::Client).map(unroutable).collect();
-        for result in &server_results {
-            let dispatch = Dispatch::Mcp { server: String::new() };
-            self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone(), dispatch });
+        let mut server_results: Vec<ToolResult> = Vec::new();
+        for (call, route) in calls.iter().zip(routes).filter(|(c, _)| c.dispatch != Dispatch::Client) {
+            server_results.push(self.call_mcp(call, route));
         }
         if calls.iter().any(|c| c.dispatch == Dispatch::Client) {
             self.settle()?;
@@ -320,6 +326,40 @@ impl Run {
         tail.push(answer);
         tail.push(results);
         Ok(None)
+    }
+
+    /// One call on its MCP server (or the unroutable answer), with `mcp.request`,
+    /// `mcp.response` and `tool.result` around it.
+    fn call_mcp(
+        &self,
+        call: &ToolCall,
+        route: Option<(String, Arc<std::sync::Mutex<crate::mcp::McpClient>>)>,
+    ) -> ToolResult {
+        let server_name = route.as_ref().map(|(name, _)| name.clone());
+        let session_id = self.session_id.clone();
+        self.publish(Event::McpRequest {
+            session_id: session_id.clone(),
+            server_name: server_name.clone(),
+            tool: call.name.clone(),
+            input: Value::Object(call.arguments.clone()),
+        });
+        let (ok, result, error, tool_result) = match &route {
+            Some((_, client)) => super::mcp::call(client, call),
+            None => {
+                let result = unroutable(call);
+                (false, None, Some(result.content.clone()), result)
+            }
+        };
+        self.publish(Event::McpResponse {
+            session_id: session_id.clone(),
+            server_name: server_name.clone(),
+            ok,
+            result,
+            error,
+        });
+        let dispatch = Dispatch::Mcp { server: server_name.unwrap_or_default() };
+        self.publish(Event::ToolFinished { session_id, result: tool_result.clone(), dispatch });
+        tool_result
     }
 
     /// The turn asked the model more often than a turn may: the session ends in error.

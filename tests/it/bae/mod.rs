@@ -5,6 +5,7 @@ mod compaction;
 mod conversation;
 mod drivers;
 mod hostile;
+mod mcp;
 mod sessions;
 pub mod support;
 mod turns;

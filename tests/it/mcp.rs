@@ -163,3 +163,75 @@ fn a_streamable_http_server_answers_in_json_and_in_an_event_stream_with_its_sess
     let Err(error) = McpClient::connect(&server, &unset) else { panic!("connected without its token") };
     assert!(error.to_string().contains("Authorization"), "{error}");
 }
+
+/// The reference MCP server from npm, installed once under `target/mcp-servers` (`.ci/run`
+/// installs it first; a fresh checkout's `cargo test` installs it here).
+fn everything() -> std::path::PathBuf {
+    let prefix = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-servers");
+    let entry = prefix.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !entry.exists() {
+        let status = std::process::Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+            .arg(&prefix)
+            .arg("@modelcontextprotocol/server-everything@2026.8.31")
+            .status()
+            .expect("npm runs");
+        assert!(status.success(), "npm could not install the reference MCP server");
+    }
+    entry
+}
+
+#[test]
+fn the_reference_server_from_npm_works_over_stdio_and_streamable_http() {
+    let entry = everything();
+    let stdio = McpServer {
+        name: "everything".into(),
+        transport: McpTransport::Stdio,
+        command: Some("node".into()),
+        args: vec![entry.to_string_lossy().into_owned(), "stdio".into()],
+        url: None,
+        headers: BTreeMap::new(),
+    };
+    let mut client = McpClient::connect(&stdio, &no_env).unwrap();
+    assert!(client.tools.iter().any(|t| t.name == "echo"), "{:?}", client.tools);
+    let echo = client.tools.iter().find(|t| t.name == "echo").unwrap();
+    assert_eq!(echo.input_schema["properties"]["message"]["type"], "string");
+    let answer = client.call("echo", json!({ "message": "hi" }), Duration::from_secs(10)).unwrap();
+    assert_eq!(answer.content, vec![json!({ "type": "text", "text": "Echo: hi" })]);
+    // Bad arguments are the tool's error, not a broken connection.
+    let bad = client.call("echo", json!({}), Duration::from_secs(10));
+    assert!(matches!(&bad, Ok(result) if result.is_error) || matches!(&bad, Err(McpError::Protocol { .. })), "{bad:?}");
+    assert!(!client.call("echo", json!({ "message": "again" }), Duration::from_secs(10)).unwrap().is_error);
+    drop(client);
+
+    // The same server over Streamable HTTP, on a port of its own.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut http_server = std::process::Command::new("node")
+        .arg(&entry)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for its own word that it listens.
+    let mut stderr = std::io::BufReader::new(http_server.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "the HTTP server did not start");
+    }
+    let http = McpServer {
+        name: "everything-http".into(),
+        transport: McpTransport::Http,
+        command: None,
+        args: Vec::new(),
+        url: Some(format!("http://127.0.0.1:{port}/mcp")),
+        headers: BTreeMap::new(),
+    };
+    let outcome = McpClient::connect(&http, &no_env)
+        .and_then(|mut client| client.call("echo", json!({ "message": "over http" }), Duration::from_secs(10)));
+    let _ = http_server.kill();
+    let _ = http_server.wait();
+    assert_eq!(outcome.unwrap().content, vec![json!({ "type": "text", "text": "Echo: over http" })]);
+}

@@ -189,9 +189,45 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
         keyring: Arc::new(keyring),
         turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),
         loop_limit: config.bae.loop_limit.max(1),
-        mcp_servers: config.bae.file.mcp.servers.iter().map(|server| server.name.clone()).collect(),
-        mcp_configs: config.bae.file.mcp.servers.clone(),
+        mcp_servers: mcp_servers(config).map(|server| server.name.clone()).collect(),
+        mcp_configs: mcp_servers(config).cloned().collect(),
     })
+}
+
+/// Every configured MCP server: the BAE config file's, then Kestrel's own.
+fn mcp_servers(config: &Config) -> impl Iterator<Item = &crate::config::bae::McpServer> {
+    config.bae.file.mcp.servers.iter().chain(config.mcp.servers.iter())
+}
+
+/// Connects Kestrel's MCP servers in the background (a slow one does not hold up the start)
+/// and gives Kestrel sessions their tools as they arrive.
+fn connect_mcp(config: &Config, engine: &Engine) -> Result<(), StartError> {
+    let servers = config.mcp.servers.clone();
+    if servers.is_empty() {
+        return Ok(());
+    }
+    let engine = engine.clone();
+    let connect = move || {
+        let mut tools: Vec<Box<dyn crate::engine::tools::Tool>> = Vec::new();
+        for server in servers {
+            let name = server.name.clone();
+            match crate::mcp::tool::Shared::connect(server) {
+                Ok((shared, listed)) => {
+                    log::info!("MCP server {name:?}: {} tools", listed.len());
+                    for tool in listed {
+                        tools.push(Box::new(crate::mcp::tool::KestrelMcpTool::new(Arc::clone(&shared), tool)));
+                    }
+                }
+                Err(error) => log::error!("MCP server {name:?} did not connect: {error}"),
+            }
+        }
+        engine.tools().replace_group("mcp", tools);
+    };
+    std::thread::Builder::new()
+        .name("kestrel-mcp-connect".into())
+        .spawn(connect)
+        .map_err(|e| StartError::Thread("kestrel-mcp-connect", e))?;
+    Ok(())
 }
 
 /// A running server. Dropping it shuts it down.
@@ -323,6 +359,7 @@ impl Server {
             let (engine, plugins) = (engine.clone(), Arc::clone(&plugins));
             Box::new(move || engine.tools().replace_plugin_tools(plugins.tools(&launcher)))
         };
+        connect_mcp(&config, &engine)?;
         let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone(), reloaded)
             .map_err(|e| StartError::Thread("kestrel-plugins", e))?;
         let http = serve(&config, &engine, &plugins, tokens, addr, admin_addr)?;

@@ -29,6 +29,8 @@ pub struct Config {
     pub checkpoints: crate::checkpoints::CheckpointConfig,
     /// Plugins: where they live, and whether their web assets are watched.
     pub plugins: crate::plugins::PluginConfig,
+    /// MCP servers whose tools Kestrel sessions get (BAE profiles may name them too).
+    pub mcp: bae::McpSection,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,

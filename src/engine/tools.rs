@@ -80,17 +80,21 @@ pub trait Tool: Send + Sync {
     }
 }
 
+/// A named group of tools replaced as a whole.
+type Group = (&'static str, Vec<Arc<Registered>>);
+
 struct Registered {
     tool: Box<dyn Tool>,
     schema: ToolSchema,
     permission: Permission,
 }
 
-/// The tools a run may call: the built-in ones, fixed at start, then the plugins' tools,
-/// which a plugin reload replaces as a whole (a call already running keeps its tool).
+/// The tools a run may call: the built-in ones, fixed at start, then groups that are replaced
+/// as a whole (the plugins' tools on a reload, the MCP servers' once they connect); a call
+/// already running keeps its tool.
 pub struct ToolRegistry {
     tools: Vec<Arc<Registered>>,
-    plugin_tools: RwLock<Vec<Arc<Registered>>>,
+    groups: RwLock<Vec<Group>>,
     overrides: HashMap<String, Permission>,
     output_limit: usize,
 }
@@ -98,7 +102,7 @@ pub struct ToolRegistry {
 impl ToolRegistry {
     /// An empty registry; `overrides` replace tools' default permissions by name.
     pub fn new(overrides: HashMap<String, Permission>, output_limit: usize) -> ToolRegistry {
-        ToolRegistry { tools: Vec::new(), plugin_tools: RwLock::default(), overrides, output_limit }
+        ToolRegistry { tools: Vec::new(), groups: RwLock::default(), overrides, output_limit }
     }
 
     fn registered(&self, tool: Box<dyn Tool>) -> Arc<Registered> {
@@ -115,13 +119,22 @@ impl ToolRegistry {
 
     /// Replaces every plugin tool with `tools` (a plugin reload).
     pub fn replace_plugin_tools(&self, tools: Vec<Box<dyn Tool>>) {
-        let registered = tools.into_iter().map(|tool| self.registered(tool)).collect();
-        *self.plugin_tools.write().unwrap_or_else(|e| e.into_inner()) = registered;
+        self.replace_group("plugins", tools);
+    }
+
+    /// Replaces the tools of `group` with `tools`.
+    pub fn replace_group(&self, group: &'static str, tools: Vec<Box<dyn Tool>>) {
+        let registered: Vec<Arc<Registered>> = tools.into_iter().map(|tool| self.registered(tool)).collect();
+        let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());
+        match groups.iter_mut().find(|(name, _)| *name == group) {
+            Some((_, tools)) => *tools = registered,
+            None => groups.push((group, registered)),
+        }
     }
 
     fn all(&self) -> Vec<Arc<Registered>> {
-        let plugins = self.plugin_tools.read().unwrap_or_else(|e| e.into_inner());
-        self.tools.iter().chain(plugins.iter()).cloned().collect()
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        self.tools.iter().chain(groups.iter().flat_map(|(_, tools)| tools.iter())).cloned().collect()
     }
 
     /// The tools offered to models and clients: every tool but the denied ones.
@@ -143,8 +156,8 @@ impl ToolRegistry {
         if let Some(builtin) = self.tools.iter().find(|t| t.schema.name == name) {
             return Some(Arc::clone(builtin));
         }
-        let plugins = self.plugin_tools.read().unwrap_or_else(|e| e.into_inner());
-        plugins.iter().find(|t| t.schema.name == name).cloned()
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        groups.iter().flat_map(|(_, tools)| tools.iter()).find(|t| t.schema.name == name).cloned()
     }
 
     /// Runs one call to completion; never fails, an error becomes an error result.

@@ -9,6 +9,7 @@
 
 mod http;
 mod stdio;
+pub mod tool;
 
 use std::time::Duration;
 

@@ -235,3 +235,45 @@ fn the_reference_server_from_npm_works_over_stdio_and_streamable_http() {
     let _ = http_server.wait();
     assert_eq!(outcome.unwrap().content, vec![json!({ "type": "text", "text": "Echo: over http" })]);
 }
+
+#[test]
+fn kestrel_sessions_get_the_mcp_servers_tools_under_the_usual_permissions() {
+    let server = crate::support::TestServer::start_with(|config| {
+        config.mcp.servers.push(stdio_server_marked("kestrel"));
+        config.agent.permissions.insert("mcp__tiny__echo".into(), kestrel::engine::tools::Permission::Auto);
+        config.agent.permissions.insert("mcp__tiny__crash".into(), kestrel::engine::tools::Permission::Auto);
+    });
+    crate::support::wait_until("the MCP tools to be listed", || {
+        let tools = server.get("/api/bootstrap").json["tools"].clone();
+        tools.as_array().unwrap().iter().any(|t| t["name"] == "mcp__tiny__echo")
+    });
+    let tools = server.get("/api/bootstrap").json["tools"].clone();
+    let echo = tools.as_array().unwrap().iter().find(|t| t["name"] == "mcp__tiny__echo").unwrap().clone();
+    assert_eq!((echo["category"].as_str(), echo["permission"].as_str()), (Some("mcp"), Some("auto")));
+    let fails = tools.as_array().unwrap().iter().find(|t| t["name"] == "mcp__tiny__fails").unwrap().clone();
+    assert_eq!(fails["permission"], "ask", "ask unless the config says otherwise");
+
+    let id = server.create_session(json!({}));
+    let result = |line: &str| {
+        let events = server.run_to_end(&id, line);
+        let finished = events.iter().find(|e| crate::support::event_type(e) == "tool.finished");
+        finished.unwrap_or_else(|| panic!("{events:#?}"))["event"]["result"].clone()
+    };
+    let echoed = result(r#"/tool mcp__tiny__echo {"text": "hi"}"#);
+    assert_eq!((echoed["ok"].as_bool(), echoed["content"].as_str()), (Some(true), Some("{\"text\": \"hi\"}")));
+    // A crash is an error result; the next call connects again.
+    let crashed = result("/tool mcp__tiny__crash {}");
+    assert_eq!(crashed["ok"], false);
+    assert!(crashed["content"].as_str().unwrap().contains("MCP error"), "{crashed}");
+    assert_eq!(result(r#"/tool mcp__tiny__echo {"text": "back"}"#)["content"], "{\"text\": \"back\"}");
+
+    // An `ask` tool waits for a person.
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    assert_eq!(
+        server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": "/tool mcp__tiny__fails {}" })).status,
+        202
+    );
+    stream.collect_until(|e| crate::support::event_type(e) == "approval.requested");
+    server.post(&format!("/api/sessions/{id}/cancel"), json!({}));
+    stream.collect_until(crate::support::is_run_end);
+}

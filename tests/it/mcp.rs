@@ -9,7 +9,7 @@ use kestrel::config::bae::{McpServer, McpTransport};
 use kestrel::mcp::{McpClient, McpError};
 use serde_json::{json, Value};
 
-const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_fixtures/tiny_server.py");
+pub const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_fixtures/tiny_server.py");
 
 fn stdio_server() -> McpServer {
     stdio_server_marked("unmarked")
@@ -32,7 +32,7 @@ fn no_env(_: &str) -> Option<String> {
 }
 
 /// Whether a process running the tiny server with `marker` is alive.
-fn tiny_alive(marker: &str) -> bool {
+pub fn tiny_alive(marker: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);

@@ -8,15 +8,7 @@ use serde_json::json;
 use super::support::{types, Bae, Harness};
 use crate::fake_provider::anthropic;
 
-const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_fixtures/tiny_server.py");
-
-fn tiny_alive(marker: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
-        let cmdline =
-            String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default()).into_owned();
-        cmdline.contains("tiny_server.py") && cmdline.contains(marker)
-    })
-}
+use crate::mcp::{tiny_alive, TINY};
 
 #[test]
 fn a_mixed_turn_runs_the_mcp_call_pauses_for_the_client_and_close_kills_the_server() {

@@ -18,6 +18,7 @@ pub mod http;
 pub mod mcp;
 pub mod plugins;
 pub mod providers;
+pub mod sandbox;
 pub mod store;
 pub mod time;
 pub mod tools;

@@ -1,0 +1,190 @@
+//! The Docker driver: the `docker` CLI, with BAE's command lines.
+//!
+//! - ensure: `docker image inspect <image>`, and if that fails `docker pull <image>`;
+//! - start: `docker run -d --rm <image> sleep infinity`; the trimmed stdout is the id (empty is
+//!   an error);
+//! - exec: `docker exec <id> sh -c <command>`, killed past its timeout (exit code -1; BAE has
+//!   no timeout, Kestrel's is configurable);
+//! - stop: `docker stop <id>`; "no such container" counts as stopped.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::{detail, Driver, DriverError, ExecOutput, Running};
+
+pub struct Docker {
+    /// The CLI: `docker` from PATH unless configured.
+    pub program: PathBuf,
+}
+
+impl Default for Docker {
+    fn default() -> Self {
+        Docker { program: PathBuf::from("docker") }
+    }
+}
+
+/// What a CLI call left: exit code (None when killed), stdout, stderr.
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Docker {
+    fn run(&self, args: &[&str], timeout: Option<Duration>) -> Result<Ran, DriverError> {
+        let mut child = Command::new(&self.program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))?;
+        let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+        let out = std::thread::spawn(move || read_all(stdout.as_mut()));
+        let err = std::thread::spawn(move || read_all(stderr.as_mut()));
+        let code = wait(child, timeout);
+        let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+        Ok(Ran { code, stdout, stderr })
+    }
+
+    fn checked(&self, args: &[&str]) -> Result<Ran, DriverError> {
+        let ran = self.run(args, None)?;
+        match ran.code {
+            Some(0) => Ok(ran),
+            _ => Err(DriverError(detail(&ran.stderr, &ran.stdout))),
+        }
+    }
+}
+
+fn read_all(pipe: Option<&mut impl Read>) -> String {
+    let mut text = String::new();
+    if let Some(pipe) = pipe {
+        let _ = pipe.read_to_string(&mut text);
+    }
+    text
+}
+
+/// Waits for the child, killing it past `timeout`; its exit code, `None` if it was killed.
+fn wait(mut child: std::process::Child, timeout: Option<Duration>) -> Option<i32> {
+    let Some(timeout) = timeout else { return child.wait().ok().and_then(|s| s.code()) };
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (exited_tx, exited) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = exited_tx.send(child.wait().ok().and_then(|status| status.code()));
+    });
+    match exited.recv_timeout(timeout) {
+        Ok(code) => code,
+        Err(_) => {
+            // The whole group: nothing the CLI started keeps its pipes open.
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = exited.recv();
+            None
+        }
+    }
+}
+
+impl Driver for Docker {
+    fn ensure_image(&self, image: &str) -> Result<(), DriverError> {
+        if self.run(&["image", "inspect", image], None)?.code == Some(0) {
+            return Ok(());
+        }
+        self.checked(&["pull", image]).map(|_| ())
+    }
+
+    fn start(&self, image: &str) -> Result<Running, DriverError> {
+        let ran = self.checked(&["run", "-d", "--rm", image, "sleep", "infinity"])?;
+        match ran.stdout.trim() {
+            "" => Err(DriverError("docker run printed no container id".into())),
+            id => Ok(Running { id: id.to_string(), image: image.to_string() }),
+        }
+    }
+
+    fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError> {
+        let ran = self.run(&["exec", &sandbox.id, "sh", "-c", command], Some(timeout))?;
+        Ok(ExecOutput { stdout: ran.stdout, stderr: ran.stderr, exit_code: ran.code.unwrap_or(-1) })
+    }
+
+    fn stop(&self, sandbox: &Running) -> Result<(), DriverError> {
+        let ran = self.run(&["stop", &sandbox.id], None)?;
+        if ran.code == Some(0) || ran.stderr.to_ascii_lowercase().contains("no such container") {
+            return Ok(());
+        }
+        Err(DriverError(detail(&ran.stderr, &ran.stdout)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A `docker` that records its arguments and answers like the real CLI.
+    fn fake_docker(dir: &std::path::Path) -> (Docker, PathBuf) {
+        let log = dir.join("calls.log");
+        let script = format!(
+            r#"#!/bin/sh
+echo "$*" >> {log}
+case "$1" in
+  image) [ "$3" = "present:1" ] && exit 0; echo "Error: No such image: $3" >&2; exit 1 ;;
+  pull) [ "$2" = "missing:1" ] && {{ echo "Error response from daemon: manifest unknown" >&2; exit 1; }}; echo "pulled"; exit 0 ;;
+  run) echo "c0ffee123"; exit 0 ;;
+  exec) shift 4; sh -c "$1"; exit $? ;;
+  stop) [ "$2" = "gone" ] && {{ echo "Error response from daemon: No such container: gone" >&2; exit 1; }}; echo "$2"; exit 0 ;;
+esac
+exit 2
+"#,
+            log = log.display()
+        );
+        let program = dir.join("docker");
+        std::fs::write(&program, script).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (Docker { program }, log)
+    }
+
+    #[test]
+    fn the_docker_driver_runs_bae_s_exact_command_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (docker, log) = fake_docker(dir.path());
+        docker.ensure_image("present:1").unwrap();
+        docker.ensure_image("alpine:3.19").unwrap();
+        let missing = docker.ensure_image("missing:1").unwrap_err();
+        assert_eq!(missing.0, "Error response from daemon: manifest unknown");
+        let running = docker.start("alpine:3.19").unwrap();
+        assert_eq!(running, Running { id: "c0ffee123".into(), image: "alpine:3.19".into() });
+        let out = docker.exec(&running, "echo out; echo err >&2; exit 3", Duration::from_secs(5)).unwrap();
+        assert_eq!(out, ExecOutput { stdout: "out\n".into(), stderr: "err\n".into(), exit_code: 3 });
+        let slow = docker.exec(&running, "sleep 5", Duration::from_millis(200)).unwrap();
+        assert_eq!(slow.exit_code, -1, "killed past its timeout");
+        docker.stop(&running).unwrap();
+        docker.stop(&Running { id: "gone".into(), image: "x".into() }).unwrap();
+        let calls = std::fs::read_to_string(log).unwrap();
+        assert_eq!(
+            calls.lines().collect::<Vec<_>>(),
+            [
+                "image inspect present:1",
+                "image inspect alpine:3.19",
+                "pull alpine:3.19",
+                "image inspect missing:1",
+                "pull missing:1",
+                "run -d --rm alpine:3.19 sleep infinity",
+                "exec c0ffee123 sh -c echo out; echo err >&2; exit 3",
+                "exec c0ffee123 sh -c sleep 5",
+                "stop c0ffee123",
+                "stop gone",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_error_detail_is_stderr_else_stdout_cut_at_the_limit() {
+        assert_eq!(detail("  boom \n", "ignored"), "boom");
+        assert_eq!(detail("", " out "), "out");
+        let long = detail(&"x".repeat(2000), "");
+        assert_eq!(long.chars().count(), super::super::DETAIL_LIMIT + 1);
+        assert!(long.ends_with('…'));
+    }
+}

@@ -7,13 +7,11 @@
 //!   no timeout, Kestrel's is configurable);
 //! - stop: `docker stop <id>`; "no such container" counts as stopped.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use super::{detail, Driver, DriverError, ExecOutput, Running};
+use super::{capture, detail, Driver, DriverError, ExecOutput, Ran, Running};
 
 pub struct Docker {
     /// The CLI: `docker` from PATH unless configured.
@@ -26,29 +24,11 @@ impl Default for Docker {
     }
 }
 
-/// What a CLI call left: exit code (None when killed), stdout, stderr.
-struct Ran {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 impl Docker {
     fn run(&self, args: &[&str], timeout: Option<Duration>) -> Result<Ran, DriverError> {
-        let mut child = Command::new(&self.program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))?;
-        let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
-        let out = std::thread::spawn(move || read_all(stdout.as_mut()));
-        let err = std::thread::spawn(move || read_all(stderr.as_mut()));
-        let code = wait(child, timeout);
-        let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
-        Ok(Ran { code, stdout, stderr })
+        let mut command = Command::new(&self.program);
+        command.args(args);
+        capture(command, timeout).map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))
     }
 
     fn checked(&self, args: &[&str]) -> Result<Ran, DriverError> {
@@ -56,33 +36,6 @@ impl Docker {
         match ran.code {
             Some(0) => Ok(ran),
             _ => Err(DriverError(detail(&ran.stderr, &ran.stdout))),
-        }
-    }
-}
-
-fn read_all(pipe: Option<&mut impl Read>) -> String {
-    let mut text = String::new();
-    if let Some(pipe) = pipe {
-        let _ = pipe.read_to_string(&mut text);
-    }
-    text
-}
-
-/// Waits for the child, killing it past `timeout`; its exit code, `None` if it was killed.
-fn wait(mut child: std::process::Child, timeout: Option<Duration>) -> Option<i32> {
-    let Some(timeout) = timeout else { return child.wait().ok().and_then(|s| s.code()) };
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let (exited_tx, exited) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let _ = exited_tx.send(child.wait().ok().and_then(|status| status.code()));
-    });
-    match exited.recv_timeout(timeout) {
-        Ok(code) => code,
-        Err(_) => {
-            // The whole group: nothing the CLI started keeps its pipes open.
-            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = exited.recv();
-            None
         }
     }
 }
@@ -106,6 +59,10 @@ impl Driver for Docker {
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError> {
         let ran = self.run(&["exec", &sandbox.id, "sh", "-c", command], Some(timeout))?;
         Ok(ExecOutput { stdout: ran.stdout, stderr: ran.stderr, exit_code: ran.code.unwrap_or(-1) })
+    }
+
+    fn isolated(&self) -> bool {
+        true
     }
 
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError> {

@@ -4,7 +4,11 @@
 //! methods come next; see issue 11.)
 
 pub mod docker;
+pub mod local;
 
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// What a command run in a sandbox left.
@@ -44,6 +48,55 @@ pub trait Driver: Send + Sync {
     /// Runs `command` with `sh -c`; past `timeout` it is killed (exit code -1).
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError>;
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError>;
+    /// Whether commands are isolated from the host (`unsandboxed` is its negation).
+    fn isolated(&self) -> bool;
+}
+
+/// What a process left: its exit code (`None` when killed), stdout and stderr.
+pub(crate) struct Ran {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `command` in a process group of its own, its output captured; past `timeout` the
+/// whole group is killed.
+pub(crate) fn capture(mut command: Command, timeout: Option<Duration>) -> std::io::Result<Ran> {
+    let mut child =
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+    let out = std::thread::spawn(move || read_all(stdout.as_mut()));
+    let err = std::thread::spawn(move || read_all(stderr.as_mut()));
+    let code = wait(child, timeout);
+    let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    Ok(Ran { code, stdout, stderr })
+}
+
+fn read_all(pipe: Option<&mut impl Read>) -> String {
+    let mut text = String::new();
+    if let Some(pipe) = pipe {
+        let _ = pipe.read_to_string(&mut text);
+    }
+    text
+}
+
+/// Waits for the child, killing its group past `timeout`; its exit code, `None` if killed.
+fn wait(mut child: std::process::Child, timeout: Option<Duration>) -> Option<i32> {
+    let Some(timeout) = timeout else { return child.wait().ok().and_then(|s| s.code()) };
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (exited_tx, exited) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = exited_tx.send(child.wait().ok().and_then(|status| status.code()));
+    });
+    match exited.recv_timeout(timeout) {
+        Ok(code) => code,
+        Err(_) => {
+            // The whole group: nothing the process started keeps its pipes open.
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = exited.recv();
+            None
+        }
+    }
 }
 
 /// An error detail from a tool's output: its stderr trimmed, else its stdout, cut at

@@ -150,18 +150,27 @@ impl Checkpoints {
         let mut entries = Vec::with_capacity(found.len());
         let mut new = Vec::new();
         for item in found {
-            let digest = match item.is_dir {
+            let stored = match item.is_dir {
                 true => None,
                 false => {
-                    let content = std::fs::read(&item.absolute)?;
+                    let content = match std::fs::read(&item.absolute) {
+                        Ok(content) => content,
+                        // Deleted since the walk (a build cleaning up): not part of this one.
+                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(error) => return Err(error.into()),
+                    };
                     let digest = BlobStore::digest(&content);
                     if self.blobs.put(&digest, &content)? {
                         new.push(digest.clone());
                     }
-                    Some(digest)
+                    // The size of what was read, should the file have changed since the walk.
+                    Some((digest, content.len() as u64))
                 }
             };
-            let size = if item.is_dir { 0 } else { item.size };
+            let (digest, size) = match stored {
+                Some((digest, size)) => (Some(digest), size),
+                None => (None, 0),
+            };
             entries.push(CheckpointEntry { path: item.path.clone(), digest, size, mode: item.mode });
         }
         if !new.is_empty() {

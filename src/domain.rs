@@ -410,6 +410,17 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// A client reported the lifecycle of a sandbox it runs itself (`state`: running, stopped
+    /// or error).
+    #[serde(rename = "sandbox.local", rename_all = "camelCase")]
+    LocalSandbox {
+        session_id: String,
+        state: String,
+        image: Option<String>,
+        unsandboxed: bool,
+        container_id: Option<String>,
+        detail: Option<String>,
+    },
     /// Plugins' `web/` trees changed (hot reload): each plugin's new revision.
     #[serde(rename = "plugins.changed")]
     PluginsChanged { plugins: Vec<PluginRevision>, at: String },
@@ -565,6 +576,7 @@ impl Event {
             Event::ContextCompacted { .. } => "context.compacted",
             Event::PluginsChanged { .. } => "plugins.changed",
             Event::McpRequest { .. } => "mcp.request",
+            Event::LocalSandbox { .. } => "sandbox.local",
             Event::McpResponse { .. } => "mcp.response",
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
@@ -608,6 +620,7 @@ impl Event {
             | Event::SessionRewound { session_id, .. }
             | Event::ContextCompacted { session_id, .. }
             | Event::McpRequest { session_id, .. }
+            | Event::LocalSandbox { session_id, .. }
             | Event::McpResponse { session_id, .. }
             | Event::ClientAttached { session_id, .. }
             | Event::DriverRegistered { session_id }

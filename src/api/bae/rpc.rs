@@ -12,7 +12,7 @@ use super::problem::Problem;
 use super::streams::{error_frame, TurnKind, TurnStream, WatchStream};
 use super::{authorize_session, body, wire};
 use crate::bus::{Filter, Scope};
-use crate::domain::Role;
+use crate::domain::{Event, Role};
 use crate::engine::bae::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
 use crate::engine::Engine;
 use crate::http::{Framing, Reply, Request, Stream};
@@ -119,8 +119,46 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             BaeOp::Compact(Box::new(Compact { key, run_id, prompt: prompt(&params), reply }))
         }),
         "session.subscribe" => watch(context, id, &params),
+        "session.reportLocalSandbox" => {
+            let report = match local_sandbox_report(&context.session_id, &params) {
+                Ok(report) => report,
+                Err(why) => {
+                    return Answer::Frame(id.map(|id| error_frame(&id, -32602, &format!("Invalid params: {why}"))))
+                }
+            };
+            let key = context.key_id();
+            let asked = context.ask(|reply| BaeOp::ReportLocalSandbox { key, report: Box::new(report), reply });
+            reply(&id, asked, &method, serde_json::json!({ "reported": true }))
+        }
         _ => Answer::Frame(id.map(|id| error_frame(&id, -32601, &format!("Method not found: {method}")))),
     }
+}
+
+/// `session.reportLocalSandbox`'s params as the event they become: `state` one of running,
+/// stopped, error; `unsandboxed` a boolean (default false); `image` a string, or null or
+/// absent only when `unsandboxed`; `container_id` and `detail` strings or null.
+fn local_sandbox_report(session_id: &str, params: &Map<String, Value>) -> Result<Event, String> {
+    let state = match params.get("state").and_then(Value::as_str) {
+        Some(state @ ("running" | "stopped" | "error")) => state.to_string(),
+        _ => return Err("\"state\" must be \"running\", \"stopped\" or \"error\"".into()),
+    };
+    let unsandboxed = match params.get("unsandboxed") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(flag)) => *flag,
+        Some(_) => return Err("\"unsandboxed\" must be a boolean".into()),
+    };
+    let image = match params.get("image") {
+        Some(Value::String(image)) => Some(image.clone()),
+        None | Some(Value::Null) if unsandboxed => None,
+        _ => return Err("\"image\" must be a string (or null when unsandboxed)".into()),
+    };
+    let optional = |field: &str| match params.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(format!("\"{field}\" must be a string or null")),
+    };
+    let (container_id, detail) = (optional("container_id")?, optional("detail")?);
+    Ok(Event::LocalSandbox { session_id: session_id.to_string(), state, image, unsandboxed, container_id, detail })
 }
 
 impl Context<'_> {

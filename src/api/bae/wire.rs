@@ -76,6 +76,15 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             ("tool.call", payload)
         }
         Event::ToolFinished { result, dispatch: by, .. } => ("tool.result", tool_result_payload(result, by)),
+        Event::LocalSandbox { state, image, unsandboxed, container_id, detail, .. } => {
+            let kind = match state.as_str() {
+                "running" => "session.sandbox.running",
+                "stopped" => "session.sandbox.stopped",
+                _ => "session.sandbox.error",
+            };
+            let payload = json!({ "dispatch": "local", "image": image, "unsandboxed": unsandboxed, "container_id": container_id, "detail": detail });
+            (kind, payload)
+        }
         Event::McpRequest { server_name, tool, input, .. } => {
             ("mcp.request", json!({ "method": "tools/call", "server_name": server_name, "tool": tool, "input": input }))
         }

@@ -58,6 +58,12 @@ pub enum BaeOp {
         key: String,
         reply: Sender<()>,
     },
+    /// `session.reportLocalSandbox`: any registered driver; the report is checked by the door.
+    ReportLocalSandbox {
+        key: String,
+        report: Box<Event>,
+        reply: Sender<Result<(), RpcError>>,
+    },
     /// The caller went away: its queued request leaves the queue, its running turn stops.
     Abandon {
         run_id: String,
@@ -194,6 +200,14 @@ impl SessionActor {
         match op {
             BaeOp::RegisterDriver { key, reply } => {
                 let _ = reply.send(self.register_driver(key));
+            }
+            BaeOp::ReportLocalSandbox { key, report, reply } => {
+                // No state, allowlist or ownership check: a local sandbox is the client's own.
+                let outcome = match self.bae.drivers.contains(&key) {
+                    true => self.publish_bae(&key, *report),
+                    false => Err(RpcError::NotDriver),
+                };
+                let _ = reply.send(outcome);
             }
             BaeOp::Drivers { reply } => {
                 let _ = reply.send(self.bae.drivers.iter().cloned().collect());

@@ -104,6 +104,7 @@ pub const BAE_EVENT_KINDS: &[&str] = &[
     "tool.finished",
     "mcp.request",
     "mcp.response",
+    "sandbox.local",
     "session.fault",
     "session.closed",
     "compaction.started",

@@ -266,3 +266,57 @@ fn json_rpc_envelope_errors_and_unknown_methods_answer_200_ndjson() {
     let params = post(r#"{"jsonrpc":"2.0","id":3,"method":"session.sendMessage","params":{}}"#).until_terminal();
     assert_eq!(params[0]["error"], json!({ "code": -32602, "message": "Invalid params: missing \"message\"" }));
 }
+
+#[test]
+fn a_local_sandbox_report_is_checked_and_becomes_the_lifecycle_event() {
+    let bae = Bae::start();
+    let profile = bae.profile("local", &[]);
+    let ((_, key), (_, other_key)) = (bae.client_key(&profile), bae.client_key(&profile));
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    let report = |harness: &mut Harness, params: serde_json::Value| {
+        harness.call("session.reportLocalSandbox", params).last().unwrap().clone()
+    };
+    let running = report(&mut harness, json!({ "state": "running", "image": "python:3.12", "container_id": "abc123" }));
+    assert_eq!(running["result"], json!({ "reported": true }), "{running}");
+    let stopped = report(&mut harness, json!({ "state": "stopped", "image": null, "unsandboxed": true }));
+    assert_eq!(stopped["result"]["reported"], true, "{stopped}");
+    let failed = report(&mut harness, json!({ "state": "error", "image": "any/unregistered:tag", "detail": "oom" }));
+    assert_eq!(failed["result"]["reported"], true);
+    for bad in [
+        json!({ "state": "paused", "image": "x" }),
+        json!({ "state": "running" }),
+        json!({ "state": "running", "image": null }),
+        json!({ "state": "running", "image": "x", "unsandboxed": "yes" }),
+        json!({ "state": "running", "image": "x", "container_id": 7 }),
+    ] {
+        let answer = report(&mut harness, bad.clone());
+        assert_eq!(answer["error"]["code"], -32602, "{bad}: {answer}");
+    }
+    let events: Vec<serde_json::Value> = harness
+        .events()
+        .into_iter()
+        .filter(|e| e["event_type"].as_str().unwrap().starts_with("session.sandbox"))
+        .collect();
+    assert_eq!(types(&events), ["session.sandbox.running", "session.sandbox.stopped", "session.sandbox.error"]);
+    assert_eq!(
+        events[0]["payload"],
+        json!({ "dispatch": "local", "image": "python:3.12", "unsandboxed": false, "container_id": "abc123", "detail": null })
+    );
+    assert_eq!(events[1]["payload"]["unsandboxed"], true);
+    assert_eq!(events[2]["payload"]["detail"], "oom");
+
+    // Only a registered driver may report: another client that joined but did not register.
+    let joined = super::support::send(
+        bae.base(),
+        "POST",
+        &format!("/api/v1/sessions/{}/join", harness.session_id),
+        Some(&other_key),
+        Some(json!({})),
+    );
+    assert_eq!(joined.status, 201, "{}", joined.text);
+    let body =
+        r#"{"jsonrpc":"2.0","id":1,"method":"session.reportLocalSandbox","params":{"state":"running","image":"x"}}"#;
+    let session_key = joined.json["session_key"].as_str().unwrap();
+    let frames = Frames::post(bae.base(), &harness.session_id, session_key, body).until_terminal();
+    assert_eq!(frames.last().unwrap()["error"]["code"], -32001, "{frames:?}");
+}

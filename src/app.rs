@@ -191,7 +191,22 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
         loop_limit: config.bae.loop_limit.max(1),
         mcp_servers: mcp_servers(config).map(|server| server.name.clone()).collect(),
         mcp_configs: mcp_servers(config).cloned().collect(),
+        sandbox: sandbox_driver(config)?,
+        sandbox_exec_timeout: Duration::from_secs(config.bae.sandbox_exec_timeout_secs.max(1)),
     })
+}
+
+/// The remote sandboxes' driver named by `[bae] sandbox_driver` / `BAE_SANDBOX_DRIVER`.
+fn sandbox_driver(config: &Config) -> Result<crate::engine::bae::sandbox::SandboxDriver, StartError> {
+    let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
+        "local" => Arc::new(crate::sandbox::local::Local::new(&config.server.data_dir.join("sandboxes"))),
+        "docker" => Arc::new(crate::sandbox::docker::Docker::default()),
+        other => {
+            let why = format!("bae.sandbox_driver {other:?}: \"local\" or \"docker\"");
+            return Err(StartError::Config(ConfigError::Invalid(why)));
+        }
+    };
+    Ok(crate::engine::bae::sandbox::SandboxDriver(driver))
 }
 
 /// Every configured MCP server: the BAE config file's, then Kestrel's own.

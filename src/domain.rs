@@ -410,6 +410,19 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// A step of a session's remote sandbox: `step` is start, running, stop, stopped or error
+    /// (`phase` says which step failed).
+    #[serde(rename = "sandbox.remote", rename_all = "camelCase")]
+    RemoteSandbox {
+        session_id: String,
+        step: String,
+        image: String,
+        sandbox_id: Option<String>,
+        reason: Option<String>,
+        phase: Option<String>,
+        detail: Option<String>,
+        unsandboxed: bool,
+    },
     /// A client reported the lifecycle of a sandbox it runs itself (`state`: running, stopped
     /// or error).
     #[serde(rename = "sandbox.local", rename_all = "camelCase")]
@@ -577,6 +590,7 @@ impl Event {
             Event::PluginsChanged { .. } => "plugins.changed",
             Event::McpRequest { .. } => "mcp.request",
             Event::LocalSandbox { .. } => "sandbox.local",
+            Event::RemoteSandbox { .. } => "sandbox.remote",
             Event::McpResponse { .. } => "mcp.response",
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
@@ -621,6 +635,7 @@ impl Event {
             | Event::ContextCompacted { session_id, .. }
             | Event::McpRequest { session_id, .. }
             | Event::LocalSandbox { session_id, .. }
+            | Event::RemoteSandbox { session_id, .. }
             | Event::McpResponse { session_id, .. }
             | Event::ClientAttached { session_id, .. }
             | Event::DriverRegistered { session_id }

@@ -26,6 +26,10 @@ pub struct BaeConfig {
     pub loop_limit: u32,
     /// A BAE config file whose providers and MCP servers this server serves.
     pub config_file: Option<PathBuf>,
+    /// Remote sandboxes: "local" (a private directory, bubblewrap when it works) or "docker".
+    pub sandbox_driver: String,
+    /// How long one `execRemoteSandbox` command may run (BAE has no limit).
+    pub sandbox_exec_timeout_secs: u64,
     /// `--rotate-admin-key`: revoke the admin key and mint a new one at start.
     #[serde(skip)]
     pub rotate_admin_key: bool,
@@ -43,6 +47,8 @@ impl Default for BaeConfig {
             turn_timeout_secs: 120,
             loop_limit: 8,
             config_file: None,
+            sandbox_driver: "local".into(),
+            sandbox_exec_timeout_secs: 300,
             rotate_admin_key: false,
             file: BaeFile::default(),
         }
@@ -69,6 +75,9 @@ impl BaeConfig {
         }
         if let Some(path) = env("BAE_CONFIG") {
             self.config_file = Some(path.into());
+        }
+        if let Some(driver) = env("BAE_SANDBOX_DRIVER") {
+            self.sandbox_driver = driver.trim().to_ascii_lowercase();
         }
         Ok(())
     }

@@ -26,6 +26,10 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         loop_limit: 8,
         mcp_servers: Vec::new(),
         mcp_configs: Vec::new(),
+        sandbox: super::bae::sandbox::SandboxDriver(Arc::new(crate::sandbox::local::Local::unisolated(
+            &data.join("sandboxes"),
+        ))),
+        sandbox_exec_timeout: std::time::Duration::from_secs(5),
     };
     let checkpoints = crate::checkpoints::CheckpointConfig::default();
     let config = EngineConfig {

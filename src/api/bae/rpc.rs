@@ -119,6 +119,43 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             BaeOp::Compact(Box::new(Compact { key, run_id, prompt: prompt(&params), reply }))
         }),
         "session.subscribe" => watch(context, id, &params),
+        "session.startRemoteSandbox" => {
+            let Some(image) = params.get("image").and_then(Value::as_str).filter(|i| !i.trim().is_empty()) else {
+                return invalid(id, "missing or blank \"image\"");
+            };
+            let (key, image) = (context.key_id(), image.to_string());
+            let started = context.ask(|reply| BaeOp::StartSandbox { key, image, reply });
+            answer(&id, started.map(|(running, at)| {
+                serde_json::json!({ "sandbox_id": running.id, "image": running.image, "started_at": at })
+            }), &method)
+        }
+        "session.stopRemoteSandbox" => {
+            let key = context.key_id();
+            let stopped = context.ask(|reply| BaeOp::StopSandbox { key, reply });
+            answer(
+                &id,
+                stopped.map(
+                    |running| serde_json::json!({ "stopped": true, "image": running.image, "sandbox_id": running.id }),
+                ),
+                &method,
+            )
+        }
+        "session.execRemoteSandbox" => {
+            let Some(command) = params.get("command").and_then(Value::as_str).map(str::to_string) else {
+                return invalid(id, "missing \"command\"");
+            };
+            let key = context.key_id();
+            let ran = context
+                .ask(|reply| BaeOp::SandboxHandle { key: key.clone(), reply })
+                .and_then(|sandbox| context.engine.bae_sandbox_exec(&context.session_id, &key, &sandbox, &command));
+            answer(
+                &id,
+                ran.map(
+                    |out| serde_json::json!({ "stdout": out.stdout, "stderr": out.stderr, "exit_code": out.exit_code }),
+                ),
+                &method,
+            )
+        }
         "session.reportLocalSandbox" => {
             let report = match local_sandbox_report(&context.session_id, &params) {
                 Ok(report) => report,
@@ -173,6 +210,20 @@ impl Context<'_> {
         self.engine.bae_op(&self.session_id, op(reply)).map_err(|_| RpcError::Internal)?;
         answer.recv().unwrap_or(Err(RpcError::Internal))
     }
+}
+
+/// A terminal frame with `result`, or the error's.
+fn answer(id: &Option<Value>, outcome: Result<Value, RpcError>, method: &str) -> Answer {
+    let Some(id) = id else { return Answer::Frame(None) };
+    Answer::Frame(Some(match outcome {
+        Ok(result) => format!("{}\n", serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result })),
+        Err(error) => rpc_error_frame_for(id, &error, method),
+    }))
+}
+
+/// A -32602 answer.
+fn invalid(id: Option<Value>, why: &str) -> Answer {
+    Answer::Frame(id.map(|id| error_frame(&id, -32602, &format!("Invalid params: {why}"))))
 }
 
 fn reply(id: &Option<Value>, outcome: Result<(), RpcError>, method: &str, result: Value) -> Answer {
@@ -323,6 +374,20 @@ fn rpc_error_frame_for(id: &Value, error: &RpcError, method: &str) -> String {
         RpcError::TurnInProgress => (-32020, "turn in progress: resolve the paused turn before compacting".to_string()),
         RpcError::ToolNotAllowed(name) => (-32015, format!("tool_not_allowed: tool {name:?} is not in the profile's allowlist")),
         RpcError::Internal => (-32603, "Internal error".to_string()),
+        RpcError::SandboxImageNotAllowed(image) => (
+            -32011,
+            format!("sandbox_image_not_allowed: image {image:?} is not in this session profile's available_sandboxes"),
+        ),
+        RpcError::SandboxStartFailed(detail) => (-32012, format!("sandbox_start_failed: {detail}")),
+        RpcError::SandboxNotRunning => {
+            (-32013, "sandbox_not_running: no remote sandbox is running for this session".to_string())
+        }
+        RpcError::SandboxAlreadyRunning => (
+            -32000,
+            "a remote sandbox is already running for this session; call session.stopRemoteSandbox first".to_string(),
+        ),
+        RpcError::SandboxStopFailed(detail) => (-32000, format!("sandbox stop failed: {detail}")),
+        RpcError::SandboxExecFailed(detail) => (-32000, format!("sandbox exec failed: {detail}")),
     };
     error_frame(id, code, &message)
 }

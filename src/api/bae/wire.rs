@@ -85,6 +85,41 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             let payload = json!({ "dispatch": "local", "image": image, "unsandboxed": unsandboxed, "container_id": container_id, "detail": detail });
             (kind, payload)
         }
+        Event::RemoteSandbox { step, image, sandbox_id, reason, phase, detail, unsandboxed, .. } => {
+            let mut payload = json!({ "image": image, "dispatch": "remote" });
+            match step.as_str() {
+                "start" => {}
+                "stop" => {
+                    payload["sandbox_id"] = json!(sandbox_id);
+                    payload["reason"] = json!(reason);
+                }
+                "stopped" => {
+                    payload["sandbox_id"] = json!(sandbox_id);
+                    payload["reason"] = json!(reason);
+                    payload["unsandboxed"] = json!(unsandboxed);
+                }
+                "running" => {
+                    payload["sandbox_id"] = json!(sandbox_id);
+                    payload["unsandboxed"] = json!(unsandboxed);
+                }
+                _ => {
+                    if sandbox_id.is_some() {
+                        payload["sandbox_id"] = json!(sandbox_id);
+                    }
+                    payload["phase"] = json!(phase);
+                    payload["detail"] = json!(detail);
+                    payload["unsandboxed"] = json!(unsandboxed);
+                }
+            }
+            let kind = match step.as_str() {
+                "start" => "session.sandbox.start",
+                "running" => "session.sandbox.running",
+                "stop" => "session.sandbox.stop",
+                "stopped" => "session.sandbox.stopped",
+                _ => "session.sandbox.error",
+            };
+            (kind, payload)
+        }
         Event::McpRequest { server_name, tool, input, .. } => {
             ("mcp.request", json!({ "method": "tools/call", "server_name": server_name, "tool": tool, "input": input }))
         }

@@ -12,6 +12,7 @@ pub mod compaction;
 pub mod mcp;
 pub mod merge;
 pub mod runtime;
+pub mod sandbox;
 mod sessions;
 pub(in crate::engine) mod turn;
 
@@ -39,6 +40,9 @@ pub struct BaeSettings {
     pub mcp_servers: Vec<String>,
     /// The configured MCP servers.
     pub mcp_configs: Vec<crate::config::bae::McpServer>,
+    /// Remote sandboxes' driver, and how long one exec may run.
+    pub sandbox: sandbox::SandboxDriver,
+    pub sandbox_exec_timeout: std::time::Duration,
 }
 
 /// Why a BAE request was refused; `api/bae` gives each its status, slug and wording.

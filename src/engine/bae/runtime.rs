@@ -58,6 +58,22 @@ pub enum BaeOp {
         key: String,
         reply: Sender<()>,
     },
+    /// `session.startRemoteSandbox`: the sandbox and its `started_at`.
+    StartSandbox {
+        key: String,
+        image: String,
+        reply: Sender<Result<(crate::sandbox::Running, String), RpcError>>,
+    },
+    /// `session.stopRemoteSandbox`.
+    StopSandbox {
+        key: String,
+        reply: Sender<Result<crate::sandbox::Running, RpcError>>,
+    },
+    /// `session.execRemoteSandbox`: the handle the caller runs the command with.
+    SandboxHandle {
+        key: String,
+        reply: Sender<Result<crate::sandbox::Running, RpcError>>,
+    },
     /// `session.reportLocalSandbox`: any registered driver; the report is checked by the door.
     ReportLocalSandbox {
         key: String,
@@ -113,6 +129,12 @@ pub enum RpcError {
     ProfileUnavailable,
     /// A compaction found the gate held by a paused turn.
     TurnInProgress,
+    SandboxImageNotAllowed(String),
+    SandboxStartFailed(String),
+    SandboxNotRunning,
+    SandboxAlreadyRunning,
+    SandboxStopFailed(String),
+    SandboxExecFailed(String),
     ToolNotAllowed(String),
     Internal,
 }
@@ -156,11 +178,13 @@ struct Pending {
 
 #[derive(Default)]
 pub(in crate::engine) struct BaeRuntime {
-    drivers: BTreeSet<String>,
+    pub(in crate::engine) drivers: BTreeSet<String>,
     gate: Gate,
     queue: VecDeque<Waiter>,
     /// After a failed automatic compaction, automatic ones wait until then.
     pub(in crate::engine) auto_backoff_until: Option<Instant>,
+    /// The session's one remote sandbox.
+    pub(in crate::engine) sandbox: Option<crate::sandbox::Running>,
     /// Whether a turn paused before a restart has been looked for (`recover_pause`).
     recovered: bool,
 }
@@ -186,7 +210,10 @@ impl BaeRuntime {
 
     /// Whether anything must outlive the actor's thread.
     pub(in crate::engine) fn worth_keeping(&self) -> bool {
-        !self.drivers.is_empty() || matches!(self.gate, Gate::Paused(_)) || self.auto_backoff_until.is_some()
+        !self.drivers.is_empty()
+            || matches!(self.gate, Gate::Paused(_))
+            || self.auto_backoff_until.is_some()
+            || self.sandbox.is_some()
     }
 
     /// Nothing is waiting on the actor (a paused turn waits on its client, not the actor).
@@ -200,6 +227,19 @@ impl SessionActor {
         match op {
             BaeOp::RegisterDriver { key, reply } => {
                 let _ = reply.send(self.register_driver(key));
+            }
+            BaeOp::StartSandbox { key, image, reply } => {
+                let _ = reply.send(self.start_sandbox(&key, &image));
+            }
+            BaeOp::StopSandbox { key, reply } => {
+                let outcome = match self.bae.drivers.contains(&key) {
+                    true => self.stop_sandbox(&key, "explicit"),
+                    false => Err(RpcError::NotDriver),
+                };
+                let _ = reply.send(outcome);
+            }
+            BaeOp::SandboxHandle { key, reply } => {
+                let _ = reply.send(self.sandbox_handle(&key));
             }
             BaeOp::ReportLocalSandbox { key, report, reply } => {
                 // No state, allowlist or ownership check: a local sandbox is the client's own.
@@ -594,6 +634,12 @@ impl SessionActor {
             turn.canceller.cancel(CancelReason::User);
         }
         self.shared.mcp.disconnect(&self.id);
+        if self.bae.sandbox.is_some() {
+            let creator = actor.to_string();
+            if let Err(error) = self.stop_sandbox(&creator, "session_close") {
+                log::warn!("session {}: its sandbox did not stop cleanly: {error:?}", self.id);
+            }
+        }
         self.bae.gate = Gate::Free;
         for waiter in std::mem::take(&mut self.bae.queue) {
             waiter.fail(RpcError::NotOpen(BaeState::Closed));

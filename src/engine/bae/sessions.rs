@@ -105,6 +105,7 @@ pub const BAE_EVENT_KINDS: &[&str] = &[
     "mcp.request",
     "mcp.response",
     "sandbox.local",
+    "sandbox.remote",
     "session.fault",
     "session.closed",
     "compaction.started",

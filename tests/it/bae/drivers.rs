@@ -250,8 +250,8 @@ fn json_rpc_envelope_errors_and_unknown_methods_answer_200_ndjson() {
             json!({ "jsonrpc": "2.0", "id": { "k": 1 }, "error": { "code": -32601, "message": "Method not found: session.nope" } }),
         ),
         (
-            r#"{"jsonrpc":"2.0","id":9,"method":"session.startRemoteSandbox","params":{"image":"x"}}"#,
-            json!({ "jsonrpc": "2.0", "id": 9, "error": { "code": -32601, "message": "Method not found: session.startRemoteSandbox" } }),
+            r#"{"jsonrpc":"2.0","id":9,"method":"session.cancelSubagent","params":{"subagent_id":"x"}}"#,
+            json!({ "jsonrpc": "2.0", "id": 9, "error": { "code": -32601, "message": "Method not found: session.cancelSubagent" } }),
         ),
     ];
     for (body, expected) in cases {

@@ -6,6 +6,7 @@ mod conversation;
 mod drivers;
 mod hostile;
 mod mcp;
+mod sandbox;
 mod sessions;
 pub mod support;
 mod turns;

@@ -1,0 +1,182 @@
+//! A BAE session's one remote sandbox, as state of the session's actor: start (from an image
+//! in the session's own profile's `available_sandboxes`), stop, and the handle an exec uses.
+//! Starting and stopping run on the actor (one at a time per session); an exec runs on the
+//! caller's thread with the handle the actor gave it, so a long command never holds the
+//! session up. Close stops the sandbox (`reason: session_close`).
+
+use std::sync::Arc;
+
+use super::runtime::RpcError;
+use crate::domain::Event;
+use crate::engine::session::SessionActor;
+use crate::sandbox::{Driver, Running};
+use crate::store::BaeState;
+
+/// The engine's sandbox driver (its `Debug` names it only).
+#[derive(Clone)]
+pub struct SandboxDriver(pub Arc<dyn Driver>);
+
+impl std::fmt::Debug for SandboxDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SandboxDriver(isolated: {})", self.0.isolated())
+    }
+}
+
+impl crate::engine::Engine {
+    /// Runs `command` in the session's sandbox on the caller's thread; a driver failure is
+    /// logged as `session.sandbox.error` (phase exec) and answered -32000.
+    pub fn bae_sandbox_exec(
+        &self,
+        session_id: &str,
+        key: &str,
+        sandbox: &Running,
+        command: &str,
+    ) -> Result<crate::sandbox::ExecOutput, RpcError> {
+        let settings = &self.shared.config.bae;
+        match settings.sandbox.0.exec(sandbox, command, settings.sandbox_exec_timeout) {
+            Ok(output) => Ok(output),
+            Err(error) => {
+                let event = Event::RemoteSandbox {
+                    session_id: session_id.to_string(),
+                    step: "error".into(),
+                    image: sandbox.image.clone(),
+                    sandbox_id: Some(sandbox.id.clone()),
+                    reason: None,
+                    phase: Some("exec".into()),
+                    detail: Some(error.0.clone()),
+                    unsandboxed: !settings.sandbox.0.isolated(),
+                };
+                let origin = crate::bus::Origin { actor: Some(Arc::from(key)), turn: None };
+                let tenant = Some(Arc::from(crate::store::BAE_TENANT));
+                let _ = self.shared.bus.publish_durable(tenant, origin, event);
+                Err(RpcError::SandboxExecFailed(error.0))
+            }
+        }
+    }
+}
+
+impl SessionActor {
+    fn sandbox_event(&self, step: &str, image: &str, sandbox_id: Option<&str>) -> Event {
+        Event::RemoteSandbox {
+            session_id: self.id.clone(),
+            step: step.into(),
+            image: image.into(),
+            sandbox_id: sandbox_id.map(str::to_string),
+            reason: None,
+            phase: None,
+            detail: None,
+            unsandboxed: !self.shared.config.bae.sandbox.0.isolated(),
+        }
+    }
+
+    fn sandbox_error(&self, image: &str, sandbox_id: Option<&str>, phase: &str, detail: &str) -> Event {
+        match self.sandbox_event("error", image, sandbox_id) {
+            Event::RemoteSandbox { session_id, step, image, sandbox_id, unsandboxed, .. } => Event::RemoteSandbox {
+                session_id,
+                step,
+                image,
+                sandbox_id,
+                reason: None,
+                phase: Some(phase.into()),
+                detail: Some(detail.into()),
+                unsandboxed,
+            },
+            other => other,
+        }
+    }
+
+    /// `session.startRemoteSandbox`: the sandbox and its `started_at`.
+    pub(in crate::engine) fn start_sandbox(&mut self, key: &str, image: &str) -> Result<(Running, String), RpcError> {
+        if !self.bae.drivers.contains(key) {
+            return Err(RpcError::NotDriver);
+        }
+        let record = self.bae_record_open()?;
+        let profile = match self.shared.store.readers().bae_profile(&record.profile_id) {
+            Ok(Some(profile)) => profile,
+            Ok(None) => return Err(RpcError::ProfileUnavailable),
+            Err(_) => return Err(RpcError::Internal),
+        };
+        if !profile.available_sandboxes.iter().any(|allowed| allowed == image) {
+            return Err(RpcError::SandboxImageNotAllowed(image.to_string()));
+        }
+        if self.bae.sandbox.is_some() {
+            return Err(RpcError::SandboxAlreadyRunning);
+        }
+        self.publish_bae(key, self.sandbox_event("start", image, None))?;
+        let driver = &self.shared.config.bae.sandbox.0;
+        match driver.ensure_image(image).and_then(|()| driver.start(image)) {
+            Ok(running) => {
+                self.bae.sandbox = Some(running.clone());
+                self.publish_bae(key, self.sandbox_event("running", image, Some(&running.id)))?;
+                Ok((running, crate::time::now_rfc3339()))
+            }
+            Err(error) => {
+                let _ = self.publish_bae(key, self.sandbox_error(image, None, "start", &error.0));
+                Err(RpcError::SandboxStartFailed(error.0))
+            }
+        }
+    }
+
+    /// `session.stopRemoteSandbox` (`reason: explicit`) and close (`session_close`): the handle
+    /// goes first, so a failed stop leaves no sandbox anything could still use.
+    pub(in crate::engine) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Result<Running, RpcError> {
+        let running = self.bae.sandbox.take().ok_or(RpcError::SandboxNotRunning)?;
+        let stop = match self.sandbox_event("stop", &running.image, Some(&running.id)) {
+            Event::RemoteSandbox { session_id, step, image, sandbox_id, unsandboxed, .. } => Event::RemoteSandbox {
+                session_id,
+                step,
+                image,
+                sandbox_id,
+                reason: Some(reason.into()),
+                phase: None,
+                detail: None,
+                unsandboxed,
+            },
+            other => other,
+        };
+        let _ = self.publish_bae(key, stop.clone());
+        match self.shared.config.bae.sandbox.0.stop(&running) {
+            Ok(()) => {
+                let stopped = match stop {
+                    Event::RemoteSandbox { step: _, session_id, image, sandbox_id, reason, unsandboxed, .. } => {
+                        let step = "stopped".to_string();
+                        Event::RemoteSandbox {
+                            session_id,
+                            step,
+                            image,
+                            sandbox_id,
+                            reason,
+                            phase: None,
+                            detail: None,
+                            unsandboxed,
+                        }
+                    }
+                    other => other,
+                };
+                let _ = self.publish_bae(key, stopped);
+                Ok(running)
+            }
+            Err(error) => {
+                let _ = self.publish_bae(key, self.sandbox_error(&running.image, Some(&running.id), "stop", &error.0));
+                Err(RpcError::SandboxStopFailed(error.0))
+            }
+        }
+    }
+
+    /// `session.execRemoteSandbox`'s handle (no state check, as in BAE).
+    pub(in crate::engine) fn sandbox_handle(&self, key: &str) -> Result<Running, RpcError> {
+        if !self.bae.drivers.contains(key) {
+            return Err(RpcError::NotDriver);
+        }
+        self.bae.sandbox.clone().ok_or(RpcError::SandboxNotRunning)
+    }
+
+    fn bae_record_open(&self) -> Result<crate::store::BaeSessionRecord, RpcError> {
+        match self.shared.store.readers().bae_session(&self.id) {
+            Ok(Some(record)) if record.state == BaeState::Open => Ok(record),
+            Ok(Some(record)) => Err(RpcError::NotOpen(record.state)),
+            Ok(None) => Err(RpcError::Gone),
+            Err(_) => Err(RpcError::Internal),
+        }
+    }
+}

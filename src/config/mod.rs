@@ -631,6 +631,7 @@ mod tests {
             "BAE_ADMIN_KEY_FILE" => Some("/tmp/bae-admin-key".to_string()),
             "BAE_TURN_TIMEOUT" => Some("7".to_string()),
             "BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH" => Some("true".to_string()),
+            "BAE_SANDBOX_DRIVER" => Some(" Docker ".to_string()),
             _ => None,
         };
         let config = Config::load(None, &bae_only).unwrap();
@@ -639,6 +640,7 @@ mod tests {
         assert_eq!(config.bae.admin_key_file.as_deref(), Some(Path::new("/tmp/bae-admin-key")));
         assert_eq!(config.bae.turn_timeout_secs, 7);
         assert!(config.bae.dangerously_disable_admin_auth);
+        assert_eq!(config.bae.sandbox_driver, "docker");
         let both = |name: &str| match name {
             "KESTREL_ADDR" => Some("127.0.0.1:9200".to_string()),
             "KESTREL_ADMIN_ADDR" => Some("127.0.0.1:9201".to_string()),

@@ -155,3 +155,13 @@ fn a_default_workspace_inside_the_data_dir_is_refused_at_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("inside") && stderr.contains("protect"), "{stderr}");
 }
+
+#[test]
+fn an_unknown_sandbox_driver_is_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let output =
+        kestrel(data.path()).env("KESTREL_ADDR", "127.0.0.1:0").env("BAE_SANDBOX_DRIVER", "apple").output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("sandbox_driver") && stderr.contains("apple"), "{stderr}");
+}

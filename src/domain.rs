@@ -423,6 +423,18 @@ pub enum Event {
         detail: Option<String>,
         unsandboxed: bool,
     },
+    /// A turn runs a sandbox tool's command in the session's remote sandbox.
+    #[serde(rename = "sandbox.request", rename_all = "camelCase")]
+    SandboxRequest { session_id: String, tool: String, input: Value, command: Option<String> },
+    /// What the command left (`result`: stdout, stderr, exit_code), or why it did not run.
+    #[serde(rename = "sandbox.response", rename_all = "camelCase")]
+    SandboxResponse {
+        session_id: String,
+        sandbox_id: Option<String>,
+        ok: bool,
+        result: Option<Value>,
+        error: Option<String>,
+    },
     /// A client reported the lifecycle of a sandbox it runs itself (`state`: running, stopped
     /// or error).
     #[serde(rename = "sandbox.local", rename_all = "camelCase")]
@@ -590,6 +602,8 @@ impl Event {
             Event::PluginsChanged { .. } => "plugins.changed",
             Event::McpRequest { .. } => "mcp.request",
             Event::LocalSandbox { .. } => "sandbox.local",
+            Event::SandboxRequest { .. } => "sandbox.request",
+            Event::SandboxResponse { .. } => "sandbox.response",
             Event::RemoteSandbox { .. } => "sandbox.remote",
             Event::McpResponse { .. } => "mcp.response",
             Event::Notice { .. } => "notice",
@@ -635,6 +649,8 @@ impl Event {
             | Event::ContextCompacted { session_id, .. }
             | Event::McpRequest { session_id, .. }
             | Event::LocalSandbox { session_id, .. }
+            | Event::SandboxRequest { session_id, .. }
+            | Event::SandboxResponse { session_id, .. }
             | Event::RemoteSandbox { session_id, .. }
             | Event::McpResponse { session_id, .. }
             | Event::ClientAttached { session_id, .. }

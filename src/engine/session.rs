@@ -65,6 +65,8 @@ pub(super) enum TurnMsg {
     Closed { approval_id: String },
     /// An `auto` compaction at the end of the turn failed: later ones back off.
     AutoCompactionFailed,
+    /// A BAE turn's sandbox tool needs the session's remote sandbox, if one runs.
+    SandboxHandle { reply: Sender<Option<crate::sandbox::Running>> },
     /// The worker's last word: the turn is over and the session free. A turn paused for
     /// client tools says what it waits for.
     Ended { run_id: String, outcome: TurnOutcome, paused: Option<Box<super::bae::turn::PausedTurn>> },
@@ -327,6 +329,9 @@ impl SessionActor {
                 self.approvals.remove(&approval_id);
             }
             TurnMsg::AutoCompactionFailed => self.bae.back_off_auto_compaction(),
+            TurnMsg::SandboxHandle { reply } => {
+                let _ = reply.send(self.bae.sandbox.clone());
+            }
             TurnMsg::Ended { run_id, outcome, paused } => {
                 log::debug!("session {}: run {run_id} ended {outcome:?}", self.id);
                 if self.turn.as_ref().is_some_and(|t| t.run_id == run_id) {

@@ -85,6 +85,13 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             let payload = json!({ "dispatch": "local", "image": image, "unsandboxed": unsandboxed, "container_id": container_id, "detail": detail });
             (kind, payload)
         }
+        Event::SandboxRequest { tool, input, command, .. } => {
+            ("sandbox.request", json!({ "tool": tool, "input": input, "command": command }))
+        }
+        Event::SandboxResponse { sandbox_id, ok, result, error, .. } => match error {
+            Some(error) => ("sandbox.response", json!({ "sandbox_id": sandbox_id, "ok": false, "error": error })),
+            None => ("sandbox.response", json!({ "sandbox_id": sandbox_id, "ok": ok, "result": result })),
+        },
         Event::RemoteSandbox { step, image, sandbox_id, reason, phase, detail, unsandboxed, .. } => {
             let mut payload = json!({ "image": image, "dispatch": "remote" });
             match step.as_str() {

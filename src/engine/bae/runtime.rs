@@ -421,15 +421,20 @@ impl SessionActor {
             }
             Err(_) => return Err(RpcError::Internal),
         };
-        let (mut tools, client_tools) = client_tools(&record, &key);
-        // The session's MCP tools, after the client's (a client tool wins a shared name).
-        tools.extend(self.shared.mcp.schemas(&self.id).into_iter().filter(|t| !client_tools.contains(&t.name)));
+        let (mut tools, client_tools) = declared_tools(&record.client_tools, &key);
+        // The acting client's sandbox tools, then the session's MCP tools; the first to claim
+        // a name takes it (client, sandbox, MCP), as BAE classifies calls.
+        let (sandbox_schemas, sandbox_tools) = declared_tools(&record.sandbox_tools, &key);
+        tools.extend(sandbox_schemas.into_iter().filter(|t| !client_tools.contains(&t.name)));
+        let taken = |name: &String| client_tools.contains(name) || sandbox_tools.contains(name);
+        tools.extend(self.shared.mcp.schemas(&self.id).into_iter().filter(|t| !taken(&t.name)));
         let turn = BaeTurn {
             actor: Arc::from(key.as_str()),
             primary: profile.primary_provider,
             fallbacks: profile.fallback_providers,
             tools,
             client_tools,
+            sandbox_tools,
             server_result_ids: server_ids,
             auto_compaction: auto_size(&record).filter(|_| self.bae.auto_compaction_allowed()),
         };
@@ -674,9 +679,10 @@ fn role_name(role: Role) -> &'static str {
     }
 }
 
-/// The acting client's declared tools, as the model sees them, and their names.
-fn client_tools(record: &BaeSessionRecord, key: &str) -> (Vec<ToolSchema>, HashSet<String>) {
-    let declared = record.client_tools.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
+/// The acting client's tools of one kind (client or sandbox), as the model sees them, and
+/// their names.
+fn declared_tools(by_key: &serde_json::Map<String, Value>, key: &str) -> (Vec<ToolSchema>, HashSet<String>) {
+    let declared = by_key.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
     let tools: Vec<ToolSchema> = declared
         .iter()
         .filter_map(|tool| {

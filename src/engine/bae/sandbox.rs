@@ -2,7 +2,8 @@
 //! in the session's own profile's `available_sandboxes`), stop, and the handle an exec uses.
 //! Starting and stopping run on the actor (one at a time per session); an exec runs on the
 //! caller's thread with the handle the actor gave it, so a long command never holds the
-//! session up. Close stops the sandbox (`reason: session_close`).
+//! session up. Close stops the sandbox (`reason: session_close`). A turn's auto-mode sandbox
+//! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
 
 use std::sync::Arc;
 
@@ -179,4 +180,101 @@ impl SessionActor {
             Err(_) => Err(RpcError::Internal),
         }
     }
+}
+
+impl crate::engine::run::Run {
+    /// An auto-mode sandbox tool's call: `input.command` runs in the session's remote sandbox,
+    /// with `sandbox.request`, `sandbox.response` and `tool.result` (BAE's content format).
+    pub(in crate::engine) fn call_sandbox(&self, call: &crate::domain::ToolCall) -> crate::domain::ToolResult {
+        let command = call.arguments.get("command").and_then(serde_json::Value::as_str).map(str::to_string);
+        let session_id = self.session_id.clone();
+        self.publish(Event::SandboxRequest {
+            session_id: session_id.clone(),
+            tool: call.name.clone(),
+            input: serde_json::Value::Object(call.arguments.clone()),
+            command: command.clone(),
+        });
+        let (sandbox_id, outcome) = self.run_sandbox_command(call, command.as_deref());
+        let (ok, result, error, text, failed) = match outcome {
+            Ok(output) => {
+                let text = output_text(&output);
+                let result = serde_json::json!({ "stdout": output.stdout, "stderr": output.stderr, "exit_code": output.exit_code });
+                (output.exit_code == 0, Some(result), None, text, output.exit_code != 0)
+            }
+            Err(why) => (false, None, Some(why.clone()), format!("sandbox error: {why}"), true),
+        };
+        self.publish(Event::SandboxResponse { session_id: session_id.clone(), sandbox_id, ok, result, error });
+        let result = crate::domain::ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            ok: !failed,
+            content: text.clone(),
+            duration_ms: None,
+            error: failed.then(|| text.clone()),
+            data: None,
+            blocks: Some(vec![serde_json::json!({ "type": "text", "text": text })]),
+        };
+        let dispatch = crate::domain::Dispatch::Sandbox;
+        self.publish(Event::ToolFinished { session_id, result: result.clone(), dispatch });
+        result
+    }
+
+    /// The command's output, or why it did not run; and the sandbox it ran in.
+    fn run_sandbox_command(
+        &self,
+        call: &crate::domain::ToolCall,
+        command: Option<&str>,
+    ) -> (Option<String>, Result<crate::sandbox::ExecOutput, String>) {
+        let Some(command) = command else {
+            return (
+                None,
+                Err(format!("sandbox tool '{}' input is missing the required string \"command\"", call.name)),
+            );
+        };
+        let (reply, handle) = crossbeam_channel::bounded(1);
+        let asked = self
+            .session
+            .send(crate::engine::session::SessionMsg::Turn(crate::engine::session::TurnMsg::SandboxHandle { reply }));
+        let Some(sandbox) = asked.ok().and_then(|()| handle.recv().ok()).flatten() else {
+            let why =
+                format!("no remote sandbox is running for tool '{}'; call session.startRemoteSandbox first", call.name);
+            return (None, Err(why));
+        };
+        let settings = &self.shared.config.bae;
+        match settings.sandbox.0.exec(&sandbox, command, settings.sandbox_exec_timeout) {
+            Ok(output) => (Some(sandbox.id), Ok(output)),
+            Err(error) => {
+                self.publish(Event::RemoteSandbox {
+                    session_id: self.session_id.clone(),
+                    step: "error".into(),
+                    image: sandbox.image.clone(),
+                    sandbox_id: Some(sandbox.id.clone()),
+                    reason: None,
+                    phase: Some("exec".into()),
+                    detail: Some(error.0.clone()),
+                    unsandboxed: !settings.sandbox.0.isolated(),
+                });
+                (Some(sandbox.id), Err(error.0))
+            }
+        }
+    }
+}
+
+/// BAE's text of a sandbox command's output: stdout, then `[stderr]` and stderr if there is
+/// any, then `[exit_code: N]` if it failed, each on a line of its own.
+fn output_text(output: &crate::sandbox::ExecOutput) -> String {
+    let mut text = output.stdout.clone();
+    let section = |text: &mut String, piece: &str| {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(piece);
+    };
+    if !output.stderr.trim().is_empty() {
+        section(&mut text, &format!("[stderr]\n{}", output.stderr));
+    }
+    if output.exit_code != 0 {
+        section(&mut text, &format!("[exit_code: {}]", output.exit_code));
+    }
+    text
 }

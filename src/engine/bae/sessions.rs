@@ -106,6 +106,8 @@ pub const BAE_EVENT_KINDS: &[&str] = &[
     "mcp.response",
     "sandbox.local",
     "sandbox.remote",
+    "sandbox.request",
+    "sandbox.response",
     "session.fault",
     "session.closed",
     "compaction.started",

@@ -27,6 +27,9 @@ pub(in crate::engine) struct BaeTurn {
     /// The acting client's tools, as the model sees them.
     pub tools: Vec<ToolSchema>,
     pub client_tools: HashSet<String>,
+    /// The acting client's auto-mode sandbox tools: the server runs them in the session's
+    /// remote sandbox.
+    pub sandbox_tools: HashSet<String>,
     /// Results in the opening message that the server produced (stashed across a pause):
     /// not recorded again as the client's.
     pub server_result_ids: HashSet<String>,
@@ -287,14 +290,16 @@ impl Run {
         let mut routes = Vec::new();
         for block in &mut answer.blocks {
             if let Block::ToolCall(call) = block {
-                let route = match turn.client_tools.contains(&call.name) {
+                let local = turn.client_tools.contains(&call.name) || turn.sandbox_tools.contains(&call.name);
+                let route = match local {
                     true => None,
                     false => self.shared.mcp.route(&self.session_id, &call.name),
                 };
-                call.dispatch = match (turn.client_tools.contains(&call.name), &route) {
-                    (true, _) => Dispatch::Client,
-                    (false, Some((server, _))) => Dispatch::Mcp { server: server.clone() },
-                    (false, None) => Dispatch::Mcp { server: String::new() },
+                call.dispatch = match (&route, local) {
+                    _ if turn.client_tools.contains(&call.name) => Dispatch::Client,
+                    _ if turn.sandbox_tools.contains(&call.name) => Dispatch::Sandbox,
+                    (Some((server, _)), _) => Dispatch::Mcp { server: server.clone() },
+                    (None, _) => Dispatch::Mcp { server: String::new() },
                 };
                 calls.push(call.clone());
                 routes.push(route);
@@ -306,7 +311,11 @@ impl Run {
         }
         let mut server_results: Vec<ToolResult> = Vec::new();
         for (call, route) in calls.iter().zip(routes).filter(|(c, _)| c.dispatch != Dispatch::Client) {
-            server_results.push(self.call_mcp(call, route));
+            let result = match call.dispatch {
+                Dispatch::Sandbox => self.call_sandbox(call),
+                _ => self.call_mcp(call, route),
+            };
+            server_results.push(result);
         }
         if calls.iter().any(|c| c.dispatch == Dispatch::Client) {
             self.settle()?;

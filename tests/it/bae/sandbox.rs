@@ -70,3 +70,74 @@ fn a_remote_sandbox_starts_runs_commands_stops_and_close_stops_it_too() {
     assert!(events[1]["payload"]["unsandboxed"].is_boolean());
     assert!(!bae.server.data_dir.join("sandboxes").join(&sandbox_id).exists(), "stop removed the sandbox");
 }
+
+#[test]
+fn an_auto_mode_sandbox_tool_runs_inside_the_turn() {
+    use crate::fake_provider::anthropic;
+    let bae = Bae::start();
+    let body = json!({ "name": "auto", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": ["alpine:3.19"] });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
+    let shell = json!({ "name": "shell", "description": "Run a command",
+        "input_schema": { "type": "object", "properties": { "command": { "type": "string" } }, "required": ["command"] } });
+    let opened = send(
+        bae.base(),
+        "POST",
+        "/api/v1/sessions",
+        Some(&key),
+        Some(json!({ "tools": [], "sandbox_tools": [shell] })),
+    );
+    assert_eq!(opened.status, 201, "{}", opened.text);
+    let mut harness = Harness {
+        base: bae.base().to_string(),
+        session_id: opened.json["session_id"].as_str().unwrap().to_string(),
+        session_key: opened.json["session_key"].as_str().unwrap().to_string(),
+        next_id: 1,
+    };
+    assert_eq!(call(&mut harness, "session.registerDriver", json!({}))["result"]["registered"], true);
+
+    // No sandbox yet: the call's result says so and the turn goes on.
+    bae.fake.script([
+        anthropic::tool_answer("tu_1", "shell", json!({ "command": "echo hi" })),
+        anthropic::text_answer("No sandbox."),
+    ]);
+    let frames = harness.send_message(json!("run it"));
+    assert_eq!(frames.last().unwrap()["result"]["message"]["content"][0]["text"], "No sandbox.", "{frames:?}");
+    let asked = &bae.fake.requests()[0].body["tools"];
+    assert_eq!(asked[0]["name"], "shell", "the model sees the sandbox tool");
+    let second = &bae.fake.requests()[1].body["messages"];
+    let result = second.as_array().unwrap().last().unwrap()["content"][0].clone();
+    assert_eq!(result["is_error"], true);
+    assert!(result["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("sandbox error: no remote sandbox is running for tool 'shell'"));
+
+    call(&mut harness, "session.startRemoteSandbox", json!({ "image": "alpine:3.19" }));
+    bae.fake.script([
+        anthropic::tool_answer("tu_2", "shell", json!({ "command": "echo hi; echo e >&2; exit 2" })),
+        anthropic::text_answer("Ran."),
+    ]);
+    let frames = harness.send_message(json!("run it again"));
+    let events = frames.last().unwrap()["result"]["events"].as_array().unwrap().clone();
+    assert_eq!(
+        types(&events),
+        [
+            "client.message.send",
+            "provider.request",
+            "provider.response",
+            "tool.call",
+            "sandbox.request",
+            "sandbox.response",
+            "tool.result",
+            "provider.request",
+            "provider.response",
+            "server.message.send"
+        ]
+    );
+    assert_eq!(events[3]["payload"]["dispatch"], "sandbox");
+    assert_eq!(events[4]["payload"]["command"], "echo hi; echo e >&2; exit 2");
+    assert_eq!(events[5]["payload"]["result"], json!({ "stdout": "hi\n", "stderr": "e\n", "exit_code": 2 }));
+    assert_eq!(events[6]["payload"]["content"], json!([{ "type": "text", "text": "hi\n[stderr]\ne\n[exit_code: 2]" }]));
+    assert_eq!(events[6]["payload"]["is_error"], true);
+}

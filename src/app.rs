@@ -193,6 +193,8 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
         mcp_configs: mcp_servers(config).cloned().collect(),
         sandbox: sandbox_driver(config)?,
         sandbox_exec_timeout: Duration::from_secs(config.bae.sandbox_exec_timeout_secs.max(1)),
+        subagent_timeout: Duration::from_secs(config.bae.subagent_timeout_secs.max(1)),
+        max_subagents: config.bae.max_subagents_per_session,
     })
 }
 
@@ -200,7 +202,7 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
 fn sandbox_driver(config: &Config) -> Result<crate::engine::bae::sandbox::SandboxDriver, StartError> {
     let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
         "local" => Arc::new(crate::sandbox::local::Local::new(&config.server.data_dir.join("sandboxes"))),
-        "docker" => Arc::new(crate::sandbox::docker::Docker::default()),
+        "docker" => Arc::new(crate::sandbox::docker::Docker { program: config.bae.docker_cli.clone() }),
         other => {
             let why = format!("bae.sandbox_driver {other:?}: \"local\" or \"docker\"");
             return Err(StartError::Config(ConfigError::Invalid(why)));
@@ -361,6 +363,10 @@ impl Server {
         );
 
         bootstrap_admin(&config, &engine)?;
+        // Every live profile's sandbox images are made ready again, in the background.
+        if let Err(error) = engine.bae_provision_profiles() {
+            log::error!("sandbox images were not queued for provisioning: {error:?}");
+        }
         match engine.collect_checkpoint_garbage() {
             Ok(0) => {}
             Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),

@@ -347,6 +347,33 @@ pub enum NoticeLevel {
     Error,
 }
 
+/// A sandbox image's provisioning status: `pending`, `available`, or `error` with the
+/// driver's detail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageStatus {
+    pub name: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// One step of a subagent's life, as `Event::Subagent` carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubagentStep {
+    pub session_id: String,
+    pub step: String,
+    /// Whether the server runs it (`dispatch: remote`) or a client (`local`).
+    pub remote: bool,
+    pub subagent_id: String,
+    pub harness: String,
+    pub model: String,
+    pub detail: Option<String>,
+    /// Why it failed (nonzero_exit, spawn_failed, timeout) or was cancelled (explicit,
+    /// session_close).
+    pub reason: Option<String>,
+    pub exit_code: Option<i64>,
+}
+
 /// A plugin's new `web/` revision, in `plugins.changed`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PluginRevision {
@@ -446,6 +473,10 @@ pub enum Event {
         container_id: Option<String>,
         detail: Option<String>,
     },
+    /// A step of a subagent's life: `step` is start, running, completed, failed or
+    /// cancelled. Remote ones the server runs; local ones a client reports.
+    #[serde(rename = "subagent")]
+    Subagent(Box<SubagentStep>),
     /// Plugins' `web/` trees changed (hot reload): each plugin's new revision.
     #[serde(rename = "plugins.changed")]
     PluginsChanged { plugins: Vec<PluginRevision>, at: String },
@@ -482,6 +513,9 @@ pub enum Event {
     /// A client registered as a driver of the session.
     #[serde(rename = "driver.registered")]
     DriverRegistered { session_id: String },
+    /// The provisioning status of the session's profile's sandbox images, in profile order.
+    #[serde(rename = "sandbox.images")]
+    SandboxImages { session_id: String, images: Vec<ImageStatus> },
     /// One provider attempt of a turn is about to be made.
     #[serde(rename = "provider.request")]
     ProviderRequest(Box<ProviderRequest>),
@@ -609,6 +643,8 @@ impl Event {
             Event::Notice { .. } => "notice",
             Event::ClientAttached { .. } => "client.attached",
             Event::DriverRegistered { .. } => "driver.registered",
+            Event::SandboxImages { .. } => "sandbox.images",
+            Event::Subagent(_) => "subagent",
             Event::ProviderRequest(_) => "provider.request",
             Event::ProviderResponse(_) => "provider.response",
             Event::SessionFault { .. } => "session.fault",
@@ -655,6 +691,7 @@ impl Event {
             | Event::McpResponse { session_id, .. }
             | Event::ClientAttached { session_id, .. }
             | Event::DriverRegistered { session_id }
+            | Event::SandboxImages { session_id, .. }
             | Event::SessionFault { session_id, .. }
             | Event::SessionClosed { session_id, .. }
             | Event::CompactionStarted { session_id, .. }
@@ -662,6 +699,7 @@ impl Event {
             Event::ProviderRequest(request) => Some(&request.session_id),
             Event::ProviderResponse(response) => Some(&response.session_id),
             Event::CompactionCompleted(completed) => Some(&completed.session_id),
+            Event::Subagent(step) => Some(&step.session_id),
             Event::Notice { session_id, .. } => session_id.as_deref(),
             Event::PluginsChanged { .. } => None,
         }

@@ -30,6 +30,13 @@ pub struct BaeConfig {
     pub sandbox_driver: String,
     /// How long one `execRemoteSandbox` command may run (BAE has no limit).
     pub sandbox_exec_timeout_secs: u64,
+    /// The container CLI the docker driver runs: `docker` from PATH unless set (a path, or
+    /// another CLI with docker's commands, such as `podman`).
+    pub docker_cli: PathBuf,
+    /// How long a remote subagent may run when its declaration sets no `timeout_secs`.
+    pub subagent_timeout_secs: u64,
+    /// Remote subagents one session may have running at once.
+    pub max_subagents_per_session: usize,
     /// `--rotate-admin-key`: revoke the admin key and mint a new one at start.
     #[serde(skip)]
     pub rotate_admin_key: bool,
@@ -49,6 +56,9 @@ impl Default for BaeConfig {
             config_file: None,
             sandbox_driver: "local".into(),
             sandbox_exec_timeout_secs: 300,
+            docker_cli: PathBuf::from("docker"),
+            subagent_timeout_secs: 600,
+            max_subagents_per_session: 8,
             rotate_admin_key: false,
             file: BaeFile::default(),
         }
@@ -68,16 +78,19 @@ impl BaeConfig {
             self.dangerously_disable_admin_auth = matches!(flag.trim().to_ascii_lowercase().as_str(), "1" | "true");
         }
         if let Some(secs) = env("BAE_TURN_TIMEOUT") {
-            self.turn_timeout_secs = secs
-                .trim()
-                .parse()
-                .map_err(|e: std::num::ParseIntError| ConfigError::Env("BAE_TURN_TIMEOUT", e.to_string()))?;
+            self.turn_timeout_secs = number("BAE_TURN_TIMEOUT", &secs)?;
         }
         if let Some(path) = env("BAE_CONFIG") {
             self.config_file = Some(path.into());
         }
         if let Some(driver) = env("BAE_SANDBOX_DRIVER") {
             self.sandbox_driver = driver.trim().to_ascii_lowercase();
+        }
+        if let Some(secs) = env("BAE_SUBAGENT_TIMEOUT") {
+            self.subagent_timeout_secs = number("BAE_SUBAGENT_TIMEOUT", &secs)?;
+        }
+        if let Some(max) = env("BAE_MAX_SUBAGENTS_PER_SESSION") {
+            self.max_subagents_per_session = number("BAE_MAX_SUBAGENTS_PER_SESSION", &max)?;
         }
         Ok(())
     }
@@ -86,6 +99,14 @@ impl BaeConfig {
     pub fn admin_key_path(&self, data_dir: &Path) -> PathBuf {
         self.admin_key_file.clone().unwrap_or_else(|| data_dir.join("admin-key"))
     }
+}
+
+/// A whole number from an environment variable.
+fn number<T: std::str::FromStr<Err = std::num::ParseIntError>>(
+    name: &'static str,
+    text: &str,
+) -> Result<T, ConfigError> {
+    text.trim().parse().map_err(|e: std::num::ParseIntError| ConfigError::Env(name, e.to_string()))
 }
 
 /// `bae-config.toml`: unknown top-level keys are ignored, unknown keys inside a section are

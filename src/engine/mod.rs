@@ -156,6 +156,10 @@ pub(crate) struct Shared {
     checkpoints: crate::checkpoints::Checkpoints,
     /// BAE sessions' MCP connections.
     mcp: bae::mcp::McpSessions,
+    /// The sandbox images BAE profiles declare, made ready in the background.
+    images: crate::sandbox::provision::Images,
+    /// BAE sessions' remote subagents.
+    subagents: bae::subagent::Subagents,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
@@ -179,6 +183,8 @@ impl Engine {
             shared: Arc::new(Shared {
                 checkpoints,
                 mcp: bae::mcp::McpSessions::default(),
+                images: crate::sandbox::provision::Images::start(Arc::clone(&config.bae.sandbox.0)),
+                subagents: bae::subagent::Subagents::default(),
                 store,
                 bus,
                 models,
@@ -390,6 +396,8 @@ impl Engine {
     /// waits for their sessions to stop, at most `grace`.
     pub fn shutdown(&self, grace: Duration) {
         self.shared.sessions.shutdown(grace);
+        // Subagents are process memory: none outlives the server.
+        self.shared.subagents.abort_all();
     }
 }
 

@@ -30,6 +30,8 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
             &data.join("sandboxes"),
         ))),
         sandbox_exec_timeout: std::time::Duration::from_secs(5),
+        subagent_timeout: std::time::Duration::from_secs(5),
+        max_subagents: 2,
     };
     let checkpoints = crate::checkpoints::CheckpointConfig::default();
     let config = EngineConfig {

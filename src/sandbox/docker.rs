@@ -5,7 +5,8 @@
 //!   an error);
 //! - exec: `docker exec <id> sh -c <command>`, killed past its timeout (exit code -1; BAE has
 //!   no timeout, Kestrel's is configurable);
-//! - stop: `docker stop <id>`; "no such container" counts as stopped.
+//! - stop: `docker stop <id>`; "no such container" counts as stopped;
+//! - a remote subagent: `docker exec -i <id> sh -c <command>`, its prompt on stdin.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -59,6 +60,12 @@ impl Driver for Docker {
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError> {
         let ran = self.run(&["exec", &sandbox.id, "sh", "-c", command], Some(timeout))?;
         Ok(ExecOutput { stdout: ran.stdout, stderr: ran.stderr, exit_code: ran.code.unwrap_or(-1) })
+    }
+
+    fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError> {
+        let mut process = Command::new(&self.program);
+        process.args(["exec", "-i", &sandbox.id, "sh", "-c", command]);
+        Ok(process)
     }
 
     fn isolated(&self) -> bool {

@@ -59,9 +59,15 @@ impl Driver for Local {
     }
 
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError> {
+        let process = self.attach(sandbox, command)?;
+        let ran = capture(process, Some(timeout)).map_err(|e| DriverError(format!("cannot run the command: {e}")))?;
+        Ok(ExecOutput { stdout: ran.stdout, stderr: ran.stderr, exit_code: ran.code.unwrap_or(-1) })
+    }
+
+    fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError> {
         let dir = self.dir(sandbox)?;
         let dir_text = dir.to_string_lossy().into_owned();
-        let process = match &self.bwrap {
+        Ok(match &self.bwrap {
             Some(bwrap) => {
                 let mut wrapped = Command::new(bwrap);
                 wrapped.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
@@ -74,9 +80,7 @@ impl Driver for Local {
                 plain.args(["-c", command]).current_dir(&dir);
                 plain
             }
-        };
-        let ran = capture(process, Some(timeout)).map_err(|e| DriverError(format!("cannot run the command: {e}")))?;
-        Ok(ExecOutput { stdout: ran.stdout, stderr: ran.stderr, exit_code: ran.code.unwrap_or(-1) })
+        })
     }
 
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError> {

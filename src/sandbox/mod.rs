@@ -1,10 +1,12 @@
 //! Sandboxes for BAE sessions: a driver that can make sure an image is there, start a
 //! sandbox from it, run a command in it, and stop it. `docker.rs` drives the `docker` CLI as
-//! BAE does. (The driver for hosts with no container engine, provisioning, and the JSON-RPC
-//! methods come next; see issue 11.)
+//! BAE does; `local.rs` is for hosts with no container engine (bubblewrap, or honestly
+//! unsandboxed); `provision.rs` makes profiles' images ready in the background. The JSON-RPC
+//! methods are in `engine/bae/sandbox.rs`, remote subagents in `engine/bae/subagent.rs`.
 
 pub mod docker;
 pub mod local;
+pub mod provision;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -48,6 +50,9 @@ pub trait Driver: Send + Sync {
     /// Runs `command` with `sh -c`; past `timeout` it is killed (exit code -1).
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError>;
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError>;
+    /// The process that runs `command` with `sh -c` in the sandbox with its stdin attached,
+    /// for the caller to spawn and supervise (a remote subagent).
+    fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError>;
     /// Whether commands are isolated from the host (`unsandboxed` is its negation).
     fn isolated(&self) -> bool;
 }
@@ -78,6 +83,88 @@ fn read_all(pipe: Option<&mut impl Read>) -> String {
         let _ = pipe.read_to_string(&mut text);
     }
     text
+}
+
+/// How a supervised process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited; `None` when a signal ended it.
+    Exited(Option<i32>),
+    TimedOut,
+    /// The caller asked (or went away).
+    Cancelled,
+}
+
+/// What a supervised process left: its output, each cut at the cap on a UTF-8 boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Supervised {
+    pub ending: Ending,
+    pub stdout: String,
+    pub stderr: String,
+    /// Whether either output was cut.
+    pub truncated: bool,
+}
+
+/// Runs `command` in a process group of its own: `stdin` written to it (then closed), its
+/// output kept up to `cap` bytes each (the rest read and dropped, so it never blocks), and the
+/// whole group killed past `timeout` or once `cancel` fires or is dropped.
+pub fn supervise(
+    mut command: Command,
+    stdin: Option<Vec<u8>>,
+    timeout: Duration,
+    cancel: &crossbeam_channel::Receiver<()>,
+    cap: usize,
+) -> std::io::Result<Supervised> {
+    let input = if stdin.is_some() { Stdio::piped() } else { Stdio::null() };
+    let mut child = command.stdin(input).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
+    if let (Some(mut pipe), Some(bytes)) = (child.stdin.take(), stdin) {
+        // A child that never reads its stdin must not hold the supervisor up.
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut pipe, &bytes);
+        });
+    }
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+    let out = std::thread::spawn(move || read_capped(stdout.as_mut(), cap));
+    let err = std::thread::spawn(move || read_capped(stderr.as_mut(), cap));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (exited_tx, exited) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = exited_tx.send(child.wait().ok().and_then(|status| status.code()));
+    });
+    let ending = crossbeam_channel::select! {
+        recv(exited) -> code => Ending::Exited(code.ok().flatten()),
+        recv(cancel) -> _ => Ending::Cancelled,
+        default(timeout) => Ending::TimedOut,
+    };
+    if !matches!(ending, Ending::Exited(_)) {
+        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = exited.recv();
+    }
+    let ((stdout, cut_out), (stderr, cut_err)) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    Ok(Supervised { ending, stdout, stderr, truncated: cut_out || cut_err })
+}
+
+/// Reads a pipe to its end, keeping the first `cap` bytes (cut back to a UTF-8 boundary);
+/// whether anything was dropped.
+fn read_capped(pipe: Option<&mut impl Read>, cap: usize) -> (String, bool) {
+    let Some(pipe) = pipe else { return (String::new(), false) };
+    let mut kept = Vec::new();
+    let _ = pipe.by_ref().take(cap as u64).read_to_end(&mut kept);
+    let mut rest = 0u64;
+    if let Ok(more) = std::io::copy(pipe, &mut std::io::sink()) {
+        rest = more;
+    }
+    let mut truncated = rest > 0;
+    let end = match std::str::from_utf8(&kept) {
+        Ok(_) => kept.len(),
+        Err(error) if error.error_len().is_none() && truncated => error.valid_up_to(),
+        Err(_) => kept.len(),
+    };
+    if end < kept.len() {
+        kept.truncate(end);
+        truncated = true;
+    }
+    (String::from_utf8_lossy(&kept).into_owned(), truncated)
 }
 
 /// Waits for the child, killing its group past `timeout`; its exit code, `None` if killed.

@@ -186,8 +186,7 @@ impl AdminApi {
         Ok(page_reply(self.engine.bae_sessions(after, limit, state)?, session_view))
     }
 
-    /// Each profile's declared images. This server has no sandbox driver yet, so each one is
-    /// reported as an error that says so.
+    /// Each live profile that declares images, with each image's provisioning status.
     fn sandbox_status(&self) -> Result<Reply, Problem> {
         let mut items = Vec::new();
         let mut after = 0;
@@ -197,10 +196,7 @@ impl AdminApi {
                 let mut names = profile.available_sandboxes.clone();
                 names.sort();
                 names.dedup();
-                let images: Vec<Value> = names
-                    .iter()
-                    .map(|name| json!({ "name": name, "status": "error", "detail": "this server has no sandbox driver" }))
-                    .collect();
+                let images = self.engine.bae_image_statuses(&names);
                 items.push(json!({ "profile_id": profile.id, "images": images }));
             }
             match page.next {

@@ -156,16 +156,24 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
                 &method,
             )
         }
-        "session.reportLocalSandbox" => {
-            let report = match local_sandbox_report(&context.session_id, &params) {
-                Ok(report) => report,
-                Err(why) => {
-                    return Answer::Frame(id.map(|id| error_frame(&id, -32602, &format!("Invalid params: {why}"))))
-                }
+        "session.reportLocalSandbox" | "session.reportLocalSubagent" => {
+            let report = match method.as_str() {
+                "session.reportLocalSandbox" => local_sandbox_report(&context.session_id, &params),
+                _ => local_subagent_report(&context.session_id, &params),
             };
             let key = context.key_id();
-            let asked = context.ask(|reply| BaeOp::ReportLocalSandbox { key, report: Box::new(report), reply });
+            let asked = context.ask(|reply| BaeOp::Report { key, report: report.map(Box::new), reply });
             reply(&id, asked, &method, serde_json::json!({ "reported": true }))
+        }
+        "session.cancelSubagent" => {
+            let subagent = params.get("subagent_id").and_then(Value::as_str).filter(|s| !s.trim().is_empty());
+            let subagent = subagent.map(str::to_string);
+            let asked = subagent.clone().ok_or_else(|| "missing \"subagent_id\"".to_string());
+            let key = context.key_id();
+            let cancelled = context.ask(|reply| BaeOp::CancelSubagent { key, id: asked, reply });
+            answer(&id, cancelled.map(|was_running| {
+                serde_json::json!({ "cancelled": true, "subagent_id": subagent, "was_running": was_running })
+            }), &method)
         }
         _ => Answer::Frame(id.map(|id| error_frame(&id, -32601, &format!("Method not found: {method}")))),
     }
@@ -196,6 +204,42 @@ fn local_sandbox_report(session_id: &str, params: &Map<String, Value>) -> Result
     };
     let (container_id, detail) = (optional("container_id")?, optional("detail")?);
     Ok(Event::LocalSandbox { session_id: session_id.to_string(), state, image, unsandboxed, container_id, detail })
+}
+
+/// `session.reportLocalSubagent`'s params as the event they become: `state` one of start,
+/// running, completed, failed, cancelled; `subagent_id`, `harness` and `model` non-blank
+/// strings; `detail` and `reason` strings or null; `exit_code` an integer, or null (which BAE
+/// refuses, but BAE's Python SDK always sends; see docs/bae.md).
+fn local_subagent_report(session_id: &str, params: &Map<String, Value>) -> Result<Event, String> {
+    let step = match params.get("state").and_then(Value::as_str) {
+        Some(state @ ("start" | "running" | "completed" | "failed" | "cancelled")) => state.to_string(),
+        _ => return Err("\"state\" must be \"start\", \"running\", \"completed\", \"failed\", or \"cancelled\"".into()),
+    };
+    let text = |field: &str| params.get(field).and_then(Value::as_str).filter(|t| !t.trim().is_empty());
+    let (Some(subagent_id), Some(harness), Some(model)) = (text("subagent_id"), text("harness"), text("model")) else {
+        return Err("\"subagent_id\", \"harness\", and \"model\" must be non-empty strings".into());
+    };
+    let optional = |field: &str| match params.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(_) => Err(format!("\"{field}\" must be a string or null")),
+    };
+    let (detail, reason) = (optional("detail")?, optional("reason")?);
+    let exit_code = match params.get("exit_code") {
+        None | Some(Value::Null) => None,
+        Some(code) => Some(code.as_i64().ok_or("\"exit_code\" must be an integer")?),
+    };
+    Ok(Event::Subagent(Box::new(crate::domain::SubagentStep {
+        session_id: session_id.to_string(),
+        step,
+        remote: false,
+        subagent_id: subagent_id.to_string(),
+        harness: harness.to_string(),
+        model: model.to_string(),
+        detail,
+        reason,
+        exit_code,
+    })))
 }
 
 impl Context<'_> {
@@ -388,6 +432,9 @@ fn rpc_error_frame_for(id: &Value, error: &RpcError, method: &str) -> String {
         ),
         RpcError::SandboxStopFailed(detail) => (-32000, format!("sandbox stop failed: {detail}")),
         RpcError::SandboxExecFailed(detail) => (-32000, format!("sandbox exec failed: {detail}")),
+        RpcError::SubagentNotFound(id) => {
+            (-32014, format!("subagent_not_found: no tracked subagent {id:?} for this session"))
+        }
     };
     error_frame(id, code, &message)
 }

@@ -65,6 +65,8 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             json!({ "client_version": client_version, "tools": tools, "sandbox_tools": sandbox_tools, "subagent_tools": subagent_tools }),
         ),
         Event::DriverRegistered { .. } => ("session.driver.register", json!({})),
+        Event::SandboxImages { images, .. } => ("session.sandbox.available", json!({ "images": images })),
+        Event::Subagent(step) => subagent_event(step),
         Event::MessageCompleted { message, .. } => message_event(message),
         Event::ProviderRequest(request) => ("provider.request", provider_request(request)),
         Event::ProviderResponse(response) => ("provider.response", provider_response(response)),
@@ -238,6 +240,36 @@ fn server_name(server: &str) -> Value {
     } else {
         Value::String(server.to_string())
     }
+}
+
+/// `session.subagent.*`: who, then what a terminal step adds (completed: `exit_code`;
+/// failed: `reason` and `exit_code`; cancelled: `reason`).
+fn subagent_event(step: &crate::domain::SubagentStep) -> (&'static str, Value) {
+    let mut payload = json!({
+        "dispatch": if step.remote { "remote" } else { "local" },
+        "subagent_id": step.subagent_id,
+        "harness": step.harness,
+        "model": step.model,
+        "detail": step.detail,
+    });
+    let kind = match step.step.as_str() {
+        "start" => "session.subagent.start",
+        "running" => "session.subagent.running",
+        "completed" => {
+            payload["exit_code"] = json!(step.exit_code);
+            "session.subagent.completed"
+        }
+        "failed" => {
+            payload["reason"] = json!(step.reason);
+            payload["exit_code"] = json!(step.exit_code);
+            "session.subagent.failed"
+        }
+        _ => {
+            payload["reason"] = json!(step.reason);
+            "session.subagent.cancelled"
+        }
+    };
+    (kind, payload)
 }
 
 fn tool_result_payload(result: &ToolResult, by: &Dispatch) -> Value {

@@ -14,6 +14,7 @@ pub mod merge;
 pub mod runtime;
 pub mod sandbox;
 mod sessions;
+pub mod subagent;
 pub(in crate::engine) mod turn;
 
 use std::path::Path;
@@ -43,6 +44,10 @@ pub struct BaeSettings {
     /// Remote sandboxes' driver, and how long one exec may run.
     pub sandbox: sandbox::SandboxDriver,
     pub sandbox_exec_timeout: std::time::Duration,
+    /// How long a remote subagent may run when its declaration says nothing.
+    pub subagent_timeout: std::time::Duration,
+    /// Remote subagents a session may have running at once.
+    pub max_subagents: usize,
 }
 
 /// Why a BAE request was refused; `api/bae` gives each its status, slug and wording.
@@ -121,6 +126,7 @@ impl Engine {
             updated_at: now,
         };
         self.bae_write(BaeWrite::InsertProfile(profile.clone()))?;
+        self.shared.images.provision(&profile.available_sandboxes);
         Ok(profile)
     }
 
@@ -149,7 +155,10 @@ impl Engine {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
                 Err(BaeError::ProfileNotFound(id.into()))
             }
-            other => other.map(|()| profile),
+            other => other.map(|()| {
+                self.shared.images.provision(&profile.available_sandboxes);
+                profile
+            }),
         }
     }
 

@@ -74,11 +74,19 @@ pub enum BaeOp {
         key: String,
         reply: Sender<Result<crate::sandbox::Running, RpcError>>,
     },
-    /// `session.reportLocalSandbox`: any registered driver; the report is checked by the door.
-    ReportLocalSandbox {
+    /// `session.reportLocalSandbox` and `session.reportLocalSubagent`: any registered driver
+    /// may report; the report is the event, or why its params are invalid (said only to a
+    /// driver).
+    Report {
         key: String,
-        report: Box<Event>,
+        report: Result<Box<Event>, String>,
         reply: Sender<Result<(), RpcError>>,
+    },
+    /// `session.cancelSubagent`: the id, or why the params are invalid; whether it was running.
+    CancelSubagent {
+        key: String,
+        id: Result<String, String>,
+        reply: Sender<Result<bool, RpcError>>,
     },
     /// The caller went away: its queued request leaves the queue, its running turn stops.
     Abandon {
@@ -135,6 +143,7 @@ pub enum RpcError {
     SandboxAlreadyRunning,
     SandboxStopFailed(String),
     SandboxExecFailed(String),
+    SubagentNotFound(String),
     ToolNotAllowed(String),
     Internal,
 }
@@ -241,13 +250,18 @@ impl SessionActor {
             BaeOp::SandboxHandle { key, reply } => {
                 let _ = reply.send(self.sandbox_handle(&key));
             }
-            BaeOp::ReportLocalSandbox { key, report, reply } => {
-                // No state, allowlist or ownership check: a local sandbox is the client's own.
-                let outcome = match self.bae.drivers.contains(&key) {
-                    true => self.publish_bae(&key, *report),
-                    false => Err(RpcError::NotDriver),
+            BaeOp::Report { key, report, reply } => {
+                // No state, allowlist or ownership check: a local sandbox or subagent is the
+                // client's own, and the report is telemetry.
+                let outcome = match (self.bae.drivers.contains(&key), report) {
+                    (false, _) => Err(RpcError::NotDriver),
+                    (true, Err(why)) => Err(RpcError::InvalidParams(why)),
+                    (true, Ok(event)) => self.publish_bae(&key, *event),
                 };
                 let _ = reply.send(outcome);
+            }
+            BaeOp::CancelSubagent { key, id, reply } => {
+                let _ = reply.send(self.cancel_subagent(&key, id));
             }
             BaeOp::Drivers { reply } => {
                 let _ = reply.send(self.bae.drivers.iter().cloned().collect());
@@ -301,10 +315,15 @@ impl SessionActor {
         }
     }
 
+    /// The first registration of a key is recorded, then the status of the profile's
+    /// sandbox images when it declares any.
     fn register_driver(&mut self, key: String) -> Result<(), RpcError> {
-        self.open_record()?;
+        let record = self.open_record()?;
         if self.bae.drivers.insert(key.clone()) {
             self.publish_bae(&key, Event::DriverRegistered { session_id: self.id.clone() })?;
+            if let Some(images) = self.images_event(&record.profile_id) {
+                self.publish_bae(&key, images)?;
+            }
         }
         Ok(())
     }
@@ -426,7 +445,20 @@ impl SessionActor {
         // a name takes it (client, sandbox, MCP), as BAE classifies calls.
         let (sandbox_schemas, sandbox_tools) = declared_tools(&record.sandbox_tools, &key);
         tools.extend(sandbox_schemas.into_iter().filter(|t| !client_tools.contains(&t.name)));
-        let taken = |name: &String| client_tools.contains(name) || sandbox_tools.contains(name);
+        let subagent_tools = super::subagent::declarations(&record.subagent_tools, &key);
+        tools.extend(subagent_tools.iter().map(|decl| ToolSchema {
+            name: decl.name.clone(),
+            description: decl.description.clone().unwrap_or_default(),
+            parameters: decl.input_schema.clone().filter(|s| !s.is_null()).unwrap_or_else(|| serde_json::json!({})),
+            permission: None,
+            category: None,
+        }));
+        let taken = |name: &String| {
+            client_tools.contains(name)
+                || sandbox_tools.contains(name)
+                || name == RESERVED_TOOL
+                || subagent_tools.iter().any(|decl| &decl.name == name)
+        };
         tools.extend(self.shared.mcp.schemas(&self.id).into_iter().filter(|t| !taken(&t.name)));
         let turn = BaeTurn {
             actor: Arc::from(key.as_str()),
@@ -435,6 +467,7 @@ impl SessionActor {
             tools,
             client_tools,
             sandbox_tools,
+            subagent_tools,
             server_result_ids: server_ids,
             auto_compaction: auto_size(&record).filter(|_| self.bae.auto_compaction_allowed()),
         };
@@ -639,6 +672,7 @@ impl SessionActor {
             turn.canceller.cancel(CancelReason::User);
         }
         self.shared.mcp.disconnect(&self.id);
+        self.cancel_subagents_at_close();
         if self.bae.sandbox.is_some() {
             let creator = actor.to_string();
             if let Err(error) = self.stop_sandbox(&creator, "session_close") {

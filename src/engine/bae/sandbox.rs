@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::runtime::RpcError;
-use crate::domain::Event;
+use crate::domain::{Event, ImageStatus};
 use crate::engine::session::SessionActor;
 use crate::sandbox::{Driver, Running};
 use crate::store::BaeState;
@@ -24,6 +24,26 @@ impl std::fmt::Debug for SandboxDriver {
 }
 
 impl crate::engine::Engine {
+    /// Queues every live profile's images for provisioning (at start).
+    pub fn bae_provision_profiles(&self) -> Result<(), super::BaeError> {
+        let mut after = 0;
+        loop {
+            let page = self.shared.store.readers().bae_profiles(after, 200)?;
+            for profile in &page.items {
+                self.shared.images.provision(&profile.available_sandboxes);
+            }
+            match page.next {
+                Some(next) => after = next,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Each image's provisioning status, in the order given.
+    pub fn bae_image_statuses(&self, images: &[String]) -> Vec<ImageStatus> {
+        images.iter().map(|name| image_status(&self.shared.images, name)).collect()
+    }
+
     /// Runs `command` in the session's sandbox on the caller's thread; a driver failure is
     /// logged as `session.sandbox.error` (phase exec) and answered -32000.
     pub fn bae_sandbox_exec(
@@ -56,7 +76,22 @@ impl crate::engine::Engine {
     }
 }
 
+fn image_status(images: &crate::sandbox::provision::Images, name: &str) -> ImageStatus {
+    let state = images.state(name);
+    ImageStatus { name: name.to_string(), status: state.name().into(), detail: state.detail().map(str::to_string) }
+}
+
 impl SessionActor {
+    /// `session.sandbox.available`, when the session's profile (still) declares images.
+    pub(in crate::engine) fn images_event(&self, profile_id: &str) -> Option<Event> {
+        let profile = self.shared.store.readers().bae_profile(profile_id).ok().flatten()?;
+        if profile.available_sandboxes.is_empty() {
+            return None;
+        }
+        let images = profile.available_sandboxes.iter().map(|name| image_status(&self.shared.images, name)).collect();
+        Some(Event::SandboxImages { session_id: self.id.clone(), images })
+    }
+
     fn sandbox_event(&self, step: &str, image: &str, sandbox_id: Option<&str>) -> Event {
         Event::RemoteSandbox {
             session_id: self.id.clone(),
@@ -231,11 +266,7 @@ impl crate::engine::run::Run {
                 Err(format!("sandbox tool '{}' input is missing the required string \"command\"", call.name)),
             );
         };
-        let (reply, handle) = crossbeam_channel::bounded(1);
-        let asked = self
-            .session
-            .send(crate::engine::session::SessionMsg::Turn(crate::engine::session::TurnMsg::SandboxHandle { reply }));
-        let Some(sandbox) = asked.ok().and_then(|()| handle.recv().ok()).flatten() else {
+        let Some(sandbox) = self.session_sandbox() else {
             let why =
                 format!("no remote sandbox is running for tool '{}'; call session.startRemoteSandbox first", call.name);
             return (None, Err(why));

@@ -30,11 +30,30 @@ pub(in crate::engine) struct BaeTurn {
     /// The acting client's auto-mode sandbox tools: the server runs them in the session's
     /// remote sandbox.
     pub sandbox_tools: HashSet<String>,
+    /// The acting client's remote subagent declarations: the server launches them in the
+    /// session's remote sandbox.
+    pub subagent_tools: Vec<super::sessions::SubagentDecl>,
     /// Results in the opening message that the server produced (stashed across a pause):
     /// not recorded again as the client's.
     pub server_result_ids: HashSet<String>,
     /// `auto` compaction's threshold in tokens, if the session has one.
     pub auto_compaction: Option<u64>,
+}
+
+impl BaeTurn {
+    /// Who runs a call, as BAE classifies it: the acting client's tool, its sandbox tool, its
+    /// subagent tool or the status tool; `None` for the rest (MCP).
+    fn classify(&self, name: &str) -> Option<Dispatch> {
+        if self.client_tools.contains(name) {
+            Some(Dispatch::Client)
+        } else if self.sandbox_tools.contains(name) {
+            Some(Dispatch::Sandbox)
+        } else if name == super::RESERVED_TOOL || self.subagent_tools.iter().any(|decl| decl.name == name) {
+            Some(Dispatch::Subagent)
+        } else {
+            None
+        }
+    }
 }
 
 /// How a walk of the provider chain ended.
@@ -176,7 +195,13 @@ impl Run {
         let first_failed = |provider: &str, detail: String| {
             self.fault(Fault::ProviderCallFailed { provider: provider.to_string(), detail });
         };
-        match self.attempt_chain(chain, &history, &turn.tools, first_failed) {
+        // The status tool is offered while the session tracks a subagent, which can change
+        // from one model call to the next.
+        let mut tools = std::borrow::Cow::Borrowed(&turn.tools);
+        if self.shared.subagents.tracks(&self.session_id) {
+            tools.to_mut().push(super::subagent::status_tool());
+        }
+        match self.attempt_chain(chain, &history, &tools, first_failed) {
             Attempted::Answer(exchanged, target) => {
                 usage.add(&exchanged.completion.usage);
                 let completion = exchanged.completion;
@@ -290,16 +315,14 @@ impl Run {
         let mut routes = Vec::new();
         for block in &mut answer.blocks {
             if let Block::ToolCall(call) = block {
-                let local = turn.client_tools.contains(&call.name) || turn.sandbox_tools.contains(&call.name);
-                let route = match local {
-                    true => None,
-                    false => self.shared.mcp.route(&self.session_id, &call.name),
-                };
-                call.dispatch = match (&route, local) {
-                    _ if turn.client_tools.contains(&call.name) => Dispatch::Client,
-                    _ if turn.sandbox_tools.contains(&call.name) => Dispatch::Sandbox,
-                    (Some((server, _)), _) => Dispatch::Mcp { server: server.clone() },
-                    (None, _) => Dispatch::Mcp { server: String::new() },
+                let mut route = None;
+                call.dispatch = match turn.classify(&call.name) {
+                    Some(dispatch) => dispatch,
+                    None => {
+                        route = self.shared.mcp.route(&self.session_id, &call.name);
+                        let server = route.as_ref().map(|(server, _)| server.clone());
+                        Dispatch::Mcp { server: server.unwrap_or_default() }
+                    }
                 };
                 calls.push(call.clone());
                 routes.push(route);
@@ -313,6 +336,7 @@ impl Run {
         for (call, route) in calls.iter().zip(routes).filter(|(c, _)| c.dispatch != Dispatch::Client) {
             let result = match call.dispatch {
                 Dispatch::Sandbox => self.call_sandbox(call),
+                Dispatch::Subagent => self.call_subagent(turn, call),
                 _ => self.call_mcp(call, route),
             };
             server_results.push(result);

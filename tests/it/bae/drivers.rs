@@ -251,7 +251,7 @@ fn json_rpc_envelope_errors_and_unknown_methods_answer_200_ndjson() {
         ),
         (
             r#"{"jsonrpc":"2.0","id":9,"method":"session.cancelSubagent","params":{"subagent_id":"x"}}"#,
-            json!({ "jsonrpc": "2.0", "id": 9, "error": { "code": -32601, "message": "Method not found: session.cancelSubagent" } }),
+            json!({ "jsonrpc": "2.0", "id": 9, "error": { "code": -32014, "message": "subagent_not_found: no tracked subagent \"x\" for this session" } }),
         ),
     ];
     for (body, expected) in cases {

@@ -92,6 +92,10 @@ impl Driver for Local {
         }
     }
 
+    fn has_images(&self) -> bool {
+        false
+    }
+
     fn isolated(&self) -> bool {
         self.bwrap.is_some()
     }

@@ -53,6 +53,10 @@ pub trait Driver: Send + Sync {
     /// The process that runs `command` with `sh -c` in the sandbox with its stdin attached,
     /// for the caller to spawn and supervise (a remote subagent).
     fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError>;
+    /// Whether images mean anything to it: when not, every image is available at once.
+    fn has_images(&self) -> bool {
+        true
+    }
     /// Whether commands are isolated from the host (`unsandboxed` is its negation).
     fn isolated(&self) -> bool;
 }

@@ -166,7 +166,7 @@ fn a_streamable_http_server_answers_in_json_and_in_an_event_stream_with_its_sess
 
 /// The reference MCP server from npm, installed once under `target/mcp-servers` (`.ci/run`
 /// installs it first; a fresh checkout's `cargo test` installs it here).
-fn everything() -> std::path::PathBuf {
+pub fn everything() -> std::path::PathBuf {
     let prefix = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-servers");
     let entry = prefix.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     if !entry.exists() {

@@ -34,6 +34,24 @@ pub fn test_config(data_dir: &Path, workspace: &Path) -> Config {
     config
 }
 
+/// Starts a server. A restart in this process can find the data dir's lock still held for a
+/// moment: another test's child process, between its fork and its exec, holds a copy of every
+/// descriptor of this process, the lock's too. Only a restart inside one process can meet
+/// this, so only the tests wait it out (within `WAIT`).
+fn start_in_this_process(config: Config) -> Server {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match Server::start(config.clone()) {
+            Err(kestrel::StartError::Store(kestrel::store::StoreError::Locked { .. }))
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::yield_now()
+            }
+            outcome => return outcome.expect("server starts"),
+        }
+    }
+}
+
 impl TestServer {
     pub fn start() -> TestServer {
         TestServer::start_with(|_| {})
@@ -54,7 +72,7 @@ impl TestServer {
         let token = config.auth.token.clone();
         let data_dir = config.server.data_dir.clone();
         let workspace = config.agent.workspace.clone().unwrap();
-        let server = Server::start(config).expect("server starts");
+        let server = start_in_this_process(config);
         let base = format!("http://{}", server.addr());
         TestServer { server: Some(server), base, token, data_dir, workspace, _dirs: None }
     }

@@ -62,13 +62,20 @@ impl McpSessions {
         let mut schemas = Vec::new();
         for client in clients {
             let client = client.lock().unwrap_or_else(|e| e.into_inner());
-            schemas.extend(client.tools.iter().map(|tool| ToolSchema {
-                name: tool.name.clone(),
-                description: tool.description.clone(),
-                parameters: tool.input_schema.clone(),
-                permission: None,
-                category: Some("mcp".into()),
-            }));
+            for tool in &client.tools {
+                let schema = ToolSchema {
+                    name: tool.name.clone(),
+                    description: tool.description.clone(),
+                    parameters: tool.input_schema.clone(),
+                    permission: None,
+                    category: Some("mcp".into()),
+                };
+                // Two servers with a tool of the same name: the later one's, as `route` picks.
+                match schemas.iter().position(|s: &ToolSchema| s.name == tool.name) {
+                    Some(at) => schemas[at] = schema,
+                    None => schemas.push(schema),
+                }
+            }
         }
         schemas
     }

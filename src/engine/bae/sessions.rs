@@ -108,6 +108,8 @@ pub const BAE_EVENT_KINDS: &[&str] = &[
     "sandbox.remote",
     "sandbox.request",
     "sandbox.response",
+    "sandbox.images",
+    "subagent",
     "session.fault",
     "session.closed",
     "compaction.started",

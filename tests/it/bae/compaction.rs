@@ -5,28 +5,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::support::{notified, send, types, Bae, Harness};
+use super::support::{notified, types, Bae, Harness};
 use crate::fake_provider::{anthropic, Reply, Step};
 use crate::support::WAIT;
 
 fn open_with(bae: &Bae, key: &str, compaction: Value, tools: &[&str]) -> Harness {
     let tools: Vec<Value> = tools.iter().map(|name| json!({ "name": name })).collect();
-    let opened = send(
-        bae.base(),
-        "POST",
-        "/api/v1/sessions",
-        Some(key),
-        Some(json!({ "tools": tools, "compaction": compaction })),
-    );
-    assert_eq!(opened.status, 201, "{}", opened.text);
-    let mut harness = Harness {
-        base: bae.base().into(),
-        session_id: opened.json["session_id"].as_str().unwrap().into(),
-        session_key: opened.json["session_key"].as_str().unwrap().into(),
-        next_id: 1,
-    };
-    harness.call("session.registerDriver", json!({}));
-    harness
+    Harness::open_with(bae.base(), key, json!({ "tools": tools, "compaction": compaction }))
 }
 
 /// The text of the last message the provider was sent in request `index`.

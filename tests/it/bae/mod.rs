@@ -8,5 +8,6 @@ mod hostile;
 mod mcp;
 mod sandbox;
 mod sessions;
+mod subagents;
 pub mod support;
 mod turns;

@@ -1,5 +1,7 @@
 //! A session's remote sandbox with the local driver: start from an allowed image, exec, stop,
-//! the refusals with their codes, the lifecycle events, and close stopping it.
+//! the refusals with their codes, the lifecycle events, and close stopping it. And the Docker
+//! driver's command lines, against a `docker` written for the tests that records its
+//! arguments and answers like the real CLI, with image provisioning in the background.
 
 use serde_json::{json, Value};
 
@@ -45,11 +47,15 @@ fn a_remote_sandbox_starts_runs_commands_stops_and_close_stops_it_too() {
     let path = format!("/api/v1/sessions/{}", harness.session_id);
     assert_eq!(send(bae.base(), "DELETE", &path, Some(&harness.session_key), None).status, 200);
 
-    let events: Vec<Value> = harness
+    let mut events: Vec<Value> = harness
         .events()
         .into_iter()
         .filter(|e| e["event_type"].as_str().unwrap().starts_with("session.sandbox"))
         .collect();
+    // At registration: the profile's images, which the local driver always has.
+    let available = events.remove(0);
+    assert_eq!(available["event_type"], "session.sandbox.available");
+    assert_eq!(available["payload"], json!({ "images": [{ "name": "alpine:3.19", "status": "available" }] }));
     assert_eq!(
         types(&events),
         [
@@ -80,21 +86,7 @@ fn an_auto_mode_sandbox_tool_runs_inside_the_turn() {
     let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
     let shell = json!({ "name": "shell", "description": "Run a command",
         "input_schema": { "type": "object", "properties": { "command": { "type": "string" } }, "required": ["command"] } });
-    let opened = send(
-        bae.base(),
-        "POST",
-        "/api/v1/sessions",
-        Some(&key),
-        Some(json!({ "tools": [], "sandbox_tools": [shell] })),
-    );
-    assert_eq!(opened.status, 201, "{}", opened.text);
-    let mut harness = Harness {
-        base: bae.base().to_string(),
-        session_id: opened.json["session_id"].as_str().unwrap().to_string(),
-        session_key: opened.json["session_key"].as_str().unwrap().to_string(),
-        next_id: 1,
-    };
-    assert_eq!(call(&mut harness, "session.registerDriver", json!({}))["result"]["registered"], true);
+    let mut harness = Harness::open_with(bae.base(), &key, json!({ "tools": [], "sandbox_tools": [shell] }));
 
     // No sandbox yet: the call's result says so and the turn goes on.
     bae.fake.script([
@@ -140,4 +132,157 @@ fn an_auto_mode_sandbox_tool_runs_inside_the_turn() {
     assert_eq!(events[5]["payload"]["result"], json!({ "stdout": "hi\n", "stderr": "e\n", "exit_code": 2 }));
     assert_eq!(events[6]["payload"]["content"], json!([{ "type": "text", "text": "hi\n[stderr]\ne\n[exit_code: 2]" }]));
     assert_eq!(events[6]["payload"]["is_error"], true);
+}
+
+/// A `docker` that records each call's arguments (`[a][b]…` a line) and answers like the CLI:
+/// `present:1` is there, `broken:1` cannot be pulled, `slow:1` is inspected only once the
+/// test writes to the `gate` FIFO; `exec` runs the command here.
+fn fake_docker(dir: &std::path::Path) -> std::path::PathBuf {
+    let (log, gate, program) = (dir.join("calls.log"), dir.join("gate"), dir.join("docker"));
+    let made = std::process::Command::new("mkfifo").arg(&gate).status().unwrap();
+    assert!(made.success());
+    let script = format!(
+        r#"#!/bin/sh
+for a in "$@"; do printf '[%s]' "$a" >> {log}; done; echo >> {log}
+case "$1" in
+  image) [ "$3" = "present:1" ] && exit 0
+         [ "$3" = "slow:1" ] && {{ cat {gate} > /dev/null; exit 0; }}
+         echo "Error: No such image: $3" >&2; exit 1 ;;
+  pull) [ "$2" = "broken:1" ] && {{ echo "Error response from daemon: manifest for broken:1 not found" >&2; exit 1; }}
+        echo "pulled $2"; exit 0 ;;
+  run) echo "c0ffee1234"; exit 0 ;;
+  exec) shift; [ "$1" = "-i" ] && shift; shift; exec "$@" ;;
+  stop) echo "$2"; exit 0 ;;
+esac
+exit 2
+"#,
+        log = log.display(),
+        gate = gate.display()
+    );
+    std::fs::write(&program, script).unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    program
+}
+
+/// The recorded calls, a line each.
+fn calls_made(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("calls.log")).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+/// `/admin/v1/sandbox-status` once `ready` holds of its items, within `WAIT`.
+fn status_when(bae: &Bae, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + crate::support::WAIT;
+    loop {
+        let status = bae.admin_send("GET", "/admin/v1/sandbox-status", None);
+        assert_eq!(status.status, 200, "{}", status.text);
+        if ready(&status.json["items"]) {
+            return status.json["items"].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "sandbox status never settled: {}", status.text);
+        std::thread::yield_now();
+    }
+}
+
+fn image_status(items: &Value, image: &str) -> Value {
+    let images = items[0]["images"].as_array().unwrap();
+    images.iter().find(|i| i["name"] == image).cloned().unwrap_or(Value::Null)
+}
+
+#[test]
+fn the_docker_driver_runs_bae_s_command_lines_and_provisions_images_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = fake_docker(dir.path());
+    let docker = move |config: &mut kestrel::Config| {
+        config.bae.sandbox_driver = "docker".into();
+        config.bae.docker_cli = program.clone();
+    };
+    let mut bae = Bae::start_with(docker.clone());
+    let images = ["present:1", "pulled:1", "broken:1", "slow:1"];
+    let body =
+        json!({ "name": "docker", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": images });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    assert_eq!(profile.status, 201, "{}", profile.text);
+    let profile_id = profile.json["id"].as_str().unwrap().to_string();
+
+    // The admin call did not wait; the slow image stays pending until its inspect returns.
+    let settled = |items: &Value| image_status(items, "broken:1")["status"] == "error";
+    let items = status_when(&bae, settled);
+    assert_eq!(items[0]["profile_id"], profile_id.as_str());
+    let names: Vec<&str> = items[0]["images"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["broken:1", "present:1", "pulled:1", "slow:1"], "by image name");
+    assert_eq!(image_status(&items, "present:1"), json!({ "name": "present:1", "status": "available" }));
+    assert_eq!(image_status(&items, "pulled:1")["status"], "available");
+    assert_eq!(
+        image_status(&items, "broken:1"),
+        json!({ "name": "broken:1", "status": "error", "detail": "Error response from daemon: manifest for broken:1 not found" })
+    );
+    assert_eq!(image_status(&items, "slow:1"), json!({ "name": "slow:1", "status": "pending" }));
+
+    // A driver registering sees the same, in the profile's order.
+    let declaration = json!({ "name": "launch_subagent", "image": "present:1",
+        "subagents": [{ "harness": "cat", "command_template": "cat; echo ' as' {model}" }] });
+    let (_, key) = bae.client_key(&profile_id);
+    let mut harness = Harness::open_with(bae.base(), &key, json!({ "tools": [], "subagent_tools": [declaration] }));
+    let available = harness.events().into_iter().find(|e| e["event_type"] == "session.sandbox.available");
+    let available = available.expect("session.sandbox.available at registration");
+    let statuses: Vec<&str> =
+        available["payload"]["images"].as_array().unwrap().iter().map(|i| i["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["available", "available", "error", "pending"]);
+    assert_eq!(available["payload"]["images"][0]["name"], "present:1");
+    std::fs::write(dir.path().join("gate"), "go").unwrap();
+    status_when(&bae, |items| image_status(items, "slow:1")["status"] == "available");
+
+    let provisioned = calls_made(dir.path());
+    assert_eq!(
+        provisioned,
+        [
+            "[image][inspect][present:1]",
+            "[image][inspect][pulled:1]",
+            "[pull][pulled:1]",
+            "[image][inspect][broken:1]",
+            "[pull][broken:1]",
+            "[image][inspect][slow:1]"
+        ]
+    );
+
+    // Start, exec, a subagent, stop: each exactly as BAE runs it.
+    call(&mut harness, "session.startRemoteSandbox", json!({ "image": "present:1" }));
+    let ran = call(&mut harness, "session.execRemoteSandbox", json!({ "command": "echo 'hi there'" }));
+    assert_eq!(ran["result"], json!({ "stdout": "hi there\n", "stderr": "", "exit_code": 0 }));
+    use crate::fake_provider::anthropic;
+    let launch = json!([{ "type": "tool_use", "id": "tu_1", "name": "launch_subagent",
+        "input": { "harness": "cat", "model": "o'k", "prompt": "the prompt" } }]);
+    bae.fake.script([anthropic::answer(launch, "tool_use", 10, 5), anthropic::text_answer("ok")]);
+    let watch = harness.start("session.subscribe", json!({}));
+    harness.send_message(json!("go"));
+    let deadline = std::time::Instant::now() + crate::support::WAIT;
+    while watch
+        .next(deadline.saturating_duration_since(std::time::Instant::now()))
+        .is_some_and(|frame| frame["params"]["event_type"] != "session.subagent.completed")
+    {}
+    let status = json!([{ "type": "tool_use", "id": "tu_2", "name": "remote_subagent_status", "input": {} }]);
+    bae.fake.script([anthropic::answer(status, "tool_use", 10, 5), anthropic::text_answer("ok")]);
+    harness.send_message(json!("and?"));
+    let messages = bae.fake.requests()[3].body["messages"].clone();
+    let reply = messages.as_array().unwrap().last().unwrap()["content"][0]["content"][0]["text"].clone();
+    let reply: Value = serde_json::from_str(reply.as_str().unwrap()).unwrap();
+    assert_eq!(reply["subagents"][0]["stdout"], "the prompt as o'k\n", "{reply}");
+    call(&mut harness, "session.stopRemoteSandbox", json!({}));
+    let session_calls: Vec<String> = calls_made(dir.path()).into_iter().skip(provisioned.len()).collect();
+    assert_eq!(
+        session_calls,
+        [
+            "[image][inspect][present:1]",
+            "[run][-d][--rm][present:1][sleep][infinity]",
+            "[exec][c0ffee1234][sh][-c][echo 'hi there']",
+            r"[exec][-i][c0ffee1234][sh][-c][cat; echo ' as' 'o'\''k']",
+            "[stop][c0ffee1234]"
+        ]
+    );
+
+    // At start every live profile's images are provisioned again.
+    bae.restart_with(docker);
+    status_when(&bae, |items| image_status(items, "broken:1")["status"] == "error");
+    let again: Vec<String> = calls_made(dir.path()).into_iter().skip(provisioned.len() + session_calls.len()).collect();
+    assert_eq!(again[0], "[image][inspect][present:1]", "{again:?}");
 }

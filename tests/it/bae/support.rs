@@ -43,11 +43,17 @@ impl Bae {
 
     /// Restarts on the same data dir, the fake still configured.
     pub fn restart(&mut self) {
+        self.restart_with(|_| {})
+    }
+
+    /// Restarts on the same data dir, the fake still configured, then `adjust`.
+    pub fn restart_with(&mut self, adjust: impl FnOnce(&mut kestrel::Config)) {
         let base_url = self.fake.base_url.clone();
         self.server.restart(|config| {
             let mut provider = ProviderConfig::new(Wire::Anthropic, base_url);
             provider.models = vec![ModelConfig::named("claude-x")];
             config.providers.insert("fake".into(), provider);
+            adjust(config);
         });
         let admin = self.server.server.as_ref().unwrap().admin_addr().expect("an admin API");
         self.admin = format!("http://{admin}");
@@ -228,13 +234,31 @@ impl Harness {
         Harness::registered(base, &response)
     }
 
-    fn registered(base: &str, response: &Response) -> Harness {
-        let mut harness = Harness {
+    /// Opens a session with this body, then registers as a driver.
+    pub fn open_with(base: &str, client_key: &str, body: Value) -> Harness {
+        let response = send(base, "POST", "/api/v1/sessions", Some(client_key), Some(body));
+        assert_eq!(response.status, 201, "{}", response.text);
+        Harness::registered(base, &response)
+    }
+
+    /// Opens a session with this body, not registering as a driver.
+    pub fn open_unregistered(base: &str, client_key: &str, body: Value) -> Harness {
+        let response = send(base, "POST", "/api/v1/sessions", Some(client_key), Some(body));
+        assert_eq!(response.status, 201, "{}", response.text);
+        Harness::of(base, &response)
+    }
+
+    fn of(base: &str, response: &Response) -> Harness {
+        Harness {
             base: base.to_string(),
             session_id: response.json["session_id"].as_str().unwrap().to_string(),
             session_key: response.json["session_key"].as_str().unwrap().to_string(),
             next_id: 1,
-        };
+        }
+    }
+
+    fn registered(base: &str, response: &Response) -> Harness {
+        let mut harness = Harness::of(base, response);
         let frames = harness.call("session.registerDriver", json!({}));
         assert_eq!(frames.last().unwrap()["result"]["registered"], true, "{frames:?}");
         harness

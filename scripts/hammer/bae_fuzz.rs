@@ -53,7 +53,8 @@ const ADMIN_ROUTES: &[(&str, &[&str])] = &[
 pub fn setup(host: &str, admin_host: &str, admin_key: &str) -> BaeTargets {
     let mut admin = Client::new(admin_host);
     let mut profile = |name: &str| {
-        let body = json!({ "name": name, "primary_provider": "builtin/echo", "allowed_tools": ["lookup"] });
+        let body = json!({ "name": name, "primary_provider": "builtin/echo", "allowed_tools": ["lookup"],
+            "available_sandboxes": ["alpine:3.19"] });
         post_json(&mut admin, "/admin/v1/profiles", admin_key, &body)["id"].as_str().expect("a profile").to_string()
     };
     let (main, victim_profile) = (profile("fuzz"), profile("victim"));
@@ -200,7 +201,7 @@ impl Fuzzer {
     /// A JSON-RPC body: one of the methods with valid params, then maybe mutated; now and
     /// then a batch, a notification or an unknown method.
     fn rpc_body(&mut self) -> Vec<u8> {
-        let (method, params) = match self.random.below(11) {
+        let (method, params) = match self.random.below(17) {
             0 => ("session.registerDriver", json!({})),
             1 | 2 => {
                 ("session.sendMessage", json!({ "message": { "role": "user", "content": "hello /tool lookup {}" } }))
@@ -218,6 +219,15 @@ impl Fuzzer {
             ),
             8 => ("session.sandbox.exec", json!({ "command": "ls" })),
             9 => ("session.nope", json!({})),
+            10 => ("session.startRemoteSandbox", json!({ "image": "alpine:3.19" })),
+            11 => ("session.execRemoteSandbox", json!({ "command": "ls" })),
+            12 => ("session.stopRemoteSandbox", json!({})),
+            13 => ("session.reportLocalSandbox", json!({ "state": "running", "image": "x", "container_id": "c" })),
+            14 => (
+                "session.reportLocalSubagent",
+                json!({ "state": "failed", "subagent_id": "sba_1", "harness": "h", "model": "m", "reason": "timeout", "exit_code": null }),
+            ),
+            15 => ("session.cancelSubagent", json!({ "subagent_id": format!("sba_{}", self.random.below(5)) })),
             _ => {
                 return self.damage(b"[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session.registerDriver\"}]".to_vec())
             }

@@ -148,8 +148,40 @@ fn open_refuses_bad_bodies_tools_and_profiles_in_order() {
     let bad_field = open(json!({ "tools": "nope" }));
     assert!(bad_field.json["detail"].as_str().unwrap().starts_with("invalid request body: "), "{}", bad_field.text);
     assert_problem(&open(json!({ "tools": [{ "name": "remote_subagent_status" }] })), 422, "reserved_tool_name");
-    let bad_subagent = json!({ "subagent_tools": [{ "name": "launch", "image": "img", "subagents": [{ "harness": "x", "command_template": "x {oops}" }] }] });
-    assert_problem(&open(bad_subagent), 422, "invalid_subagent_tools");
+    let harness = |fields: Value| {
+        let mut entry = json!({ "harness": "x", "command_template": "run {model}" });
+        entry.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        entry
+    };
+    let declared = |name: &str, image: &str, subagents: Value| json!({ "subagent_tools": [{ "name": name, "image": image, "subagents": subagents }] });
+    for bad in [
+        declared(" ", "img", json!([harness(json!({}))])),
+        declared("launch", " ", json!([harness(json!({}))])),
+        declared("launch", "img", json!([])),
+        declared("launch", "img", json!([harness(json!({ "harness": " " }))])),
+        declared("launch", "img", json!([harness(json!({})), harness(json!({}))])),
+        declared("launch", "img", json!([harness(json!({ "command_template": "x {oops}" }))])),
+        declared("launch", "img", json!([harness(json!({ "command_template": "x } y" }))])),
+        declared("launch", "img", json!([harness(json!({ "prompt_via": "arg" }))])),
+        declared(
+            "launch",
+            "img",
+            json!([harness(json!({ "prompt_via": "arg", "command_template": "{prompt} {prompt}" }))]),
+        ),
+        declared("launch", "img", json!([harness(json!({ "command_template": "x {prompt}" }))])),
+        declared("launch", "img", json!([harness(json!({ "prompt_via": "file" }))])),
+        declared("launch", "img", json!([harness(json!({ "timeout_secs": 0 }))])),
+    ] {
+        assert_problem(&open(bad.clone()), 422, "invalid_subagent_tools");
+    }
+    let reserved = declared("remote_subagent_status", "img", json!([harness(json!({}))]));
+    assert_problem(&open(reserved), 422, "reserved_tool_name");
+    let good = declared(
+        "launch",
+        "img",
+        json!([harness(json!({ "prompt_via": "arg", "command_template": "c {model} {prompt}" }))]),
+    );
+    assert_eq!(open(good).status, 201, "subagent tools are not allowlisted");
     assert_eq!(open(json!({ "compaction": { "mode": "auto", "size": 1000 } })).status, 201);
     assert_eq!(open(json!({ "compaction": { "mode": "client", "prompt": "focus" } })).status, 201);
     let before = bae.admin_send("GET", "/admin/v1/sessions", None).json["items"].as_array().unwrap().len();

@@ -267,6 +267,14 @@ fn refused_launches_are_in_band_errors_and_start_nothing() {
         types(&harness.events()).into_iter().filter(|t| t.starts_with("session.subagent")).collect();
     assert_eq!(lifecycle, ["session.subagent.start", "session.subagent.running"], "only the one launch");
     assert!(running(&marker));
+
+    // Another session (another client's) cannot see or cancel it.
+    let started = results(&bae, 5)[2].1["subagent_id"].as_str().unwrap().to_string();
+    let (_, other) = bae.key_for("other", &[]);
+    let mut stranger = Harness::open_with(bae.base(), &other, json!({ "tools": [] }));
+    let refused = stranger.call("session.cancelSubagent", json!({ "subagent_id": started }));
+    assert_eq!(refused.last().unwrap()["error"]["code"], -32014);
+    assert!(running(&marker), "still running");
 }
 
 #[test]

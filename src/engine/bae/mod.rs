@@ -9,6 +9,7 @@
 //! - `mcp.rs`: a session's MCP connections and the calls a turn makes on them.
 
 pub mod compaction;
+mod gate;
 pub mod mcp;
 pub mod merge;
 pub mod runtime;

@@ -165,3 +165,46 @@ fn an_unknown_sandbox_driver_is_refused_at_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("sandbox_driver") && stderr.contains("apple"), "{stderr}");
 }
+
+#[test]
+fn the_docker_driver_runs_the_docker_found_on_path() {
+    let data = tempfile::tempdir().unwrap();
+    let bin = data.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    crate::bae::sandbox::fake_docker(&bin);
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut command = kestrel(data.path());
+    command.env("KESTREL_ADDR", "127.0.0.1:0").env("BAE_SANDBOX_DRIVER", "docker").env("PATH", path);
+    let mut child = command.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut first, mut admin) = (String::new(), String::new());
+    out.read_line(&mut first).unwrap();
+    out.read_line(&mut admin).unwrap();
+    let admin = admin.trim().rsplit(' ').next().unwrap().to_string();
+    let key = std::fs::read_to_string(data.path().join("data/admin-key")).unwrap();
+    let body =
+        serde_json::json!({ "name": "p", "primary_provider": "builtin/echo", "available_sandboxes": ["present:1"] });
+    let created = ureq::post(&format!("{admin}/admin/v1/profiles"))
+        .set("Authorization", &format!("Bearer {}", key.trim()))
+        .send_json(body);
+    assert_eq!(created.map(|r| r.status()).unwrap_or(0), 201);
+    // Provisioning runs in the background: wait for its status to settle.
+    let deadline = std::time::Instant::now() + crate::support::WAIT;
+    let status = loop {
+        let status: serde_json::Value = ureq::get(&format!("{admin}/admin/v1/sandbox-status"))
+            .set("Authorization", &format!("Bearer {}", key.trim()))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let image = status["items"][0]["images"][0].clone();
+        if image["status"] != "pending" || std::time::Instant::now() > deadline {
+            break image;
+        }
+        std::thread::yield_now();
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status["status"], "available", "{status}");
+    assert_eq!(crate::bae::sandbox::calls_made(&bin), ["[image][inspect][present:1]"]);
+}

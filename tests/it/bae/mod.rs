@@ -6,7 +6,7 @@ mod conversation;
 mod drivers;
 mod hostile;
 mod mcp;
-mod sandbox;
+pub mod sandbox;
 mod sessions;
 mod subagents;
 pub mod support;

@@ -137,7 +137,7 @@ fn an_auto_mode_sandbox_tool_runs_inside_the_turn() {
 /// A `docker` that records each call's arguments (`[a][b]…` a line) and answers like the CLI:
 /// `present:1` is there, `broken:1` cannot be pulled, `slow:1` is inspected only once the
 /// test writes to the `gate` FIFO; `exec` runs the command here.
-fn fake_docker(dir: &std::path::Path) -> std::path::PathBuf {
+pub fn fake_docker(dir: &std::path::Path) -> std::path::PathBuf {
     let (log, gate, program) = (dir.join("calls.log"), dir.join("gate"), dir.join("docker"));
     let made = std::process::Command::new("mkfifo").arg(&gate).status().unwrap();
     assert!(made.success());
@@ -165,7 +165,7 @@ exit 2
 }
 
 /// The recorded calls, a line each.
-fn calls_made(dir: &std::path::Path) -> Vec<String> {
+pub fn calls_made(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string(dir.join("calls.log")).unwrap_or_default().lines().map(str::to_string).collect()
 }
 

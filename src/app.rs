@@ -200,9 +200,11 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
 
 /// The remote sandboxes' driver named by `[bae] sandbox_driver` / `BAE_SANDBOX_DRIVER`.
 fn sandbox_driver(config: &Config) -> Result<crate::engine::bae::sandbox::SandboxDriver, StartError> {
+    // Sandbox commands die with the server, as a tool's commands do.
+    let setpriv = crate::tools::orphans::find_death_signal_wrapper();
     let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
-        "local" => Arc::new(crate::sandbox::local::Local::new(&config.server.data_dir.join("sandboxes"))),
-        "docker" => Arc::new(crate::sandbox::docker::Docker { program: config.bae.docker_cli.clone() }),
+        "local" => Arc::new(crate::sandbox::local::Local::new(&config.server.data_dir.join("sandboxes"), setpriv)),
+        "docker" => Arc::new(crate::sandbox::docker::Docker { program: config.bae.docker_cli.clone(), setpriv }),
         other => {
             let why = format!("bae.sandbox_driver {other:?}: \"local\" or \"docker\"");
             return Err(StartError::Config(ConfigError::Invalid(why)));

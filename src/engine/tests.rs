@@ -28,6 +28,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         mcp_configs: Vec::new(),
         sandbox: super::bae::sandbox::SandboxDriver(Arc::new(crate::sandbox::local::Local::unisolated(
             &data.join("sandboxes"),
+            None,
         ))),
         sandbox_exec_timeout: std::time::Duration::from_secs(5),
         subagent_timeout: std::time::Duration::from_secs(5),

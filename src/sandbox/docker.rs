@@ -14,20 +14,17 @@ use std::time::Duration;
 
 use super::{capture, detail, Driver, DriverError, ExecOutput, Ran, Running};
 
+#[derive(Default)]
 pub struct Docker {
     /// The CLI: `docker` from PATH unless configured.
     pub program: PathBuf,
-}
-
-impl Default for Docker {
-    fn default() -> Self {
-        Docker { program: PathBuf::from("docker") }
-    }
+    /// `setpriv`, if it works here: each CLI process then dies with the server.
+    pub setpriv: Option<PathBuf>,
 }
 
 impl Docker {
     fn run(&self, args: &[&str], timeout: Option<Duration>) -> Result<Ran, DriverError> {
-        let mut command = Command::new(&self.program);
+        let mut command = super::dying_with_server(&self.program, self.setpriv.as_deref());
         command.args(args);
         capture(command, timeout).map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))
     }
@@ -63,7 +60,7 @@ impl Driver for Docker {
     }
 
     fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError> {
-        let mut process = Command::new(&self.program);
+        let mut process = super::dying_with_server(&self.program, self.setpriv.as_deref());
         process.args(["exec", "-i", &sandbox.id, "sh", "-c", command]);
         Ok(process)
     }
@@ -106,7 +103,7 @@ exit 2
         let program = dir.join("docker");
         std::fs::write(&program, script).unwrap();
         std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        (Docker { program }, log)
+        (Docker { program, setpriv: None }, log)
     }
 
     #[test]

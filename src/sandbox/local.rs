@@ -14,17 +14,20 @@ use super::{capture, detail, Driver, DriverError, ExecOutput, Running};
 pub struct Local {
     root: PathBuf,
     bwrap: Option<PathBuf>,
+    /// `setpriv`, if it works here: an unisolated command then dies with the server too
+    /// (bubblewrap's `--die-with-parent` does that for isolated ones).
+    setpriv: Option<PathBuf>,
 }
 
 impl Local {
     /// Sandboxes under `root`; bubblewrap is used if `bwrap` runs here.
-    pub fn new(root: &Path) -> Local {
-        Local { root: root.to_path_buf(), bwrap: working_bwrap() }
+    pub fn new(root: &Path, setpriv: Option<PathBuf>) -> Local {
+        Local { root: root.to_path_buf(), bwrap: working_bwrap(), setpriv }
     }
 
     /// Sandboxes under `root`, never isolated (for hosts where bubblewrap must not be used).
-    pub fn unisolated(root: &Path) -> Local {
-        Local { root: root.to_path_buf(), bwrap: None }
+    pub fn unisolated(root: &Path, setpriv: Option<PathBuf>) -> Local {
+        Local { root: root.to_path_buf(), bwrap: None, setpriv }
     }
 
     fn dir(&self, sandbox: &Running) -> Result<PathBuf, DriverError> {
@@ -76,7 +79,7 @@ impl Driver for Local {
                 wrapped
             }
             None => {
-                let mut plain = Command::new("sh");
+                let mut plain = super::dying_with_server("sh", self.setpriv.as_deref());
                 plain.args(["-c", command]).current_dir(&dir);
                 plain
             }
@@ -126,7 +129,7 @@ mod tests {
     #[test]
     fn an_unisolated_sandbox_runs_in_its_own_directory_and_says_so() {
         let root = tempfile::tempdir().unwrap();
-        let driver = Local::unisolated(root.path());
+        let driver = Local::unisolated(root.path(), None);
         assert!(!driver.isolated());
         exercise(&driver);
     }
@@ -134,7 +137,7 @@ mod tests {
     #[test]
     fn under_bubblewrap_the_host_is_read_only_and_the_sandbox_is_not() {
         let root = tempfile::tempdir().unwrap();
-        let driver = Local::new(root.path());
+        let driver = Local::new(root.path(), None);
         if !driver.isolated() {
             // Without a working bubblewrap the driver must say so (`.ci/run` installs it, so
             // CI takes the other branch).

@@ -61,6 +61,20 @@ pub trait Driver: Send + Sync {
     fn isolated(&self) -> bool;
 }
 
+/// A command for `program` that dies with the thread that starts it when `setpriv` is given
+/// (`setpriv --pdeathsig KILL -- program`; see `tools/orphans.rs`), so a server killed with
+/// SIGKILL leaves no sandbox command behind.
+pub fn dying_with_server(program: impl AsRef<std::ffi::OsStr>, setpriv: Option<&std::path::Path>) -> Command {
+    match setpriv {
+        Some(setpriv) => {
+            let mut wrapped = Command::new(setpriv);
+            wrapped.args(["--pdeathsig", "KILL", "--"]).arg(program);
+            wrapped
+        }
+        None => Command::new(program),
+    }
+}
+
 /// What a process left: its exit code (`None` when killed), stdout and stderr.
 pub(crate) struct Ran {
     pub code: Option<i32>,

@@ -396,3 +396,45 @@ fn a_local_subagent_report_is_checked_and_becomes_the_lifecycle_event() {
     let refused = report(&mut stranger, json!({ "state": "nonsense" }));
     assert_eq!(refused["error"]["code"], -32001);
 }
+
+/// The binary with the fake as its provider and `extra` config; kills -9 it with a subagent
+/// running, and finds no process of the subagent left.
+fn killed_mid_subagent_leaves_nothing(extra: &str, image: &str, marker: &str) {
+    let fake = crate::fake_provider::FakeProvider::start();
+    let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config = format!(
+        "[providers.fake]\nwire = \"anthropic\"\nbase_url = \"{}\"\nmodels = [{{ name = \"claude-x\" }}]\n{extra}",
+        fake.base_url
+    );
+    let (mut child, base, admin) = crate::support::spawn_binary(data.path(), workspace.path(), &config);
+    let admin_key = std::fs::read_to_string(data.path().join("admin-key")).unwrap().trim().to_string();
+    let body = json!({ "name": "k", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": [image] });
+    let profile = send(&admin, "POST", "/admin/v1/profiles", Some(&admin_key), Some(body));
+    let body = json!({ "name": "k", "profile_id": profile.json["id"] });
+    let key =
+        send(&admin, "POST", "/admin/v1/keys", Some(&admin_key), Some(body)).json["key"].as_str().unwrap().to_string();
+    let mut declared = declaration(marker);
+    declared["image"] = json!(image);
+    let mut harness = Harness::open_with(&base, &key, json!({ "tools": [], "subagent_tools": [declared] }));
+    start_sandbox(&mut harness, image);
+    fake.script([calls(json!([launch("tu_hang", "hang", "m", "p")])), anthropic::text_answer("Running.")]);
+    harness.send_message(json!("start it"));
+    assert!(running(marker), "the subagent runs");
+
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(gone(marker), "a server killed with SIGKILL left its subagent running");
+}
+
+#[test]
+fn a_server_killed_with_sigkill_leaves_no_subagent_behind() {
+    // The local driver (under bubblewrap when it works here, else unisolated).
+    let marker = format!("kestrel-sub-{}-k1", std::process::id());
+    killed_mid_subagent_leaves_nothing("", IMAGE, &marker);
+    // The docker driver: the CLI dies with the server, and so does what it ran.
+    let bin = tempfile::tempdir().unwrap();
+    let docker = super::sandbox::fake_docker(bin.path());
+    let extra = format!("[bae]\nsandbox_driver = \"docker\"\ndocker_cli = \"{}\"\n", docker.display());
+    let marker = format!("kestrel-sub-{}-k2", std::process::id());
+    killed_mid_subagent_leaves_nothing(&extra, "present:1", &marker);
+}

@@ -50,18 +50,23 @@ impl Driver for Docker {
         let ran = self.checked(&["run", "-d", "--rm", image, "sleep", "infinity"])?;
         match ran.stdout.trim() {
             "" => Err(DriverError("docker run printed no container id".into())),
-            id => Ok(Running { id: id.to_string(), image: image.to_string() }),
+            id => Ok(Running::new(id, image)),
         }
     }
 
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError> {
-        let ran = self.run(&["exec", &sandbox.id, "sh", "-c", command], Some(timeout))?;
+        let mut process = super::dying_with_server(&self.program, self.setpriv.as_deref());
+        process.args(["exec", &sandbox.id, "sh", "-c", command]);
+        sandbox.mark(&mut process);
+        let ran = capture(process, Some(timeout))
+            .map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))?;
         Ok(ExecOutput { stdout: ran.stdout, stderr: ran.stderr, exit_code: ran.code.unwrap_or(-1) })
     }
 
     fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError> {
         let mut process = super::dying_with_server(&self.program, self.setpriv.as_deref());
         process.args(["exec", "-i", &sandbox.id, "sh", "-c", command]);
+        sandbox.mark(&mut process);
         Ok(process)
     }
 
@@ -115,13 +120,13 @@ exit 2
         let missing = docker.ensure_image("missing:1").unwrap_err();
         assert_eq!(missing.0, "Error response from daemon: manifest unknown");
         let running = docker.start("alpine:3.19").unwrap();
-        assert_eq!(running, Running { id: "c0ffee123".into(), image: "alpine:3.19".into() });
+        assert_eq!(running, Running::new("c0ffee123", "alpine:3.19"));
         let out = docker.exec(&running, "echo out; echo err >&2; exit 3", Duration::from_secs(5)).unwrap();
         assert_eq!(out, ExecOutput { stdout: "out\n".into(), stderr: "err\n".into(), exit_code: 3 });
         let slow = docker.exec(&running, "sleep 5", Duration::from_millis(200)).unwrap();
         assert_eq!(slow.exit_code, -1, "killed past its timeout");
         docker.stop(&running).unwrap();
-        docker.stop(&Running { id: "gone".into(), image: "x".into() }).unwrap();
+        docker.stop(&Running::new("gone", "x")).unwrap();
         let calls = std::fs::read_to_string(log).unwrap();
         assert_eq!(
             calls.lines().collect::<Vec<_>>(),

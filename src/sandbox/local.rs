@@ -58,7 +58,7 @@ impl Driver for Local {
         let id = format!("lsb_{}", uuid::Uuid::new_v4().simple());
         std::fs::create_dir_all(self.root.join(&id))
             .map_err(|e| DriverError(format!("cannot make the sandbox: {e}")))?;
-        Ok(Running { id, image: image.to_string() })
+        Ok(Running::new(id, image))
     }
 
     fn exec(&self, sandbox: &Running, command: &str, timeout: Duration) -> Result<ExecOutput, DriverError> {
@@ -70,7 +70,7 @@ impl Driver for Local {
     fn attach(&self, sandbox: &Running, command: &str) -> Result<Command, DriverError> {
         let dir = self.dir(sandbox)?;
         let dir_text = dir.to_string_lossy().into_owned();
-        Ok(match &self.bwrap {
+        let mut process = match &self.bwrap {
             Some(bwrap) => {
                 let mut wrapped = Command::new(bwrap);
                 wrapped.args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
@@ -83,7 +83,9 @@ impl Driver for Local {
                 plain.args(["-c", command]).current_dir(&dir);
                 plain
             }
-        })
+        };
+        sandbox.mark(&mut process);
+        Ok(process)
     }
 
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError> {
@@ -121,9 +123,7 @@ mod tests {
         assert_eq!(slow.exit_code, -1, "killed past its timeout");
         driver.stop(&sandbox).unwrap();
         assert!(!driver.dir(&sandbox).unwrap().exists(), "stop removes the sandbox");
-        assert!(driver
-            .exec(&Running { id: "../escape".into(), image: "x".into() }, "true", Duration::from_secs(1))
-            .is_err());
+        assert!(driver.exec(&Running::new("../escape", "x"), "true", Duration::from_secs(1)).is_err());
     }
 
     #[test]

@@ -27,6 +27,22 @@ pub struct ExecOutput {
 pub struct Running {
     pub id: String,
     pub image: String,
+    /// The `KESTREL_COMMAND` value every process run for it carries (`tools/orphans.rs`), so
+    /// the sweep at start and shutdown finds what a killed server left; set by its owner.
+    pub marker: Option<String>,
+}
+
+impl Running {
+    pub fn new(id: impl Into<String>, image: impl Into<String>) -> Running {
+        Running { id: id.into(), image: image.into(), marker: None }
+    }
+
+    /// Marks a process run for this sandbox.
+    fn mark(&self, command: &mut Command) {
+        if let Some(marker) = &self.marker {
+            command.env(crate::tools::orphans::MARKER, marker);
+        }
+    }
 }
 
 /// Why a driver step failed: the tool's own words, trimmed to `DETAIL_LIMIT` characters.

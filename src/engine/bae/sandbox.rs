@@ -141,7 +141,9 @@ impl SessionActor {
         self.publish_bae(key, self.sandbox_event("start", image, None))?;
         let driver = &self.shared.config.bae.sandbox.0;
         match driver.ensure_image(image).and_then(|()| driver.start(image)) {
-            Ok(running) => {
+            Ok(mut running) => {
+                // Every process run in it is the session's, for the orphan sweep.
+                running.marker = Some(crate::tools::orphans::marker_value(&self.id, &running.id));
                 self.bae.sandbox = Some(running.clone());
                 self.publish_bae(key, self.sandbox_event("running", image, Some(&running.id)))?;
                 Ok((running, crate::time::now_rfc3339()))

@@ -26,7 +26,7 @@ fn declaration(marker: &str) -> Value {
             { "harness": "echo", "command_template": "echo model={model}; cat", "prompt_via": "stdin" },
             { "harness": "fail", "command_template": "echo bad >&2; exit 3 # {model}" },
             { "harness": "slow", "command_template": "sleep 30 # {model}", "timeout_secs": 1 },
-            { "harness": "hang", "command_template": format!("sleep 300; echo {marker} {{model}}") },
+            { "harness": "hang", "command_template": format!("export KESTREL_TEST_MARK={marker}; sleep 300; echo {{model}}") },
             { "harness": "arg", "command_template": "printf '%s|' {model} {prompt}", "prompt_via": "arg" }
         ]
     })
@@ -102,11 +102,16 @@ impl Watch {
     }
 }
 
-/// Whether a process whose command line holds `marker` runs.
+/// Whether a process whose command line or environment holds `marker` runs (the `hang`
+/// harness exports it, so its children carry it too).
 fn running(marker: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        String::from_utf8_lossy(&cmdline).contains(marker)
+        let holds = |file: &str| {
+            let bytes = std::fs::read(entry.path().join(file)).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).contains(marker)
+        };
+        let alive = !std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default().contains(") Z ");
+        alive && (holds("cmdline") || holds("environ"))
     })
 }
 
@@ -423,7 +428,13 @@ fn killed_mid_subagent_leaves_nothing(extra: &str, image: &str, marker: &str) {
 
     let _ = child.kill();
     let _ = child.wait();
-    assert!(gone(marker), "a server killed with SIGKILL left its subagent running");
+    // What ran under the killed server dies with it (`setpriv`, bubblewrap); what that
+    // started, at the next start (the `KESTREL_COMMAND` sweep).
+    let (mut again, _, _) = crate::support::spawn_binary(data.path(), workspace.path(), &config);
+    let left = gone(marker);
+    let _ = again.kill();
+    let _ = again.wait();
+    assert!(left, "a server killed with SIGKILL left its subagent running past the next start");
 }
 
 #[test]

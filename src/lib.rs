@@ -11,6 +11,7 @@ pub mod auth;
 pub mod bus;
 pub mod cancel;
 pub mod checkpoints;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod engine;

@@ -62,7 +62,7 @@ fn bad_arguments_and_bad_config_files_exit_with_a_message() {
     let data = tempfile::tempdir().unwrap();
     let output = kestrel(data.path()).arg("--frobnicate").output().unwrap();
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown argument --frobnicate"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unexpected argument '--frobnicate'"));
 
     let config = data.path().join("bad.toml");
     std::fs::write(&config, "[server]\naddres = \"x\"\n").unwrap();

@@ -22,5 +22,6 @@ mod runs;
 mod sessions;
 mod streams;
 mod support;
+mod terminal;
 mod tools;
 mod workspaces;

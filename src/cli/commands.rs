@@ -1,0 +1,223 @@
+//! The one-shot commands: `sessions`, `send`, `events`, `health`.
+
+use std::io::Write;
+
+use serde_json::{json, Value};
+
+use super::args::{EventsArgs, HealthArgs, SendArgs, SessionsAction, SessionsArgs};
+use super::client::{CliError, Client, Frames};
+
+/// Prints a line to stdout; a closed stdout (a pipe whose reader left) ends the command quietly.
+pub(super) fn say(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::Failed(String::new())),
+        _ => Ok(()),
+    }
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default()
+}
+
+/// A path segment: ids are sent as they are, but nothing in them can change the route.
+pub(super) fn segment(id: &str) -> Result<&str, CliError> {
+    match !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        true => Ok(id),
+        false => Err(CliError::Usage(format!("{id:?} is not a session id"))),
+    }
+}
+
+pub fn sessions(args: &SessionsArgs) -> Result<(), CliError> {
+    let client = Client::new(&args.remote);
+    match args.action.as_ref().unwrap_or(&SessionsAction::List) {
+        SessionsAction::List => {
+            let listed = client.call("GET", "/api/sessions", None)?;
+            if args.json {
+                return say(&pretty(&listed["sessions"]));
+            }
+            let sessions = listed["sessions"].as_array().cloned().unwrap_or_default();
+            if sessions.is_empty() {
+                return say("no sessions");
+            }
+            for session in sessions {
+                let field = |name: &str| session[name].as_str().unwrap_or("").to_string();
+                say(&format!(
+                    "{}  {:<11}  {}  {:>4} msgs  {}",
+                    field("id"),
+                    field("status"),
+                    field("updatedAt"),
+                    session["messageCount"].as_u64().unwrap_or(0),
+                    field("title")
+                ))?;
+            }
+            Ok(())
+        }
+        SessionsAction::Show { id } => {
+            let detail = client.call("GET", &format!("/api/sessions/{}", segment(id)?), None)?;
+            match args.json {
+                true => say(&pretty(&detail["session"])),
+                false => say(&transcript(&detail["session"])),
+            }
+        }
+        SessionsAction::Rm { id } => {
+            client.call("DELETE", &format!("/api/sessions/{}", segment(id)?), None)?;
+            say(&format!("deleted {id}"))
+        }
+    }
+}
+
+/// A session as a person reads it: a header, then each message by role.
+fn transcript(session: &Value) -> String {
+    let text = |value: &Value| value.as_str().unwrap_or("").to_string();
+    let mut out = format!(
+        "{}  {}\nmodel {}  status {}  workspace {}\n",
+        text(&session["id"]),
+        text(&session["title"]),
+        text(&session["model"]),
+        text(&session["status"]),
+        text(&session["workspace"])
+    );
+    for message in session["messages"].as_array().into_iter().flatten() {
+        let role = text(&message["role"]);
+        let line = match role.as_str() {
+            "tool" => format!("[{}] {}", text(&message["toolName"]), first_line(&text(&message["content"]))),
+            _ => text(&message["content"]),
+        };
+        out.push_str(&format!("\n{role}: {line}"));
+        for call in message["toolCalls"].as_array().into_iter().flatten() {
+            out.push_str(&format!("\n  -> {}({})", text(&call["name"]), call["arguments"]));
+        }
+    }
+    out
+}
+
+pub(super) fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("");
+    match line.chars().count() > 100 {
+        true => format!("{}…", line.chars().take(100).collect::<String>()),
+        false => line.to_string(),
+    }
+}
+
+pub fn send(args: &SendArgs) -> Result<(), CliError> {
+    let client = Client::new(&args.remote);
+    let id = segment(&args.session)?;
+    // Subscribed before the message goes, so the run's first event cannot be missed.
+    let frames = match args.wait {
+        true => Some(client.stream(&format!("/api/sessions/{id}/events"), None)?),
+        false => None,
+    };
+    let sent =
+        client.call("POST", &format!("/api/sessions/{id}/messages"), Some(&json!({ "content": args.message })))?;
+    let run_id = sent["runId"].as_str().unwrap_or_default().to_string();
+    let Some(mut frames) = frames else {
+        return say(&if args.json { json!({ "runId": run_id }).to_string() } else { run_id });
+    };
+    let outcome = follow(&mut frames, &run_id, |event| {
+        if event["type"] == "approval.requested" {
+            let approval = &event["approval"];
+            eprintln!(
+                "kestrel: waiting for approval of {} ({}): answer it in the console or with `kestrel chat {id}`",
+                approval["toolName"].as_str().unwrap_or("a tool call"),
+                approval["id"].as_str().unwrap_or("")
+            );
+        }
+    })?;
+    if args.json {
+        return say(&outcome.to_json(&run_id).to_string());
+    }
+    if let Some(error) = &outcome.error {
+        return Err(CliError::Failed(format!("the run failed: {error}")));
+    }
+    say(&outcome.reply())
+}
+
+/// How a run ended, and the messages it completed.
+#[derive(Debug, Default)]
+pub(super) struct Outcome {
+    pub status: Option<String>,
+    pub error: Option<String>,
+    pub usage: Option<Value>,
+    pub messages: Vec<Value>,
+}
+
+impl Outcome {
+    /// The last assistant message's text.
+    fn reply(&self) -> String {
+        let last = self.messages.iter().rev().find(|m| m["role"] == "assistant");
+        last.and_then(|m| m["content"].as_str()).unwrap_or("").to_string()
+    }
+
+    fn to_json(&self, run_id: &str) -> Value {
+        json!({
+            "runId": run_id,
+            "status": self.status.as_deref().unwrap_or("failed"),
+            "error": self.error,
+            "usage": self.usage,
+            "reply": self.reply(),
+            "messages": self.messages,
+        })
+    }
+}
+
+/// Reads a session's stream until run `run_id` ends, handing every event of the run to
+/// `seen`; the completed messages and the ending.
+pub(super) fn follow(frames: &mut Frames, run_id: &str, mut seen: impl FnMut(&Value)) -> Result<Outcome, CliError> {
+    let mut outcome = Outcome::default();
+    let mut started = false;
+    while let Some(frame) = frames.next_frame() {
+        let Ok(envelope) = serde_json::from_str::<Value>(&frame.data) else { continue };
+        let event = &envelope["event"];
+        let ours = event["runId"] == run_id;
+        started |= event["type"] == "run.started" && ours;
+        if !started {
+            continue;
+        }
+        seen(event);
+        match event["type"].as_str().unwrap_or("") {
+            "message.completed" => outcome.messages.push(event["message"].clone()),
+            "run.finished" if ours => {
+                outcome.status = event["status"].as_str().map(str::to_string);
+                outcome.usage = event.get("usage").cloned();
+                return Ok(outcome);
+            }
+            "run.failed" if ours => {
+                outcome.error = Some(event["error"].as_str().unwrap_or("unknown error").to_string());
+                return Ok(outcome);
+            }
+            _ => {}
+        }
+    }
+    Err(CliError::Failed("the event stream ended before the run did".into()))
+}
+
+pub fn events(args: &EventsArgs) -> Result<(), CliError> {
+    let client = Client::new(&args.remote);
+    let path = match &args.session {
+        Some(id) => format!("/api/sessions/{}/events", segment(id)?),
+        None => "/api/events".to_string(),
+    };
+    let mut frames = client.stream(&path, args.since)?;
+    while let Some(frame) = frames.next_frame() {
+        say(&frame.data)?;
+    }
+    Err(CliError::Failed("the server ended the stream".into()))
+}
+
+pub fn health(args: &HealthArgs) -> Result<(), CliError> {
+    let health = Client::new(&args.remote).call("GET", "/api/health", None)?;
+    if args.json {
+        return say(&health.to_string());
+    }
+    say(&format!(
+        "{} {} {} (protocol {}), up {} s, {} sessions, {} plugins",
+        health["status"].as_str().unwrap_or("?"),
+        health["name"].as_str().unwrap_or("?"),
+        health["version"].as_str().unwrap_or("?"),
+        health["protocol"].as_str().unwrap_or("?"),
+        health["uptimeMs"].as_u64().unwrap_or(0) / 1000,
+        health["sessions"].as_u64().unwrap_or(0),
+        health["plugins"].as_u64().unwrap_or(0),
+    ))
+}

@@ -51,10 +51,11 @@ pub enum Reply {
     },
     /// A whole NDJSON body (a 200 of one or a few lines, sent with its length).
     Ndjson(Vec<u8>),
-    /// A static file: its bytes and content type (a 200, not cached without revalidation).
+    /// A static file: its bytes, content type and `Cache-Control` (a 200).
     File {
         content_type: &'static str,
         body: Vec<u8>,
+        cache_control: &'static str,
     },
     /// A body streamed for as long as it lasts: server-sent events or NDJSON.
     Stream(Stream),

@@ -27,8 +27,13 @@ pub fn reply(tcp: &TcpStream, reply: Reply, head: &Head, request: &Request, keep
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
         Reply::Ndjson(body) => (200, body, vec![("Content-Type", "application/x-ndjson".to_string())]),
-        Reply::File { content_type, body } => {
-            (200, body, vec![("Content-Type", content_type.to_string()), ("Cache-Control", "no-cache".to_string())])
+        Reply::File { content_type, body, cache_control } => {
+            let headers = vec![
+                ("Content-Type", content_type.to_string()),
+                ("Cache-Control", cache_control.to_string()),
+                ("X-Content-Type-Options", "nosniff".to_string()),
+            ];
+            (200, body, headers)
         }
         Reply::Stream(_) => unreachable!("streams are written by `stream`"),
     };

@@ -2,8 +2,10 @@
 
 mod auth;
 mod bae;
+mod browser;
 mod checkpoints;
 mod cli;
+mod console;
 mod context;
 mod edge;
 mod events;

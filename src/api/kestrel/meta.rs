@@ -56,7 +56,7 @@ pub fn plugin_asset(api: &KestrelApi, method: &str, rest: &str) -> Result<Reply,
     }
     let Some((id, path)) = rest.split_once("/web/") else { return Err(ApiError::not_found()) };
     match api.plugins.asset(id, path) {
-        Ok((body, content_type)) => Ok(Reply::File { content_type, body }),
+        Ok((body, content_type)) => Ok(Reply::File { content_type, body, cache_control: "no-cache" }),
         Err(AssetError::NotFound) => Err(ApiError::not_found()),
         Err(AssetError::Forbidden) => {
             Err(ApiError::new(403, "forbidden", "that path is not a file of the plugin's web/ tree"))

@@ -145,7 +145,11 @@ impl KestrelApi {
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, ApiError> {
         let path = request.path().to_string();
-        // Plugins' web assets are static files, never authenticated (as the spec says).
+        // The console and plugins' web assets are static files, never authenticated (as the
+        // spec says).
+        if let Some(served) = crate::console::serve(&path) {
+            return console_file(request.method(), served);
+        }
         if let Some(rest) = path.strip_prefix("/plugins/") {
             return meta::plugin_asset(self, request.method(), rest);
         }
@@ -196,6 +200,18 @@ impl Handler for KestrelApi {
 
     fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
         ApiError::from(error).into_reply()
+    }
+}
+
+fn console_file(method: &str, served: crate::console::Served) -> Result<Reply, ApiError> {
+    if method != "GET" && method != "HEAD" {
+        return Err(ApiError::method_not_allowed(&["GET", "HEAD"]));
+    }
+    match served {
+        crate::console::Served::File { body, content_type, cache_control } => {
+            Ok(Reply::File { content_type, body, cache_control })
+        }
+        crate::console::Served::NotFound => Err(ApiError::not_found()),
     }
 }
 

@@ -1,0 +1,163 @@
+// The console's shell: the token prompt, the session list (live from /api/events), creating a
+// session, and the session view for the session in the address (#/s/<id>).
+
+import { Api, ApiError } from "./api.js";
+import { h, clear, when, toast } from "./dom.js";
+import { SessionView } from "./session.js";
+import { Plugins } from "./plugins.js";
+
+const api = new Api();
+const app = document.getElementById("app");
+const state = { bootstrap: null, sessions: [], view: null, stream: null, plugins: null };
+
+async function start() {
+  try {
+    state.bootstrap = await api.get("/api/bootstrap");
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) return askToken(api.token ? "That token was refused." : "");
+    clear(app).append(h("p", { class: "boot error" }, `Kestrel is not reachable: ${error.message}`));
+    return;
+  }
+  layout();
+  await refreshSessions();
+  state.stream = api.stream("/api/events", {
+    onEnvelope: (envelope) => onEvent(envelope.event),
+    onReconnect: refreshSessions,
+  });
+  state.plugins = new Plugins(api, document.getElementById("plugin-slots"));
+  state.plugins.start(state.bootstrap.plugins || []);
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+function askToken(problem) {
+  const input = h("input", { type: "password", name: "token", placeholder: "Token", autocomplete: "current-password", required: true });
+  const form = h("form", { class: "login", onsubmit: (event) => {
+    event.preventDefault();
+    api.setToken(input.value.trim());
+    start();
+  } },
+  h("h1", {}, "Kestrel"),
+  h("p", {}, "This server needs a token."),
+  problem ? h("p", { class: "error" }, problem) : null,
+  input,
+  h("button", { type: "submit", class: "primary" }, "Sign in"));
+  clear(app).append(form);
+  input.focus();
+}
+
+function layout() {
+  const sidebar = h("aside", { class: "sidebar" },
+    h("header", { class: "brand" },
+      h("span", { class: "logo", "aria-hidden": "true" }),
+      h("strong", {}, state.bootstrap.name || "Kestrel"),
+      h("span", { class: "muted small" }, `v${state.bootstrap.version} · protocol ${state.bootstrap.protocol}`)),
+    h("button", { type: "button", class: "primary wide", id: "new-session", onclick: newSessionDialog }, "New session"),
+    h("nav", { id: "session-list", "aria-label": "Sessions" }),
+    h("div", { id: "plugin-slots", class: "plugin-slots" }),
+    api.token ? h("button", { type: "button", class: "link small", onclick: () => { api.setToken(""); location.reload(); } }, "Sign out") : null);
+  const main = h("main", { id: "main" });
+  clear(app).append(h("div", { class: "shell" }, sidebar, main));
+}
+
+async function refreshSessions() {
+  try {
+    state.sessions = (await api.get("/api/sessions")).sessions || [];
+  } catch (error) {
+    toast(error.message, "error");
+  }
+  renderSessions();
+}
+
+function onEvent(event) {
+  if (event.type === "session.updated") {
+    const at = state.sessions.findIndex((s) => s.id === event.sessionId);
+    if (at >= 0) state.sessions[at] = event.session;
+    else state.sessions.push(event.session);
+    state.sessions.sort((a, b) => (a.updatedAt < b.updatedAt ? 1 : -1));
+    renderSessions();
+  } else if (event.type === "session.deleted") {
+    state.sessions = state.sessions.filter((s) => s.id !== event.sessionId);
+    renderSessions();
+    if (currentId() === event.sessionId) location.hash = "";
+  }
+}
+
+function renderSessions() {
+  const list = document.getElementById("session-list");
+  if (!list) return;
+  clear(list);
+  if (!state.sessions.length) list.append(h("p", { class: "muted small pad" }, "No sessions yet."));
+  for (const session of state.sessions) {
+    list.append(h("a", {
+      href: `#/s/${session.id}`,
+      class: `session-link${currentId() === session.id ? " current" : ""}`,
+      dataset: { id: session.id },
+    },
+    h("span", { class: "title" }, session.title || "Untitled"),
+    h("span", { class: "meta" },
+      h("span", { class: `badge ${session.status}` }, session.status),
+      h("span", { class: "muted" }, `${session.messageCount} msgs · ${when(session.updatedAt)}`))));
+  }
+}
+
+function currentId() {
+  const match = location.hash.match(/^#\/s\/([\w-]+)/);
+  return match ? match[1] : null;
+}
+
+function route() {
+  if (state.view) state.view.close();
+  state.view = null;
+  renderSessions();
+  const main = document.getElementById("main");
+  const id = currentId();
+  if (!id) {
+    clear(main).append(h("section", { class: "welcome" },
+      h("h2", {}, "Welcome"),
+      h("p", {}, "Pick a session on the left, or start a new one."),
+      h("p", { class: "muted" }, "With the built-in model builtin/echo, a line like /tool list_directory {\"path\":\".\"} calls a tool.")));
+    return;
+  }
+  state.view = new SessionView(api, main, id, state.bootstrap, {
+    onGone: () => { location.hash = ""; },
+    plugins: state.plugins,
+  });
+  state.view.open();
+}
+
+function newSessionDialog() {
+  const models = state.bootstrap.models || [];
+  const model = h("select", { name: "model" }, models.map((m) => h("option", { value: m.id }, m.label ? `${m.label} (${m.id})` : m.id)));
+  const title = h("input", { name: "title", placeholder: "Title (optional)", maxlength: "200" });
+  const prompt = h("textarea", { name: "systemPrompt", rows: "3", placeholder: "System prompt (optional)" });
+  const workspace = h("input", { name: "workspace", placeholder: "Workspace: an absolute path (optional)" });
+  const problem = h("p", { class: "error", hidden: true });
+  const close = () => overlay.remove();
+  const form = h("form", { class: "dialog", onsubmit: async (event) => {
+    event.preventDefault();
+    const body = { model: model.value };
+    if (title.value.trim()) body.title = title.value.trim();
+    if (prompt.value.trim()) body.systemPrompt = prompt.value;
+    if (workspace.value.trim()) body.workspace = workspace.value.trim();
+    try {
+      const created = await api.post("/api/sessions", body);
+      close();
+      location.hash = `#/s/${created.session.id}`;
+    } catch (error) {
+      problem.hidden = false;
+      problem.textContent = error.message;
+    }
+  } },
+  h("h2", {}, "New session"),
+  h("label", {}, "Model", model),
+  title, prompt, workspace, problem,
+  h("div", { class: "row end" },
+    h("button", { type: "button", onclick: close }, "Cancel"),
+    h("button", { type: "submit", class: "primary" }, "Create")));
+  const overlay = h("div", { class: "overlay", onkeydown: (e) => { if (e.key === "Escape") close(); } }, form);
+  document.body.append(overlay);
+  title.focus();
+}
+
+start();

@@ -1,0 +1,174 @@
+//! The console in a real headless Chromium against a real server: create a session, stream a
+//! reply, a hostile message shown as text, an approval given in the page and the file then in
+//! the workspace browser, a long run cancelled, a reload mid-stream, the token prompt. And the
+//! static files themselves over HTTP.
+
+use serde_json::{json, Value};
+
+use crate::browser::browser;
+use crate::support::TestServer;
+
+const ENTER: &str = "\u{E007}";
+
+#[test]
+fn the_console_is_served_with_fingerprinted_cacheable_assets_and_no_token() {
+    let server = TestServer::start_with(|config| config.auth.token = Some("sekret".into()));
+    let page = ureq::get(&format!("{}/", server.base)).call().unwrap();
+    assert_eq!(page.header("Content-Type"), Some("text/html; charset=utf-8"));
+    assert_eq!(page.header("Cache-Control"), Some("no-cache"));
+    let html = page.into_string().unwrap();
+    let start = html.find("/assets/").unwrap();
+    let script = &html[start..html[start..].find("\"").map(|end| start + end).unwrap()];
+    let prefix = &script[..script.rfind('/').unwrap()];
+    for (name, kind) in [("app.js", "text/javascript; charset=utf-8"), ("style.css", "text/css; charset=utf-8")] {
+        let asset = ureq::get(&format!("{}{prefix}/{name}", server.base)).call().unwrap();
+        assert_eq!(asset.header("Content-Type"), Some(kind));
+        assert_eq!(asset.header("Cache-Control"), Some("public, max-age=31536000, immutable"));
+    }
+    let stale = ureq::get(&format!("{}/assets/0123456789abcdef/app.js", server.base)).call();
+    assert!(matches!(stale, Err(ureq::Error::Status(404, _))), "an old fingerprint is not served");
+    let posted = ureq::post(&format!("{}/", server.base)).call();
+    assert!(matches!(posted, Err(ureq::Error::Status(405, _))));
+    let api = ureq::get(&format!("{}/api/sessions", server.base)).call();
+    assert!(matches!(api, Err(ureq::Error::Status(401, _))), "the API behind it still wants the token");
+}
+
+/// A session created in the page: its id.
+fn create_session_in_page(browser: &crate::browser::Browser, title: &str) -> String {
+    browser.click("#new-session");
+    browser.wait_for("the new-session dialog", "document.querySelector('.dialog input[name=title]')");
+    browser.type_into(".dialog input[name=title]", title);
+    browser.click(".dialog button[type=submit]");
+    browser
+        .wait_for("the session view", "location.hash.startsWith('#/s/') && document.querySelector('.session-title')");
+    let hash = browser.eval("return location.hash;", json!([]));
+    hash.as_str().unwrap().trim_start_matches("#/s/").to_string()
+}
+
+fn send_in_page(browser: &crate::browser::Browser, text: &str) {
+    browser.type_into("textarea.input", text);
+    browser.type_into("textarea.input", ENTER);
+}
+
+#[test]
+fn a_session_streams_a_reply_shows_hostile_text_as_text_and_an_approval_writes_a_file() {
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start_with(|config| config.builtin.delay_ms = 5);
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+    let id = create_session_in_page(&browser, "From the browser");
+    browser.wait_for("the listed session", &format!("document.querySelector('.session-link[data-id=\"{id}\"]')"));
+
+    // A hostile message: markup in it is text, nothing runs.
+    let hostile = "look <img src=x onerror=\"window.pwned=1\"> **bold** [x](javascript:window.pwned=2)";
+    send_in_page(&browser, hostile);
+    browser.wait_for(
+        "the echoed reply",
+        "[...document.querySelectorAll('.message.assistant .content')].some(e => e.textContent.includes('Echo: look'))",
+    );
+    let checked = browser.eval(
+        "return { pwned: window.pwned || null, images: document.querySelectorAll('.transcript img').length, \
+         links: document.querySelectorAll('.transcript a').length, bold: document.querySelectorAll('.transcript strong').length, \
+         text: document.querySelector('.message.user .content').textContent };",
+        json!([]),
+    );
+    assert_eq!(checked["pwned"], Value::Null, "{checked}");
+    assert_eq!(checked["images"], 0, "{checked}");
+    assert_eq!(checked["links"], 0, "a javascript: link stays text: {checked}");
+    assert!(checked["bold"].as_u64().unwrap() >= 1, "markdown still renders: {checked}");
+    assert!(checked["text"].as_str().unwrap().contains("<img src=x onerror="), "{checked}");
+    browser.wait_for("the run's end", "document.querySelector('.run-end.completed')");
+
+    // An approval, given in the page; the file is then in the workspace browser.
+    send_in_page(&browser, "/tool write_file {\"path\":\"hello.txt\",\"content\":\"line one\\nline two\\n\"}");
+    browser.wait_for("the approval card", "document.querySelector('.approval button.approve')");
+    browser.type_into(".approval input.note", "fine by me");
+    browser.click(".approval button.approve");
+    browser.wait_for("the tool's result", "document.querySelector('.tool[data-tool=write_file] .tool-output pre')");
+    browser.wait_for("the approval resolved", "document.querySelector('.approval .approved')");
+    assert_eq!(std::fs::read_to_string(server.workspace.join("hello.txt")).unwrap(), "line one\nline two\n");
+    browser.wait_for("the run's end", "document.querySelectorAll('.run-end.completed').length >= 2");
+    let screenshot = browser.screenshot();
+    browser.click(".tab[data-tab=files]");
+    browser.wait_for("the file in the list", "document.querySelector('.tree button[data-path=\"hello.txt\"]')");
+    browser.click(".tree button[data-path=\"hello.txt\"]");
+    browser.wait_for("the file's lines", "document.querySelectorAll('table.numbered tr').length === 2");
+    assert_eq!(browser.text("table.numbered tr:nth-child(2) td.text"), "line two");
+    keep_screenshot(&screenshot);
+
+    // The transcript survives a reload, and the session can be renamed.
+    browser.refresh();
+    browser.wait_for("the transcript after a reload", "document.querySelectorAll('.message').length >= 4");
+    let stored = server.get(&format!("/api/sessions/{id}"));
+    assert_eq!(stored.json["session"]["title"], "From the browser");
+}
+
+/// The console's screenshot: always under target/, and into docs/ when asked
+/// (`KESTREL_UPDATE_SCREENSHOT=1`), so a test run does not rewrite a committed file.
+fn keep_screenshot(png: &[u8]) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::write(root.join("target/console.png"), png).unwrap();
+    if std::env::var("KESTREL_UPDATE_SCREENSHOT").is_ok_and(|v| v == "1") {
+        std::fs::write(root.join("docs/console.png"), png).unwrap();
+    }
+}
+
+#[test]
+fn a_long_run_is_cancelled_and_a_reload_mid_stream_still_shows_the_whole_reply() {
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start_with(|config| {
+        config.builtin.delay_ms = 40;
+        config.agent.permissions.insert("run_command".into(), kestrel::engine::tools::Permission::Auto);
+    });
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+    create_session_in_page(&browser, "Long runs");
+
+    send_in_page(&browser, "/tool run_command {\"command\":\"sleep 30\"}");
+    browser.wait_for(
+        "the command running",
+        "document.querySelector('.tool[data-tool=run_command]') && !document.querySelector('button.cancel').hidden",
+    );
+    browser.click("button.cancel");
+    browser.wait_for("the cancelled run", "document.querySelector('.run-end.cancelled')");
+    browser.wait_for("the buttons follow the status", "document.querySelector('button.cancel').hidden");
+
+    // A reply of 80 words at 40 ms a word: reload while it streams.
+    let words: Vec<String> = (1..=80).map(|n| format!("w{n}")).collect();
+    send_in_page(&browser, &words.join(" "));
+    browser.wait_for("the reply streaming", "document.querySelector('.content.streaming') && document.querySelector('.content.streaming').textContent.includes('w3')");
+    browser.refresh();
+    let last = "Echo: ".to_string() + &words.join(" ");
+    browser.wait_for(
+        "the whole reply after the reload",
+        &format!(
+            "[...document.querySelectorAll('.message.assistant .content')].some(e => e.textContent.trim() === {})",
+            json!(last)
+        ),
+    );
+    browser.wait_for("no half message left", "!document.querySelector('.content.streaming')");
+}
+
+#[test]
+fn a_token_prompt_guards_the_console_and_the_token_reaches_the_streams() {
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start_with(|config| config.auth.token = Some("sekret".into()));
+    let id = server.client().with_token(Some("sekret")).post("/api/sessions", json!({ "title": "guarded" })).json
+        ["session"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the token prompt", "document.querySelector('form.login input[name=token]')");
+    browser.type_into("form.login input[name=token]", "wrong");
+    browser.click("form.login button[type=submit]");
+    browser.wait_for("the refusal", "document.querySelector('form.login .error')");
+    browser.eval("document.querySelector('form.login input[name=token]').value = '';", json!([]));
+    browser.type_into("form.login input[name=token]", "sekret");
+    browser.click("form.login button[type=submit]");
+    browser.wait_for("the sessions", &format!("document.querySelector('.session-link[data-id=\"{id}\"]')"));
+    // Live over the token-carrying stream: a session made elsewhere appears.
+    let other = server.client().with_token(Some("sekret")).post("/api/sessions", json!({ "title": "made elsewhere" }));
+    let other = other.json["session"]["id"].as_str().unwrap().to_string();
+    browser.wait_for("the new session, live", &format!("document.querySelector('.session-link[data-id=\"{other}\"]')"));
+}

@@ -135,7 +135,7 @@ mod tests {
         }
         assert_eq!(serve("/assets/0000000000000000/app.js"), Some(Served::NotFound), "an old fingerprint");
         assert_eq!(serve(&format!("{prefix}../Cargo.toml")), Some(Served::NotFound));
-        assert_eq!(serve(&format!("{prefix}")), Some(Served::NotFound));
+        assert_eq!(serve(&prefix), Some(Served::NotFound));
         assert_eq!(serve("/api/health"), None);
     }
 

@@ -103,14 +103,17 @@ impl Browser {
     }
 
     /// Waits until the JavaScript expression `condition` is truthy, checking again whenever
-    /// the page changes; fails the test with `what` after `PAGE_WAIT`.
+    /// the page changes or something in it loads; fails the test with `what` after `PAGE_WAIT`.
     pub fn wait_for(&self, what: &str, condition: &str) {
         let script = r#"
             const done = arguments[arguments.length - 1];
             const check = new Function("try { return !!(" + arguments[0] + "); } catch (e) { return false; }");
             if (check()) return done(true);
-            const observer = new MutationObserver(() => { if (check()) { observer.disconnect(); done(true); } });
+            // DOM changes, and loads (an image's size changes without one).
+            const again = () => { if (check()) { observer.disconnect(); document.removeEventListener("load", again, true); done(true); } };
+            const observer = new MutationObserver(again);
             observer.observe(document, { subtree: true, childList: true, characterData: true, attributes: true });
+            document.addEventListener("load", again, true);
         "#;
         let answer = call_raw(
             &self.base,
@@ -143,6 +146,11 @@ impl Browser {
     pub fn text(&self, css: &str) -> String {
         let element = self.find(css);
         self.command("GET", &format!("/element/{element}/text"), json!({})).as_str().unwrap_or("").to_string()
+    }
+
+    /// A Chrome DevTools command (window size, emulated media).
+    pub fn devtools(&self, command: &str, params: Value) -> Value {
+        self.command("POST", "/goog/cdp/execute", json!({ "cmd": command, "params": params }))
     }
 
     /// A PNG of the window.

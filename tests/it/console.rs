@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use crate::browser::browser;
-use crate::support::TestServer;
+use crate::support::{is_run_end, TestServer};
 
 const ENTER: &str = "\u{E007}";
 
@@ -124,14 +124,23 @@ fn a_long_run_is_cancelled_and_a_reload_mid_stream_still_shows_the_whole_reply()
     browser.wait_for("the console", "document.querySelector('#new-session')");
     create_session_in_page(&browser, "Long runs");
 
-    send_in_page(&browser, "/tool run_command {\"command\":\"sleep 30\"}");
-    browser.wait_for(
-        "the command running",
-        "document.querySelector('.tool[data-tool=run_command]') && !document.querySelector('button.cancel').hidden",
-    );
-    browser.click("button.cancel");
-    browser.wait_for("the cancelled run", "document.querySelector('.run-end.cancelled')");
-    browser.wait_for("the buttons follow the status", "document.querySelector('button.cancel').hidden");
+    // Esc in the composer cancels a run, and so does the button.
+    for (nth, escape) in [(1, true), (2, false)] {
+        send_in_page(&browser, "/tool run_command {\"command\":\"sleep 30\"}");
+        let running = format!(
+            "document.querySelectorAll('.tool[data-tool=run_command]').length === {nth} && !document.querySelector('button.cancel').hidden"
+        );
+        browser.wait_for("the command running", &running);
+        match escape {
+            true => browser.type_into("textarea.input", "\u{E00C}"),
+            false => browser.click("button.cancel"),
+        }
+        browser.wait_for(
+            "the cancelled run",
+            &format!("document.querySelectorAll('.run-end.cancelled').length === {nth}"),
+        );
+        browser.wait_for("the buttons follow the status", "document.querySelector('button.cancel').hidden");
+    }
 
     // A reply of 80 words at 40 ms a word: reload while it streams.
     let words: Vec<String> = (1..=80).map(|n| format!("w{n}")).collect();
@@ -171,4 +180,153 @@ fn a_token_prompt_guards_the_console_and_the_token_reaches_the_streams() {
     let other = server.client().with_token(Some("sekret")).post("/api/sessions", json!({ "title": "made elsewhere" }));
     let other = other.json["session"]["id"].as_str().unwrap().to_string();
     browser.wait_for("the new session, live", &format!("document.querySelector('.session-link[data-id=\"{other}\"]')"));
+}
+
+#[test]
+fn checkpoints_restore_in_the_page_and_a_rewind_drops_the_turn_and_its_files() {
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start_with(|config| {
+        config.agent.permissions.insert("write_file".into(), kestrel::engine::tools::Permission::Auto);
+    });
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+    create_session_in_page(&browser, "Undo");
+    let file = server.workspace.join("draft.txt");
+
+    send_in_page(&browser, "/tool write_file {\"path\":\"draft.txt\",\"content\":\"first\"}");
+    browser.wait_for("the first run's end", "document.querySelectorAll('.run-end.completed').length === 1");
+    browser.click(".tab[data-tab=checkpoints]");
+    browser.wait_for("the automatic checkpoint", "document.querySelector('.checkpoints-list .badge.auto')");
+    browser.type_into(".panel.checkpoints input", "after first");
+    browser.click(".panel.checkpoints button[type=submit]");
+    browser.wait_for(
+        "the manual checkpoint",
+        "[...document.querySelectorAll('.checkpoints-list li')].some(li => li.textContent.includes('after first'))",
+    );
+    std::fs::write(&file, "changed by hand").unwrap();
+    browser.eval(
+        "[...document.querySelectorAll('.checkpoints-list li')].find(li => li.textContent.includes('after first')).querySelector('button').click();",
+        json!([]),
+    );
+    browser.wait_for("the confirmation", "document.querySelector('.overlay button.danger')");
+    browser.click(".overlay button.danger");
+    browser.wait_for("the restore's report", "document.querySelector('.restore-status .notice') && document.querySelector('.restore-status').textContent.includes('safety checkpoint')");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "first");
+    browser.wait_for("the safety checkpoint listed", "document.querySelector('.checkpoints-list .badge.safety')");
+
+    // A second turn changes the file; rewinding to it drops the turn and puts the file back.
+    browser.click(".tab[data-tab=chat]");
+    send_in_page(&browser, "/tool write_file {\"path\":\"draft.txt\",\"content\":\"second\"}");
+    browser.wait_for("the second run's end", "document.querySelectorAll('.run-end.completed').length === 2");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "second");
+    browser.eval("const users = document.querySelectorAll('.message.user'); users[users.length - 1].querySelector('.rewind').click();", json!([]));
+    browser.wait_for("the rewind dialog", "document.querySelector('.overlay input[type=checkbox]')");
+    browser.click(".overlay button.danger");
+    browser.wait_for("one user message left", "document.querySelectorAll('.message.user').length === 1");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "first", "the rewind put the file back");
+    let composer = browser.eval("return document.querySelector('textarea.input').value;", json!([]));
+    assert!(composer.as_str().unwrap().contains("second"), "the dropped message is back in the composer: {composer}");
+}
+
+#[test]
+fn a_plugin_module_mounts_and_reloads_in_place_when_its_files_change() {
+    let Some(browser) = browser() else { return };
+    let plugins = tempfile::tempdir().unwrap();
+    let root = plugins.path().join("greeter");
+    std::fs::create_dir_all(root.join("web")).unwrap();
+    let manifest = json!({ "id": "greeter", "name": "Greeter", "version": "1.0.0", "web": { "entry": "main.js", "stylesheet": "style.css" } });
+    std::fs::write(root.join("plugin.json"), manifest.to_string()).unwrap();
+    let module = |greeting: &str| {
+        format!(
+            "export function mount(root, kestrel) {{\n  const p = document.createElement('p');\n  p.className = 'greeting';\n  \
+             p.textContent = '{greeting} from ' + kestrel.plugin.name;\n  root.append(p);\n  \
+             kestrel.api.get('/api/health').then((h) => {{ p.dataset.health = h.status; }});\n  \
+             kestrel.onSession((id) => {{ p.dataset.session = id || ''; }});\n  \
+             return () => {{ window.greeterCleanups = (window.greeterCleanups || 0) + 1; }};\n}}\n"
+        )
+    };
+    std::fs::write(root.join("web/main.js"), module("Hello")).unwrap();
+    std::fs::write(root.join("web/style.css"), ".greeting { color: rgb(1, 2, 3); }\n").unwrap();
+    let dir = plugins.path().to_path_buf();
+    let server = TestServer::start_with(move |config| {
+        config.plugins.dir = Some(dir);
+        config.plugins.hot_reload = true;
+    });
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the plugin mounted", "document.querySelector('.plugin[data-plugin=greeter] .greeting')");
+    browser.wait_for("its API call", "document.querySelector('.greeting').dataset.health === 'ok'");
+    let styled = browser.eval("return getComputedStyle(document.querySelector('.greeting')).color;", json!([]));
+    assert_eq!(styled, "rgb(1, 2, 3)", "the plugin's stylesheet applies");
+    assert_eq!(browser.text(".greeting"), "Hello from Greeter");
+    let id = create_session_in_page(&browser, "with a plugin");
+    browser.wait_for(
+        "the session told to the plugin",
+        &format!("document.querySelector('.greeting').dataset.session === '{id}'"),
+    );
+
+    // A save: the module is unmounted and loaded again at its new revision, no page reload.
+    browser.eval("window.notReloaded = true;", json!([]));
+    std::fs::write(root.join("web/main.js"), module("Welcome")).unwrap();
+    std::fs::write(root.join("web/style.css"), ".greeting { color: rgb(4, 5, 6); }\n").unwrap();
+    browser.wait_for(
+        "the new revision mounted",
+        "document.querySelector('.greeting') && document.querySelector('.greeting').textContent.startsWith('Welcome')",
+    );
+    browser.wait_for(
+        "the new stylesheet",
+        "getComputedStyle(document.querySelector('.greeting')).color === 'rgb(4, 5, 6)'",
+    );
+    let after = browser.eval(
+        "return { same: window.notReloaded === true, cleanups: window.greeterCleanups, mounted: document.querySelectorAll('.greeting').length };",
+        json!([]),
+    );
+    assert_eq!(after, json!({ "same": true, "cleanups": 1, "mounted": 1 }), "{after}");
+}
+
+#[test]
+fn images_binaries_dark_mode_and_a_phone_width() {
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start();
+    // A 1x1 PNG, in a message and in the workspace; and a binary file.
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    use base64::Engine;
+    std::fs::write(server.workspace.join("dot.png"), base64::engine::general_purpose::STANDARD.decode(png).unwrap())
+        .unwrap();
+    std::fs::write(server.workspace.join("blob.bin"), [0u8, 159, 146, 150, 0, 1, 2]).unwrap();
+    let id = server.create_session(json!({ "title": "pictures" }));
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let sent = server.post(
+        &format!("/api/sessions/{id}/messages"),
+        json!({ "content": "see this", "images": [{ "mimeType": "image/png", "data": png, "name": "dot.png" }] }),
+    );
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    stream.collect_until(is_run_end);
+
+    browser.devtools(
+        "Emulation.setEmulatedMedia",
+        json!({ "features": [{ "name": "prefers-color-scheme", "value": "dark" }] }),
+    );
+    browser.devtools(
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": true }),
+    );
+    browser.open(&format!("{}/#/s/{id}", server.base));
+    browser.wait_for("the attached image", "document.querySelector('.message.user img.attachment') && document.querySelector('.message.user img.attachment').naturalWidth === 1");
+    let look = browser.eval(
+        "const side = document.querySelector('.sidebar').getBoundingClientRect(); \
+         const main = document.querySelector('main').getBoundingClientRect(); \
+         return { background: getComputedStyle(document.body).backgroundColor, stacked: side.bottom <= main.top + 1, \
+                  wide: document.documentElement.scrollWidth <= 390 };",
+        json!([]),
+    );
+    assert_eq!(look["background"], "rgb(23, 21, 19)", "dark by the system setting: {look}");
+    assert_eq!(look["stacked"], true, "the list stacks above the session on a phone: {look}");
+    assert_eq!(look["wide"], true, "nothing wider than the phone: {look}");
+
+    browser.click(".tab[data-tab=files]");
+    browser.wait_for("the listing", "document.querySelector('.tree button[data-path=\"dot.png\"]')");
+    browser.click(".tree button[data-path=\"dot.png\"]");
+    browser.wait_for("the image preview", "document.querySelector('.viewer img.preview') && document.querySelector('.viewer img.preview').naturalWidth === 1");
+    browser.click(".tree button[data-path=\"blob.bin\"]");
+    browser.wait_for("the binary described", "document.querySelector('.viewer').textContent.includes('A binary file')");
 }

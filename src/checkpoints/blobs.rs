@@ -34,7 +34,9 @@ impl BlobStore {
         }
         let parent = path.parent().expect("a blob has a directory");
         std::fs::create_dir_all(parent)?;
-        let temporary = parent.join(format!(".{digest}.{}", std::process::id()));
+        // Unique per call: two checkpoints storing the same content at once must not share
+        // (and truncate) one temporary file.
+        let temporary = parent.join(format!(".{digest}.{}", uuid::Uuid::new_v4().simple()));
         let mut file = std::fs::File::create(&temporary)?;
         file.write_all(content)?;
         file.sync_all()?;
@@ -75,5 +77,31 @@ impl BlobStore {
             .filter_map(|file| file.file_name().into_string().ok())
             .filter(|name| name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_content_stored_at_once_from_many_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(BlobStore::new(dir.path()));
+        for round in 0..20 {
+            let content = format!("round {round}").repeat(10_000).into_bytes();
+            let digest = BlobStore::digest(&content);
+            let puts: Vec<_> = (0..4)
+                .map(|_| {
+                    let (store, content, digest) = (store.clone(), content.clone(), digest.clone());
+                    std::thread::spawn(move || store.put(&digest, &content))
+                })
+                .collect();
+            for put in puts {
+                put.join().unwrap().expect("every put succeeds");
+            }
+            assert_eq!(store.get(&digest).unwrap(), content);
+        }
+        assert_eq!(store.digests().len(), 20);
     }
 }

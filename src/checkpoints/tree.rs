@@ -41,7 +41,13 @@ pub fn walk(root: &Path, limits: Limits) -> Result<Vec<Found>, WalkError> {
     let (mut files, mut bytes) = (0u64, 0u64);
     let mut pending = vec![(root.to_path_buf(), String::new())];
     while let Some((dir, prefix)) = pending.pop() {
-        let mut children: Vec<_> = std::fs::read_dir(&dir).map_err(WalkError::Io)?.flatten().collect();
+        let listing = match std::fs::read_dir(&dir) {
+            Ok(listing) => listing,
+            // A directory removed since its parent was listed: not part of this walk.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound && !prefix.is_empty() => continue,
+            Err(error) => return Err(WalkError::Io(error)),
+        };
+        let mut children: Vec<_> = listing.flatten().collect();
         children.sort_by_key(|entry| entry.file_name());
         for child in children {
             let Some(name) = child.file_name().to_str().map(str::to_string) else { continue };

@@ -330,3 +330,62 @@ fn images_binaries_dark_mode_and_a_phone_width() {
     browser.click(".tree button[data-path=\"blob.bin\"]");
     browser.wait_for("the binary described", "document.querySelector('.viewer').textContent.includes('A binary file')");
 }
+
+#[test]
+fn the_list_is_live_a_dropped_stream_catches_up_and_sessions_are_renamed_and_deleted() {
+    let Some(browser) = browser() else { return };
+    let mut server = TestServer::start();
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+
+    // A session made elsewhere appears in the list without a reload.
+    let id = server.create_session(json!({ "title": "Made by curl" }));
+    let link = format!("document.querySelector('.session-link[data-id=\"{id}\"]')");
+    browser.wait_for("the session in the list", &link);
+    browser.click(&format!(".session-link[data-id=\"{id}\"]"));
+    browser.wait_for(
+        "the session view",
+        "document.querySelector('.session-title') && document.querySelector('.connection:not(.down)')",
+    );
+    send_in_page(&browser, "before the drop");
+    browser.wait_for("the first run's end", "document.querySelectorAll('.run-end.completed').length === 1");
+
+    // The server goes away: the page says so, and once it is back on the same address the
+    // page catches up with what happened while it was away (replay and a refetch).
+    let addr = server.base.trim_start_matches("http://").to_string();
+    server.stop();
+    browser.wait_for("the stream marked down", "document.querySelector('.connection.down')");
+    server.restart(|config| config.server.addr = addr.clone());
+    server.run_to_end(&id, "while the page was away");
+    let renamed = server.patch(&format!("/api/sessions/{id}"), json!({ "title": "Renamed by curl" }));
+    assert_eq!(renamed.status, 200, "{}", renamed.text);
+    browser.wait_for("the stream live again", "document.querySelector('.connection:not(.down)')");
+    browser.wait_for(
+        "the reply made during the drop",
+        "[...document.querySelectorAll('.message.assistant .content')].some(e => e.textContent.includes('Echo: while the page was away'))",
+    );
+    browser.wait_for("the new title", "document.querySelector('.session-title').textContent === 'Renamed by curl'");
+
+    // Rename in the page: click the title, type, Enter.
+    browser.click(".session-title");
+    browser.eval(
+        "const input = document.querySelector('input.rename'); input.value = 'Renamed in the page'; \
+         input.dispatchEvent(new KeyboardEvent('keydown', { key: 'Enter', bubbles: true }));",
+        json!([]),
+    );
+    browser
+        .wait_for("the page's title", "document.querySelector('.session-title').textContent === 'Renamed in the page'");
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).json["session"]["title"], "Renamed in the page");
+
+    // Delete asks first: Cancel keeps it, Delete removes it from the server and the list.
+    browser.click(".session-header button.danger");
+    browser.wait_for("the confirmation", "document.querySelector('.dialog button.danger')");
+    browser.click(".dialog button:not(.danger)");
+    browser.wait_for("the dialog gone", "!document.querySelector('.overlay')");
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).status, 200);
+    browser.click(".session-header button.danger");
+    browser.wait_for("the confirmation", "document.querySelector('.dialog button.danger')");
+    browser.click(".dialog button.danger");
+    browser.wait_for("the session gone from the list", &format!("!{link}"));
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).status, 404);
+}

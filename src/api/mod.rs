@@ -2,6 +2,8 @@
 
 pub mod bae;
 pub mod kestrel;
+pub mod openapi;
+pub mod routes;
 
 use std::sync::Arc;
 
@@ -39,4 +41,28 @@ impl Handler for MainDoor {
     fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply {
         self.door(path).edge_error(path, error)
     }
+}
+
+/// Which listener a route is served on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    Main,
+    Admin,
+}
+
+/// Every route the server serves, as `(port, method, OpenAPI path)`: the rows of the three
+/// doors' tables. HEAD, which GET routes of the static files and of BAE's client door also
+/// answer, is not listed.
+pub fn route_table() -> Vec<(Port, &'static str, String)> {
+    fn rows<K>(port: Port, table: &[routes::RouteDef<K>]) -> Vec<(Port, &'static str, String)> {
+        let each = |route: &routes::RouteDef<K>| {
+            let path = routes::openapi_path(route.template);
+            route.methods.iter().filter(|m| **m != "HEAD").map(move |method| (port, *method, path.clone()))
+        };
+        table.iter().flat_map(each).collect()
+    }
+    let mut all = rows(Port::Main, kestrel::ROUTES);
+    all.extend(rows(Port::Main, bae::ROUTES));
+    all.extend(rows(Port::Admin, bae::admin::ROUTES));
+    all
 }

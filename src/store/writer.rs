@@ -406,6 +406,18 @@ mod tests {
         writer.shutdown();
     }
 
+    /// Opens the store again. Another test's child process, between its fork and its exec,
+    /// can hold a copy of the lock's descriptor for a moment: wait that out, with a deadline.
+    fn reopen(dir: &std::path::Path) -> (Store, crate::store::WriterHandle) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match Store::open(dir) {
+                Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => std::thread::yield_now(),
+                opened => return opened.unwrap(),
+            }
+        }
+    }
+
     #[test]
     fn interrupt_running_and_a_reopen_keep_everything() {
         let dir = tempfile::tempdir().unwrap();
@@ -413,7 +425,7 @@ mod tests {
         store.write(vec![session("s1"), append("s1")]).unwrap();
         store.write_detached(vec![append("s1")]).unwrap();
         writer.shutdown(); // commits the detached write before stopping
-        let (store, writer) = Store::open(dir.path()).unwrap();
+        let (store, writer) = reopen(dir.path());
         store.write(vec![WriteOp::InterruptRunning { updated_at: "2026-01-02T00:00:00.000Z".into() }]).unwrap();
         let record = store.readers().session("s1").unwrap().unwrap();
         assert_eq!(record.summary.status, SessionStatus::Interrupted);

@@ -17,6 +17,7 @@ mod http;
 mod idempotency;
 mod mcp;
 mod migrate;
+mod openapi;
 mod plugins;
 mod providers;
 mod restart;

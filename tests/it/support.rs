@@ -52,6 +52,12 @@ fn start_in_this_process(config: Config) -> Server {
     }
 }
 
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl TestServer {
     pub fn start() -> TestServer {
         TestServer::start_with(|_| {})
@@ -74,12 +80,18 @@ impl TestServer {
         let workspace = config.agent.workspace.clone().unwrap();
         let server = start_in_this_process(config);
         let base = format!("http://{}", server.addr());
+        if let Some(admin) = server.admin_addr() {
+            crate::openapi::admin_port_at(&format!("http://{admin}"));
+        }
         TestServer { server: Some(server), base, token, data_dir, workspace, _dirs: None }
     }
 
     /// Stops the server but keeps its directories, so a new one can start on them.
     pub fn stop(&mut self) {
         if let Some(server) = self.server.take() {
+            if let Some(admin) = server.admin_addr() {
+                crate::openapi::admin_port_gone(&format!("http://{admin}"));
+            }
             server.shutdown();
         }
     }
@@ -92,6 +104,10 @@ impl TestServer {
         let dirs = self._dirs.take();
         *self = TestServer::from_config(config);
         self._dirs = dirs;
+    }
+
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.server.as_ref().unwrap().admin_addr()
     }
 
     pub fn stats(&self) -> kestrel::Stats {
@@ -245,7 +261,9 @@ impl Client {
             .into_iter()
             .map(|name| (name.clone(), response.header(&name).unwrap_or("").to_string()))
             .collect();
+        let content_type = response.header("content-type").map(str::to_string);
         let text = response.into_string().unwrap_or_default();
+        crate::openapi::check(&self.base, method, path, status, content_type.as_deref(), &text);
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
         Response { status, text, json, headers }
     }

@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use super::problem::Problem;
 use super::{authenticate, body, events_page, json_reply, page};
+use crate::api::routes::{self, RouteDef};
 use crate::auth::keys::KeyRole;
 use crate::config::Config;
 use crate::engine::bae::ProfileInput;
@@ -29,51 +30,42 @@ pub struct AdminApi {
     mcp_servers: Value,
 }
 
+/// What a route of the admin door is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route<'a> {
+pub enum Kind {
+    OpenApi,
     Profiles,
-    Profile(&'a str),
+    Profile,
     Keys,
-    Key(&'a str),
+    Key,
     Sessions,
-    SessionEvents(&'a str),
+    SessionEvents,
     McpServers,
     Providers,
     Config,
     SandboxStatus,
 }
 
-impl<'a> Route<'a> {
-    fn parse(path: &'a str) -> Option<Route<'a>> {
-        let rest = path.strip_prefix("/admin/v1/")?;
-        let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
-        if segments.iter().any(|segment| segment.is_empty()) {
-            return None;
-        }
-        Some(match segments.as_slice() {
-            ["profiles"] => Route::Profiles,
-            ["profiles", id] => Route::Profile(id),
-            ["keys"] => Route::Keys,
-            ["keys", id] => Route::Key(id),
-            ["sessions"] => Route::Sessions,
-            ["sessions", id, "events"] => Route::SessionEvents(id),
-            ["mcp-servers"] => Route::McpServers,
-            ["providers"] => Route::Providers,
-            ["config"] => Route::Config,
-            ["sandbox-status"] => Route::SandboxStatus,
-            _ => return None,
-        })
-    }
-
-    fn methods(self) -> &'static [&'static str] {
-        match self {
-            Route::Profiles | Route::Keys => &["GET", "POST"],
-            Route::Profile(_) => &["GET", "PUT", "DELETE"],
-            Route::Key(_) => &["DELETE"],
-            _ => &["GET"],
-        }
-    }
+const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
+    RouteDef { template, methods, kind }
 }
+
+const GET: &[&str] = &["GET"];
+
+/// Every route of the admin door. The OpenAPI document is public; the rest need the admin key.
+pub const ROUTES: &[RouteDef<Kind>] = &[
+    row("/admin/openapi.json", GET, Kind::OpenApi),
+    row("/admin/v1/profiles", &["GET", "POST"], Kind::Profiles),
+    row("/admin/v1/profiles/{id}", &["GET", "PUT", "DELETE"], Kind::Profile),
+    row("/admin/v1/keys", &["GET", "POST"], Kind::Keys),
+    row("/admin/v1/keys/{id}", &["DELETE"], Kind::Key),
+    row("/admin/v1/sessions", GET, Kind::Sessions),
+    row("/admin/v1/sessions/{id}/events", GET, Kind::SessionEvents),
+    row("/admin/v1/mcp-servers", GET, Kind::McpServers),
+    row("/admin/v1/providers", GET, Kind::Providers),
+    row("/admin/v1/config", GET, Kind::Config),
+    row("/admin/v1/sandbox-status", GET, Kind::SandboxStatus),
+];
 
 /// Fixed views for the read-only routes.
 pub struct AdminViews {
@@ -95,45 +87,49 @@ impl AdminApi {
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
         let path = request.path().to_string();
-        if !path.starts_with("/admin/v1/") {
-            return Err(Problem::not_found(format!("no route for {path}")));
+        let not_found = || Problem::not_found(format!("no route for {path}"));
+        if path == "/admin/openapi.json" && request.method() == "GET" {
+            return Ok(crate::api::openapi::admin_document());
         }
-        if !self.auth_disabled {
+        if !path.starts_with("/admin/v1/") && path != "/admin/openapi.json" {
+            return Err(not_found());
+        }
+        // The key is checked before the route, so a caller without one learns nothing of them.
+        if !self.auth_disabled && path != "/admin/openapi.json" {
             authenticate(&self.engine, request, KeyRole::Admin)?;
         }
-        let route = Route::parse(&path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        let found = routes::find(ROUTES, &path).ok_or_else(not_found)?;
         let method = request.method().to_string();
-        if !route.methods().contains(&method.as_str()) {
-            return Err(Problem::new(
-                405,
-                "method_not_allowed",
-                format!("{path} accepts {}", route.methods().join(", ")),
-            ));
+        let methods = found.route.methods;
+        if !methods.contains(&method.as_str()) {
+            return Err(Problem::method_not_allowed(&path, methods));
         }
-        match (route, method.as_str()) {
-            (Route::Profiles, "POST") => self.create_profile(request),
-            (Route::Profiles, _) => self.list_profiles(request),
-            (Route::Profile(id), "GET") => Ok(json_reply(200, &profile_view(&self.engine.bae_profile(id)?))),
-            (Route::Profile(id), "PUT") => self.replace_profile(request, id),
-            (Route::Profile(id), _) => {
+        let id = found.param(0);
+        match (found.kind(), method.as_str()) {
+            (Kind::OpenApi, _) => unreachable!("answered before authentication"),
+            (Kind::Profiles, "POST") => self.create_profile(request),
+            (Kind::Profiles, _) => self.list_profiles(request),
+            (Kind::Profile, "GET") => Ok(json_reply(200, &profile_view(&self.engine.bae_profile(id)?))),
+            (Kind::Profile, "PUT") => self.replace_profile(request, id),
+            (Kind::Profile, _) => {
                 self.engine.bae_delete_profile(id)?;
                 Ok(Reply::Empty { status: 204 })
             }
-            (Route::Keys, "POST") => self.create_key(request),
-            (Route::Keys, _) => self.list_keys(request),
-            (Route::Key(id), _) => {
+            (Kind::Keys, "POST") => self.create_key(request),
+            (Kind::Keys, _) => self.list_keys(request),
+            (Kind::Key, _) => {
                 self.engine.bae_revoke_key(id)?;
                 Ok(Reply::Empty { status: 204 })
             }
-            (Route::Sessions, _) => self.list_sessions(request),
-            (Route::SessionEvents(id), _) => match self.engine.bae_session(id)? {
+            (Kind::Sessions, _) => self.list_sessions(request),
+            (Kind::SessionEvents, _) => match self.engine.bae_session(id)? {
                 Some(session) => events_page(&self.engine, request, &session.id),
                 None => Err(Problem::not_found(format!("no session {id}"))),
             },
-            (Route::McpServers, _) => Ok(json_reply(200, &self.mcp_servers)),
-            (Route::Providers, _) => Ok(json_reply(200, &self.providers)),
-            (Route::Config, _) => Ok(json_reply(200, &self.config)),
-            (Route::SandboxStatus, _) => self.sandbox_status(),
+            (Kind::McpServers, _) => Ok(json_reply(200, &self.mcp_servers)),
+            (Kind::Providers, _) => Ok(json_reply(200, &self.providers)),
+            (Kind::Config, _) => Ok(json_reply(200, &self.config)),
+            (Kind::SandboxStatus, _) => self.sandbox_status(),
         }
     }
 

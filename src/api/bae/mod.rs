@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::api::routes::{self, RouteDef};
 use crate::auth::keys::KeyRole;
 use crate::auth::{self, BearerError};
 use crate::engine::bae::{Attached, BaeError, Denied};
@@ -31,48 +32,34 @@ pub struct ClientApi {
     engine: Engine,
 }
 
+/// What a route of the client door is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route<'a> {
+pub enum Kind {
     Health,
     Meta,
     Sessions,
-    Session(&'a str),
-    Join(&'a str),
-    Events(&'a str),
-    Participants(&'a str),
-    Rpc(&'a str),
+    Session,
+    Join,
+    Events,
+    Participants,
+    Rpc,
 }
 
-impl<'a> Route<'a> {
-    fn parse(path: &'a str) -> Option<Route<'a>> {
-        if path == "/healthz" {
-            return Some(Route::Health);
-        }
-        let rest = path.strip_prefix("/api/v1/")?;
-        let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
-        if segments.iter().any(|segment| segment.is_empty()) {
-            return None;
-        }
-        Some(match segments.as_slice() {
-            ["meta"] => Route::Meta,
-            ["sessions"] => Route::Sessions,
-            ["sessions", id] => Route::Session(id),
-            ["sessions", id, "join"] => Route::Join(id),
-            ["sessions", id, "events"] => Route::Events(id),
-            ["sessions", id, "participants"] => Route::Participants(id),
-            ["sessions", id, "rpc"] => Route::Rpc(id),
-            _ => return None,
-        })
-    }
-
-    fn method(self) -> &'static str {
-        match self {
-            Route::Health | Route::Meta | Route::Events(_) | Route::Participants(_) => "GET",
-            Route::Sessions | Route::Join(_) | Route::Rpc(_) => "POST",
-            Route::Session(_) => "DELETE",
-        }
-    }
+const fn row(template: &'static str, method: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
+    RouteDef { template, methods: method, kind }
 }
+
+/// Every route of the client door; each has one method, and GET routes answer HEAD too.
+pub const ROUTES: &[RouteDef<Kind>] = &[
+    row("/healthz", &["GET"], Kind::Health),
+    row("/api/v1/meta", &["GET"], Kind::Meta),
+    row("/api/v1/sessions", &["POST"], Kind::Sessions),
+    row("/api/v1/sessions/{session_id}", &["DELETE"], Kind::Session),
+    row("/api/v1/sessions/{session_id}/join", &["POST"], Kind::Join),
+    row("/api/v1/sessions/{session_id}/events", &["GET"], Kind::Events),
+    row("/api/v1/sessions/{session_id}/participants", &["GET"], Kind::Participants),
+    row("/api/v1/sessions/{session_id}/rpc", &["POST"], Kind::Rpc),
+];
 
 /// Whether a path belongs to this door on the main port.
 pub fn owns(path: &str) -> bool {
@@ -86,23 +73,23 @@ impl ClientApi {
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
         let path = request.path().to_string();
-        let route = Route::parse(&path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
         let method = request.method().to_string();
-        let allowed = route.method() == method || (route.method() == "GET" && method == "HEAD");
-        if !allowed {
-            return Err(Problem::new(405, "method_not_allowed", format!("{path} accepts {} only", route.method())));
+        let served = found.route.methods[0];
+        if method != served && !(served == "GET" && method == "HEAD") {
+            let methods: &[&str] = if served == "GET" { &["GET", "HEAD"] } else { found.route.methods };
+            return Err(Problem::method_not_allowed(&path, methods));
         }
-        match route {
-            Route::Health => Ok(Reply::Empty { status: 200 }),
-            Route::Meta => {
-                Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] })))
-            }
-            Route::Sessions => self.open(request),
-            Route::Join(id) => self.join(request, id),
-            Route::Session(id) => self.close(request, id),
-            Route::Events(id) => self.events(request, id),
-            Route::Participants(id) => self.participants(request, id),
-            Route::Rpc(id) => rpc::handle(&self.engine, request, id),
+        let id = found.param(0);
+        match found.kind() {
+            Kind::Health => Ok(Reply::Empty { status: 200 }),
+            Kind::Meta => Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] }))),
+            Kind::Sessions => self.open(request),
+            Kind::Join => self.join(request, id),
+            Kind::Session => self.close(request, id),
+            Kind::Events => self.events(request, id),
+            Kind::Participants => self.participants(request, id),
+            Kind::Rpc => rpc::handle(&self.engine, request, id),
         }
     }
 
@@ -216,14 +203,16 @@ impl Handler for ClientApi {
 
 #[cfg(test)]
 mod tests {
-    use super::Route;
+    use super::{Kind, ROUTES};
+    use crate::api::routes::find;
 
     #[test]
-    fn parses_the_client_routes() {
-        assert_eq!(Route::parse("/healthz"), Some(Route::Health));
-        assert_eq!(Route::parse("/api/v1/sessions/ses_1/rpc"), Some(Route::Rpc("ses_1")));
-        assert_eq!(Route::parse("/api/v1/sessions/ses_1"), Some(Route::Session("ses_1")));
-        assert_eq!(Route::parse("/admin/v1/profiles"), None);
-        assert_eq!(Route::parse("/api/v1/sessions//join"), None);
+    fn routes_the_client_paths() {
+        let kind = |path| find(ROUTES, path).map(|found| (found.kind(), found.param(0)));
+        assert_eq!(kind("/healthz"), Some((Kind::Health, "")));
+        assert_eq!(kind("/api/v1/sessions/ses_1/rpc"), Some((Kind::Rpc, "ses_1")));
+        assert_eq!(kind("/api/v1/sessions/ses_1"), Some((Kind::Session, "ses_1")));
+        assert_eq!(kind("/admin/v1/profiles"), None);
+        assert_eq!(kind("/api/v1/sessions//join"), None);
     }
 }

@@ -7,7 +7,7 @@ pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 200;
 
 /// The cursor (what the previous page ended at; empty or absent: the start) and the limit
-/// (default 50; above 200 is 200; not a positive integer: 400).
+/// (default 50; above 200, however far, is 200; not a positive integer: 400).
 pub fn parse(request: &Request) -> Result<(u64, usize), Problem> {
     let after = match request.query("cursor") {
         None | Some("") => 0,
@@ -17,10 +17,14 @@ pub fn parse(request: &Request) -> Result<(u64, usize), Problem> {
     };
     let limit = match request.query("limit") {
         None => DEFAULT_LIMIT,
-        Some(limit) => match limit.parse::<i64>() {
-            Ok(n) if n > 0 => (n as u64).min(MAX_LIMIT as u64) as usize,
-            _ => return Err(Problem::bad_request("limit must be a positive integer")),
-        },
+        // Any positive integer, however large, means "as many as a page holds".
+        Some(limit) if !limit.is_empty() && limit.bytes().all(|b| b.is_ascii_digit()) => {
+            match limit.trim_start_matches('0') {
+                "" => return Err(Problem::bad_request("limit must be a positive integer")),
+                digits => digits.parse::<usize>().map_or(MAX_LIMIT, |n| n.min(MAX_LIMIT)),
+            }
+        }
+        Some(_) => return Err(Problem::bad_request("limit must be a positive integer")),
     };
     Ok((after, limit))
 }

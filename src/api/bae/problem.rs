@@ -15,6 +15,9 @@ pub struct Problem {
     pub title: &'static str,
     pub status: u16,
     pub detail: String,
+    /// The `Allow` header of a 405.
+    #[serde(skip)]
+    pub allow: Option<String>,
 }
 
 fn title(status: u16) -> &'static str {
@@ -40,7 +43,16 @@ fn title(status: u16) -> &'static str {
 
 impl Problem {
     pub fn new(status: u16, slug: &'static str, detail: impl Into<String>) -> Problem {
-        Problem { slug, title: title(status), status, detail: detail.into() }
+        Problem { slug, title: title(status), status, detail: detail.into(), allow: None }
+    }
+
+    /// A 405 naming the methods `path` accepts, in its detail and its `Allow` header.
+    pub fn method_not_allowed(path: &str, methods: &[&str]) -> Problem {
+        let allow = methods.join(", ");
+        Problem {
+            allow: Some(allow.clone()),
+            ..Problem::new(405, "method_not_allowed", format!("{path} accepts {allow}"))
+        }
     }
 
     pub fn bad_request(detail: impl Into<String>) -> Problem {
@@ -63,7 +75,8 @@ impl Problem {
 
     pub fn into_reply(self) -> Reply {
         let body = serde_json::to_vec(&self).unwrap_or_default();
-        Reply::Json { status: self.status, body, headers: Vec::new() }
+        let headers = self.allow.map(|allow| vec![("Allow", allow)]).unwrap_or_default();
+        Reply::Json { status: self.status, body, headers }
     }
 }
 

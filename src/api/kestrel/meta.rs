@@ -50,11 +50,7 @@ pub fn plugins(api: &KestrelApi) -> Result<Reply, ApiError> {
 }
 
 /// `GET /plugins/<id>/web/<path>`: a file of a plugin's `web/` tree, with its content type.
-pub fn plugin_asset(api: &KestrelApi, method: &str, rest: &str) -> Result<Reply, ApiError> {
-    if method != "GET" && method != "HEAD" {
-        return Err(ApiError::method_not_allowed(&["GET", "HEAD"]));
-    }
-    let Some((id, path)) = rest.split_once("/web/") else { return Err(ApiError::not_found()) };
+pub fn plugin_asset(api: &KestrelApi, id: &str, path: &str) -> Result<Reply, ApiError> {
     match api.plugins.asset(id, path) {
         Ok((body, content_type)) => Ok(Reply::File { content_type, body, cache_control: "no-cache" }),
         Err(AssetError::NotFound) => Err(ApiError::not_found()),

@@ -19,6 +19,7 @@ mod wire;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::api::routes::{self, RouteDef};
 use crate::auth::{self, Principal, TokenSet};
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
@@ -52,73 +53,68 @@ pub struct Caller {
     pub tenant: String,
 }
 
-/// Every route of the protocol, with its path parameters.
+/// What a route of this door is; its path parameters come with the match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route<'a> {
+pub enum Kind {
+    Console,
+    Asset,
+    PluginAsset,
+    OpenApi,
     Health,
     Bootstrap,
     Config,
     Plugins,
     PluginEvents,
     Sessions,
-    Session(&'a str),
-    Messages(&'a str),
-    Cancel(&'a str),
-    Resume(&'a str),
-    Rewind(&'a str),
-    SessionEvents(&'a str),
-    Approval(&'a str, &'a str),
-    Files(&'a str),
-    File(&'a str),
-    Checkpoints(&'a str),
-    CheckpointRestore(&'a str, &'a str),
+    Session,
+    Messages,
+    Cancel,
+    Resume,
+    Rewind,
+    SessionEvents,
+    Approval,
+    Files,
+    File,
+    Checkpoints,
+    CheckpointRestore,
     Events,
 }
 
-impl<'a> Route<'a> {
-    fn parse(path: &'a str) -> Option<Route<'a>> {
-        let rest = path.strip_prefix("/api/")?;
-        let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
-        if segments.iter().any(|segment| segment.is_empty()) {
-            return None;
-        }
-        Some(match segments.as_slice() {
-            ["health"] => Route::Health,
-            ["bootstrap"] => Route::Bootstrap,
-            ["config"] => Route::Config,
-            ["plugins"] => Route::Plugins,
-            ["plugins", "events"] => Route::PluginEvents,
-            ["events"] => Route::Events,
-            ["sessions"] => Route::Sessions,
-            ["sessions", id] => Route::Session(id),
-            ["sessions", id, "messages"] => Route::Messages(id),
-            ["sessions", id, "cancel"] => Route::Cancel(id),
-            ["sessions", id, "resume"] => Route::Resume(id),
-            ["sessions", id, "rewind"] => Route::Rewind(id),
-            ["sessions", id, "events"] => Route::SessionEvents(id),
-            ["sessions", id, "approvals", approval] => Route::Approval(id, approval),
-            ["sessions", id, "files"] => Route::Files(id),
-            ["sessions", id, "file"] => Route::File(id),
-            ["sessions", id, "checkpoints"] => Route::Checkpoints(id),
-            ["sessions", id, "checkpoints", checkpoint, "restore"] => Route::CheckpointRestore(id, checkpoint),
-            _ => return None,
-        })
-    }
-
-    fn methods(self) -> &'static [&'static str] {
-        match self {
-            Route::Sessions | Route::Checkpoints(_) => &["GET", "POST"],
-            Route::Session(_) => &["GET", "PATCH", "DELETE"],
-            Route::Messages(_)
-            | Route::Cancel(_)
-            | Route::Resume(_)
-            | Route::Rewind(_)
-            | Route::Approval(..)
-            | Route::CheckpointRestore(..) => &["POST"],
-            _ => &["GET"],
-        }
-    }
+const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
+    RouteDef { template, methods, kind }
 }
+
+const GET: &[&str] = &["GET"];
+const POST: &[&str] = &["POST"];
+const STATIC: &[&str] = &["GET", "HEAD"];
+
+/// Every route of the Kestrel door on the main port (BAE's client routes are matched first,
+/// by `bae::owns`). `/metrics` is served here only when there is no admin port.
+pub const ROUTES: &[RouteDef<Kind>] = &[
+    row("/", STATIC, Kind::Console),
+    row("/index.html", STATIC, Kind::Console),
+    row("/assets/{fingerprint}/{file}", STATIC, Kind::Asset),
+    row("/plugins/{plugin}/web/{path*}", STATIC, Kind::PluginAsset),
+    row("/api/openapi.json", GET, Kind::OpenApi),
+    row("/api/health", GET, Kind::Health),
+    row("/api/bootstrap", GET, Kind::Bootstrap),
+    row("/api/config", GET, Kind::Config),
+    row("/api/plugins", GET, Kind::Plugins),
+    row("/api/plugins/events", GET, Kind::PluginEvents),
+    row("/api/events", GET, Kind::Events),
+    row("/api/sessions", &["GET", "POST"], Kind::Sessions),
+    row("/api/sessions/{id}", &["GET", "PATCH", "DELETE"], Kind::Session),
+    row("/api/sessions/{id}/messages", POST, Kind::Messages),
+    row("/api/sessions/{id}/cancel", POST, Kind::Cancel),
+    row("/api/sessions/{id}/resume", POST, Kind::Resume),
+    row("/api/sessions/{id}/rewind", POST, Kind::Rewind),
+    row("/api/sessions/{id}/events", GET, Kind::SessionEvents),
+    row("/api/sessions/{id}/approvals/{approvalId}", POST, Kind::Approval),
+    row("/api/sessions/{id}/files", GET, Kind::Files),
+    row("/api/sessions/{id}/file", GET, Kind::File),
+    row("/api/sessions/{id}/checkpoints", &["GET", "POST"], Kind::Checkpoints),
+    row("/api/sessions/{id}/checkpoints/{checkpointId}/restore", POST, Kind::CheckpointRestore),
+];
 
 impl KestrelApi {
     pub fn new(
@@ -145,46 +141,47 @@ impl KestrelApi {
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, ApiError> {
         let path = request.path().to_string();
-        // The console and plugins' web assets are static files, never authenticated (as the
-        // spec says).
-        if let Some(served) = crate::console::serve(&path) {
-            return console_file(request.method(), served);
-        }
-        if let Some(rest) = path.strip_prefix("/plugins/") {
-            return meta::plugin_asset(self, request.method(), rest);
-        }
-        let route = Route::parse(&path).ok_or_else(ApiError::not_found)?;
+        let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
         let method = request.method().to_string();
-        if !route.methods().contains(&method.as_str()) {
-            return Err(ApiError::method_not_allowed(route.methods()));
+        if !found.route.methods.contains(&method.as_str()) {
+            return Err(ApiError::method_not_allowed(found.route.methods));
         }
-        if route == Route::Health {
-            return meta::health(self);
+        let (id, second) = (found.param(0), found.param(1));
+        // Static files (the console, plugins' web assets), the health check and the OpenAPI
+        // document are never authenticated (as the spec says for static assets).
+        match found.kind() {
+            Kind::Console | Kind::Asset => return console_file(&path),
+            Kind::PluginAsset => return meta::plugin_asset(self, id, found.param(1)),
+            Kind::Health => return meta::health(self),
+            Kind::OpenApi => return Ok(crate::api::openapi::main_document()),
+            _ => {}
         }
         let caller = self.authenticate(request)?;
-        match (route, method.as_str()) {
-            (Route::Bootstrap, _) => meta::bootstrap(self),
-            (Route::Config, _) => Ok(json(200, &self.config_view)),
-            (Route::Plugins, _) => meta::plugins(self),
-            (Route::Sessions, "GET") => sessions::list(self, &caller),
-            (Route::Sessions, _) => sessions::create(self, &caller, request),
-            (Route::Session(id), "GET") => sessions::get(self, &caller, id, request),
-            (Route::Session(id), "PATCH") => sessions::patch(self, &caller, id, request),
-            (Route::Session(id), _) => sessions::delete(self, &caller, id),
-            (Route::Messages(id), _) => runs::send(self, &caller, id, request),
-            (Route::Cancel(id), _) => runs::cancel(self, &caller, id),
-            (Route::Resume(id), _) => runs::resume(self, &caller, id),
-            (Route::Events, _) => events::all(self, &caller, request),
-            (Route::SessionEvents(id), _) => events::session(self, &caller, id, request),
-            (Route::Approval(id, approval), _) => approvals::resolve(self, &caller, id, approval, request),
-            (Route::Files(id), _) => files::list(self, &caller, id, request),
-            (Route::File(id), _) => files::read(self, &caller, id, request, self.file_read_limit),
-            (Route::Checkpoints(id), "GET") => checkpoints::list(self, &caller, id),
-            (Route::Checkpoints(id), _) => checkpoints::create(self, &caller, id, request),
-            (Route::CheckpointRestore(id, checkpoint), _) => checkpoints::restore(self, &caller, id, checkpoint),
-            (Route::Rewind(id), _) => checkpoints::rewind(self, &caller, id, request),
-            (Route::PluginEvents, _) => events::plugins(self, &caller),
-            (Route::Health, _) => unreachable!("answered before authentication"),
+        match (found.kind(), method.as_str()) {
+            (Kind::Bootstrap, _) => meta::bootstrap(self),
+            (Kind::Config, _) => Ok(json(200, &self.config_view)),
+            (Kind::Plugins, _) => meta::plugins(self),
+            (Kind::Sessions, "GET") => sessions::list(self, &caller),
+            (Kind::Sessions, _) => sessions::create(self, &caller, request),
+            (Kind::Session, "GET") => sessions::get(self, &caller, id, request),
+            (Kind::Session, "PATCH") => sessions::patch(self, &caller, id, request),
+            (Kind::Session, _) => sessions::delete(self, &caller, id),
+            (Kind::Messages, _) => runs::send(self, &caller, id, request),
+            (Kind::Cancel, _) => runs::cancel(self, &caller, id),
+            (Kind::Resume, _) => runs::resume(self, &caller, id),
+            (Kind::Events, _) => events::all(self, &caller, request),
+            (Kind::SessionEvents, _) => events::session(self, &caller, id, request),
+            (Kind::Approval, _) => approvals::resolve(self, &caller, id, second, request),
+            (Kind::Files, _) => files::list(self, &caller, id, request),
+            (Kind::File, _) => files::read(self, &caller, id, request, self.file_read_limit),
+            (Kind::Checkpoints, "GET") => checkpoints::list(self, &caller, id),
+            (Kind::Checkpoints, _) => checkpoints::create(self, &caller, id, request),
+            (Kind::CheckpointRestore, _) => checkpoints::restore(self, &caller, id, second),
+            (Kind::Rewind, _) => checkpoints::rewind(self, &caller, id, request),
+            (Kind::PluginEvents, _) => events::plugins(self, &caller),
+            (Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi, _) => {
+                unreachable!("answered before authentication")
+            }
         }
     }
 }
@@ -203,15 +200,12 @@ impl Handler for KestrelApi {
     }
 }
 
-fn console_file(method: &str, served: crate::console::Served) -> Result<Reply, ApiError> {
-    if method != "GET" && method != "HEAD" {
-        return Err(ApiError::method_not_allowed(&["GET", "HEAD"]));
-    }
-    match served {
-        crate::console::Served::File { body, content_type, cache_control } => {
+fn console_file(path: &str) -> Result<Reply, ApiError> {
+    match crate::console::serve(path) {
+        Some(crate::console::Served::File { body, content_type, cache_control }) => {
             Ok(Reply::File { content_type, body, cache_control })
         }
-        crate::console::Served::NotFound => Err(ApiError::not_found()),
+        _ => Err(ApiError::not_found()),
     }
 }
 
@@ -225,15 +219,18 @@ fn json(status: u16, value: &impl serde::Serialize) -> Reply {
 
 #[cfg(test)]
 mod tests {
-    use super::Route;
+    use super::{Kind, ROUTES};
+    use crate::api::routes::find;
 
     #[test]
-    fn parses_the_route_table() {
-        assert_eq!(Route::parse("/api/sessions/abc/events"), Some(Route::SessionEvents("abc")));
-        assert_eq!(Route::parse("/api/sessions/a/approvals/b"), Some(Route::Approval("a", "b")));
-        assert_eq!(Route::parse("/api/sessions/"), Some(Route::Sessions));
-        assert_eq!(Route::parse("/api/sessions//messages"), None);
-        assert_eq!(Route::parse("/api/nope"), None);
-        assert_eq!(Route::parse("/elsewhere"), None);
+    fn routes_by_the_table() {
+        let kind = |path| find(ROUTES, path).map(|found| (found.kind(), found.param(0), found.param(1)));
+        assert_eq!(kind("/api/sessions/abc/events"), Some((Kind::SessionEvents, "abc", "")));
+        assert_eq!(kind("/api/sessions/a/approvals/b"), Some((Kind::Approval, "a", "b")));
+        assert_eq!(kind("/api/sessions/"), Some((Kind::Sessions, "", "")));
+        assert_eq!(kind("/plugins/p/web/a/b.js"), Some((Kind::PluginAsset, "p", "a/b.js")));
+        assert_eq!(kind("/api/sessions//messages"), None);
+        assert_eq!(kind("/api/nope"), None);
+        assert_eq!(kind("/elsewhere"), None);
     }
 }

@@ -57,7 +57,11 @@ pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Resul
 
 /// `?compacted=true` also shows the messages a compaction replaced (`hidden: true`), for audit.
 pub fn get(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
-    let with_compacted = request.query("compacted") == Some("true");
+    let with_compacted = match request.query("compacted") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::bad_request("invalid_query", "`compacted` must be true or false")),
+    };
     let session = api.engine.session_with(&caller.tenant, id, with_compacted)?;
     Ok(json(200, &OneSession { session: WireSession::from(&session) }))
 }

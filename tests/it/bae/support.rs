@@ -111,7 +111,9 @@ pub fn send(base: &str, method: &str, path: &str, key: Option<&str>, body: Optio
         .into_iter()
         .map(|n| (n.clone(), response.header(&n).unwrap_or("").to_string()))
         .collect();
+    let content_type = response.header("content-type").map(str::to_string);
     let text = response.into_string().unwrap_or_default();
+    crate::openapi::check(base, method, path, status, content_type.as_deref(), &text);
     let json = serde_json::from_str(&text).unwrap_or(Value::Null);
     Response { status, text, json, headers }
 }

@@ -293,6 +293,7 @@ impl Server {
         let echo = EchoProvider {
             delay: Duration::from_millis(config.builtin.delay_ms),
             context_window: config.builtin.context_window,
+            pricing: config.builtin.pricing.clone(),
         };
         let mut models = ModelRegistry::from_config(&config, echo, &|name| std::env::var(name).ok())
             .map_err(StartError::Providers)?;

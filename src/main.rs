@@ -28,7 +28,8 @@ fn main() -> ExitCode {
 fn serve(args: &ServeArgs) -> ExitCode {
     // BAE's name for the log filter works too; RUST_LOG wins.
     let filter = std::env::var("RUST_LOG").or_else(|_| std::env::var("BAE_LOG")).unwrap_or_else(|_| "info".into());
-    env_logger::Builder::new().parse_filters(&filter).init();
+    let format = kestrel::logging::LogFormat::from_env(std::env::var("KESTREL_LOG_FORMAT").ok().as_deref());
+    kestrel::logging::init(&filter, format);
     let mut config = match Config::load(args.config.as_deref(), &|name| std::env::var(name).ok()) {
         Ok(config) => config,
         Err(error) => return fail(&error),

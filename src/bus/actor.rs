@@ -313,6 +313,10 @@ impl BusActor {
         if batch.is_empty() {
             return;
         }
+        let metrics = crate::metrics::get();
+        for envelope in batch.iter() {
+            metrics.observe(&envelope.event);
+        }
         for (index, render) in self.config.renderers.iter().enumerate() {
             let Some(render) = render else { continue };
             let format = Format::ALL[index];
@@ -340,6 +344,7 @@ impl BusActor {
             let pending = subscriber.pending.load(Ordering::Relaxed);
             if pending > 0 && pending + wanted.len() > capacity {
                 log::debug!("dropping a subscriber that fell behind at seq {}", wanted[0].seq);
+                crate::metrics::get().bus_dropped.inc();
                 return false;
             }
             subscriber.pending.fetch_add(wanted.len(), Ordering::Relaxed);

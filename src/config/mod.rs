@@ -100,6 +100,10 @@ pub struct ModelConfig {
     /// servers get none unless it is set.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// Prices per million tokens; `run.finished` usage and the session detail then carry the
+    /// cost, and `/metrics` counts it.
+    #[serde(default)]
+    pub pricing: Option<crate::domain::ModelPricing>,
 }
 
 impl ProviderConfig {
@@ -132,6 +136,7 @@ impl ModelConfig {
             supports_tools: true,
             supports_reasoning: false,
             max_tokens: None,
+            pricing: None,
         }
     }
 }
@@ -247,6 +252,8 @@ pub struct BuiltinConfig {
     pub delay_ms: u64,
     /// The `contextWindow` `builtin/echo` reports, in tokens (small values make it compact).
     pub context_window: u64,
+    /// Prices for `builtin/echo`'s counted tokens, to try cost reporting offline.
+    pub pricing: Option<crate::domain::ModelPricing>,
 }
 
 impl Default for ServerConfig {
@@ -290,7 +297,7 @@ impl Default for AgentConfig {
 
 impl Default for BuiltinConfig {
     fn default() -> Self {
-        BuiltinConfig { delay_ms: 15, context_window: 1_000_000 }
+        BuiltinConfig { delay_ms: 15, context_window: 1_000_000, pricing: None }
     }
 }
 

@@ -213,6 +213,22 @@ impl Engine {
         Ok(self.shared.store.readers().session_count()?)
     }
 
+    /// `/metrics`: the levels read when scraped, then every family as text.
+    pub fn render_metrics(&self) -> Result<Vec<u8>, EngineError> {
+        let metrics = crate::metrics::get();
+        metrics.sessions.reset();
+        for status in ["idle", "running", "interrupted", "error", "cancelled"] {
+            metrics.sessions.with_label_values(&[status]).set(0);
+        }
+        for (status, count) in self.shared.store.readers().sessions_by_status()? {
+            metrics.sessions.with_label_values(&[status.as_str()]).set(count as i64);
+        }
+        metrics.active_runs.set(self.active_runs() as i64);
+        metrics.bus_subscribers.set(self.bus().subscriber_count() as i64);
+        metrics.writer_queue.set(self.shared.store.queue_depth() as i64);
+        Ok(metrics.render())
+    }
+
     pub fn active_runs(&self) -> usize {
         self.shared.sessions.active_turns()
     }

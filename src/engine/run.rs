@@ -261,6 +261,12 @@ impl Run {
         }
     }
 
+    /// What `usage` of model `model_id` cost, when the model declares prices.
+    fn price(&self, model_id: &str, usage: &Usage) -> Option<crate::domain::Cost> {
+        let pricing = self.shared.models.model_named(model_id)?.pricing.as_ref()?;
+        Some(pricing.cost(usage))
+    }
+
     /// One provider call, streamed to the bus; the answer is stored before it completes.
     fn call_model(
         &self,
@@ -280,7 +286,10 @@ impl Run {
 
         let mut streamed_text = String::new();
         let mut streamed_reasoning = String::new();
+        let called = std::time::Instant::now();
+        let mut first_output = None;
         let mut on_delta = |delta: Delta<'_>| {
+            first_output.get_or_insert_with(|| called.elapsed());
             let (channel, piece) = match delta {
                 Delta::Text(piece) => {
                     streamed_text.push_str(piece);
@@ -298,7 +307,16 @@ impl Run {
                 delta: piece.to_string(),
             });
         };
-        let outcome = provider.complete(&request, &mut on_delta, &self.cancel);
+        let mut outcome = provider.complete(&request, &mut on_delta, &self.cancel);
+        if let Ok(completion) = &mut outcome {
+            completion.usage.cost = self.price(&session.summary.model, &completion.usage);
+        }
+        let (completed, outcome_label) = match &outcome {
+            Ok(completion) => (Some(&completion.usage), "ok"),
+            Err(ProviderError::Cancelled) => (None, "cancelled"),
+            Err(ProviderError::Failed(_)) => (None, "error"),
+        };
+        crate::metrics::get().provider_call(&session.summary.model, outcome_label, completed, first_output);
         let step = match outcome {
             Ok(completion) => {
                 usage.add(&completion.usage);

@@ -251,12 +251,15 @@ impl SessionActor {
     }
 
     fn run(mut self) {
+        let pending = &crate::metrics::get().approvals_pending;
         loop {
+            let waiting = self.approvals.len() as i64;
             let handled = match self.inbox.recv() {
                 Ok(SessionMsg::Op(op)) => catch_unwind(AssertUnwindSafe(|| self.handle(op))),
                 Ok(SessionMsg::Turn(message)) => catch_unwind(AssertUnwindSafe(|| self.turn_said(message))),
                 Err(_) => break,
             };
+            pending.add(self.approvals.len() as i64 - waiting);
             if handled.is_err() {
                 // Its reply channel is gone with the panic, so the caller gets an internal error.
                 log::error!("session {} panicked handling a message; it goes on", self.id);
@@ -266,6 +269,7 @@ impl SessionActor {
                 break;
             }
         }
+        pending.sub(self.approvals.len() as i64);
     }
 
     fn handle(&mut self, op: Op) {

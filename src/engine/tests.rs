@@ -17,7 +17,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None, None] },
     )
     .unwrap();
-    let echo = EchoProvider { delay: Duration::ZERO, context_window: 1_000_000 };
+    let echo = EchoProvider { delay: Duration::ZERO, context_window: 1_000_000, pricing: None };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
     let bae = super::bae::BaeSettings {

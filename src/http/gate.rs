@@ -303,12 +303,19 @@ impl Gate {
         };
         let mut request = super::Request::new(request, self.edge.config.body_limit);
         let handler = self.handler.as_ref();
-        let reply = catch_unwind(AssertUnwindSafe(|| handler.handle(&mut request))).unwrap_or_else(|_| {
-            log::error!("handler panicked on {} {}", request.method(), request.path());
-            handler.internal_error()
+        let started = std::time::Instant::now();
+        let id = super::request_id::for_request(request.header("X-Request-Id"));
+        let reply = super::request_id::within(&id, || {
+            catch_unwind(AssertUnwindSafe(|| handler.handle(&mut request))).unwrap_or_else(|_| {
+                log::error!("handler panicked on {} {}", request.method(), request.path());
+                handler.internal_error()
+            })
         });
+        let route = handler.route_label(request.path());
+        crate::metrics::get().http(route, request.method(), reply.status(), started.elapsed());
         let body_done = forwarder.as_ref().is_none_or(|f| f.is_finished());
-        if let Reply::Stream(stream) = reply {
+        if let Reply::Stream(mut stream) = reply {
+            stream.request_id = Some(id);
             if !body_done {
                 // A stream asked for with a large body still arriving: refused. The read side
                 // goes first, so the body thread stops and tiny_http's drain ends.
@@ -321,7 +328,7 @@ impl Gate {
             return Served::Stream(Box::new(stream));
         }
         let keep_alive = head.keep_alive && body_done && !self.edge.stopping.load(Ordering::SeqCst);
-        let written = respond::reply(self.tcp(), reply, head, &request, keep_alive);
+        let written = respond::reply(self.tcp(), reply, head, &request, keep_alive, id);
         // A body the handler did not read is not waited for: the client has its answer.
         if forwarder.as_ref().is_some_and(|f| !f.is_finished()) {
             let _ = self.tcp().shutdown(std::net::Shutdown::Read);
@@ -343,6 +350,7 @@ impl Gate {
 
     /// Writes the edge's refusal and closes the connection.
     fn refuse(&mut self, path: Option<&str>, error: &EdgeError) -> Next {
+        crate::metrics::get().http("(refused)", "other", error.status(), std::time::Duration::ZERO);
         respond::refusal(self.tcp(), self.handler.as_ref(), path, error);
         linger(self.tcp());
         Next::Close

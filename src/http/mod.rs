@@ -24,6 +24,7 @@ mod chunked;
 mod gate;
 mod head;
 mod listen;
+pub mod request_id;
 mod respond;
 mod sse;
 mod stream;
@@ -59,6 +60,16 @@ pub enum Reply {
     },
     /// A body streamed for as long as it lasts: server-sent events or NDJSON.
     Stream(Stream),
+}
+
+impl Reply {
+    /// The status this reply is sent with (a stream's is 200).
+    pub fn status(&self) -> u16 {
+        match self {
+            Reply::Json { status, .. } | Reply::Empty { status } => *status,
+            Reply::Ndjson(_) | Reply::File { .. } | Reply::Stream(_) => 200,
+        }
+    }
 }
 
 /// Why a body could not be read.
@@ -139,6 +150,11 @@ pub trait Handler: Send + Sync + 'static {
     /// The answer to a request the edge refused; `path` is the request's path when it could be
     /// read, so each protocol can answer in its own error shape.
     fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply;
+    /// The route template `path` falls under, for metrics (never the path itself, whose ids
+    /// would make every request a new series).
+    fn route_label(&self, _path: &str) -> &'static str {
+        "(other)"
+    }
 }
 
 /// One request, as tiny_http parsed it, with its path split from its decoded query.
@@ -261,12 +277,14 @@ impl Gauges {
             return false;
         }
         *open += 1;
+        crate::metrics::get().open_connections.inc();
         true
     }
 
     fn close_connection(&self) {
         let mut open = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         *open = open.saturating_sub(1);
+        crate::metrics::get().open_connections.dec();
         self.connections_done.notify_all();
     }
 }

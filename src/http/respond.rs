@@ -17,7 +17,14 @@ use super::{EdgeError, Handler, Reply, Request, Stream};
 const WATCH_STACK: usize = 64 * 1024;
 
 /// Writes a JSON or empty reply. `keep_alive` false adds `Connection: close`.
-pub fn reply(tcp: &TcpStream, reply: Reply, head: &Head, request: &Request, keep_alive: bool) -> std::io::Result<()> {
+pub fn reply(
+    tcp: &TcpStream,
+    reply: Reply,
+    head: &Head,
+    request: &Request,
+    keep_alive: bool,
+    request_id: String,
+) -> std::io::Result<()> {
     let head_only = head.method.eq_ignore_ascii_case("HEAD");
     let (status, body, headers) = match reply {
         Reply::Json { status, body, headers } => {
@@ -37,6 +44,8 @@ pub fn reply(tcp: &TcpStream, reply: Reply, head: &Head, request: &Request, keep
         }
         Reply::Stream(_) => unreachable!("streams are written by `stream`"),
     };
+    let mut headers = headers;
+    headers.push(("X-Request-Id", request_id));
     write_response(tcp, status, body, &headers, head.version, request.inner.headers(), head_only, keep_alive)
 }
 
@@ -52,6 +61,7 @@ pub fn refusal(tcp: &TcpStream, handler: &dyn Handler, path: Option<&str>, error
         Reply::Ndjson(_) | Reply::File { .. } | Reply::Stream(_) => (error.status(), Vec::new(), Vec::new()),
     };
     let mut headers = headers;
+    headers.push(("X-Request-Id", super::request_id::for_request(None)));
     if matches!(error, EdgeError::TooManyConnections | EdgeError::Unavailable) {
         headers.push(("Retry-After", "1".to_string()));
     }
@@ -105,6 +115,12 @@ pub fn release(request: Request) {
 pub fn stream(tcp: &TcpStream, stream: Stream, version: Version, edge: &Edge) {
     let gauges = edge.gauges();
     gauges.streams.fetch_add(1, Ordering::Relaxed);
+    let framing = match stream.framing {
+        super::Framing::EventStream => "sse",
+        super::Framing::Ndjson => "ndjson",
+    };
+    let open = crate::metrics::get().open_streams.with_label_values(&[framing]);
+    open.inc();
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
     std::thread::scope(|scope| {
         let watcher = std::thread::Builder::new().name("kestrel-watch".into()).stack_size(WATCH_STACK).spawn_scoped(
@@ -126,6 +142,7 @@ pub fn stream(tcp: &TcpStream, stream: Stream, version: Version, edge: &Edge) {
         let _ = tcp.shutdown(std::net::Shutdown::Both);
     });
     gauges.streams.fetch_sub(1, Ordering::Relaxed);
+    open.dec();
 }
 
 /// Blocks until the client closes its side (or resets); what it sends meanwhile is dropped.

@@ -47,11 +47,13 @@ pub enum Framing {
 pub struct Stream {
     pub framing: Framing,
     pub body: Box<dyn StreamBody>,
+    /// Sent as `X-Request-Id` in the head.
+    pub request_id: Option<String>,
 }
 
 impl Stream {
     pub fn new(framing: Framing, body: impl StreamBody + 'static) -> Stream {
-        Stream { framing, body: Box::new(body) }
+        Stream { framing, body: Box::new(body), request_id: None }
     }
 
     /// The response head. HTTP/1.1 clients get chunks; HTTP/1.0 ones get the body until close.
@@ -61,8 +63,9 @@ impl Stream {
             Framing::EventStream => "Content-Type: text/event-stream\r\nX-Accel-Buffering: no\r\n",
             Framing::Ndjson => "Content-Type: application/x-ndjson\r\n",
         };
+        let id = self.request_id.as_deref().map(|id| format!("X-Request-Id: {id}\r\n")).unwrap_or_default();
         format!(
-            "{} 200 OK\r\n{kind}Cache-Control: no-cache, no-transform\r\nConnection: close\r\n{encoding}\r\n",
+            "{} 200 OK\r\n{kind}Cache-Control: no-cache, no-transform\r\n{id}Connection: close\r\n{encoding}\r\n",
             version.as_str()
         )
     }

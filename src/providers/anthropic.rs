@@ -236,6 +236,7 @@ impl AnthropicStream {
             total_tokens: input + self.output_tokens,
             cached_input_tokens: self.cache_read,
             reasoning_tokens: None,
+            cost: None,
         });
         state.tool_calls = self
             .blocks

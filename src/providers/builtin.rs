@@ -19,9 +19,11 @@ pub struct EchoProvider {
     pub delay: Duration,
     /// The `contextWindow` it reports (`[builtin] context_window`).
     pub context_window: u64,
+    /// The prices it reports (`[builtin] pricing`).
+    pub pricing: Option<crate::domain::ModelPricing>,
 }
 
-pub(super) fn echo_model_info(context_window: u64) -> ModelInfo {
+pub(super) fn echo_model_info(context_window: u64, pricing: Option<crate::domain::ModelPricing>) -> ModelInfo {
     ModelInfo {
         id: ECHO_MODEL_ID.into(),
         provider: "builtin".into(),
@@ -30,6 +32,7 @@ pub(super) fn echo_model_info(context_window: u64) -> ModelInfo {
         context_window: Some(context_window),
         supports_tools: true,
         supports_reasoning: Some(true),
+        pricing,
     }
 }
 
@@ -69,6 +72,7 @@ impl Provider for EchoProvider {
             total_tokens: input_tokens + output_tokens,
             cached_input_tokens: None,
             reasoning_tokens: Some(1),
+            cost: None,
         };
         Ok(completion)
     }

@@ -199,7 +199,7 @@ impl ModelRegistry {
     pub fn with_builtin(echo: EchoProvider) -> ModelRegistry {
         let mut registry =
             ModelRegistry { models: Vec::new(), by_id: HashMap::new(), default_model: ECHO_MODEL_ID.to_string() };
-        registry.register(builtin::echo_model_info(echo.context_window), Arc::new(echo));
+        registry.register(builtin::echo_model_info(echo.context_window, echo.pricing.clone()), Arc::new(echo));
         registry
     }
 

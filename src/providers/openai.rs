@@ -297,5 +297,6 @@ fn usage_from(usage: &Value) -> Usage {
         total_tokens: number("/total_tokens").unwrap_or(input + output),
         cached_input_tokens: number("/prompt_tokens_details/cached_tokens"),
         reasoning_tokens: number("/completion_tokens_details/reasoning_tokens"),
+        cost: None,
     }
 }

@@ -76,6 +76,7 @@ pub(super) fn build(
                 context_window: model.context_window,
                 supports_tools: model.supports_tools,
                 supports_reasoning: Some(model.supports_reasoning),
+                pricing: model.pricing.clone(),
             };
             models.push((info, Arc::new(ModelRoute { candidates }) as Arc<dyn Provider>));
         }
@@ -255,8 +256,12 @@ impl Provider for ModelRoute {
         cancel: &CancelToken,
     ) -> Result<Completion, ProviderError> {
         let mut failures = Vec::new();
-        for candidate in &self.candidates {
+        let metrics = crate::metrics::get();
+        for (index, candidate) in self.candidates.iter().enumerate() {
             let client = &candidate.client;
+            if index > 0 {
+                metrics.provider_fallback(&client.name, &candidate.model.name);
+            }
             let mut retries = 0;
             loop {
                 let mut started = false;
@@ -293,6 +298,7 @@ impl Provider for ModelRoute {
                 if cancel.wait(wait) {
                     return Err(ProviderError::Cancelled);
                 }
+                metrics.provider_retry(&client.name, &candidate.model.name);
                 retries += 1;
             }
         }

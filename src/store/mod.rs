@@ -214,6 +214,11 @@ pub struct Store {
 }
 
 impl Store {
+    /// Writes queued for the writer thread and not yet taken.
+    pub fn queue_depth(&self) -> usize {
+        self.writer_tx.len()
+    }
+
     /// Locks `data_dir` for this process, opens (creating if needed) the database in it,
     /// applies migrations and starts the writer thread. The returned handle stops the writer; the app does that last.
     pub fn open(data_dir: &Path) -> Result<(Store, WriterHandle), StoreError> {

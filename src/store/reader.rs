@@ -149,6 +149,15 @@ impl ReaderPool {
         })
     }
 
+    /// How many sessions have each status.
+    pub fn sessions_by_status(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached("SELECT status, count(*) FROM sessions GROUP BY status")?;
+            let rows = statement.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)? as u64)))?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+
     pub fn session_count(&self) -> Result<u64, StoreError> {
         self.with(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| row.get::<_, i64>(0))? as u64))
     }

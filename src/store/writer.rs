@@ -97,6 +97,10 @@ impl Writer {
 
     fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<super::Reply>)>) {
         let mut trimmed_below = self.trimmed_below;
+        let metrics = crate::metrics::get();
+        let operations: usize = batch.iter().map(|(ops, _)| ops.len()).sum();
+        metrics.writer_batch.observe(operations as f64);
+        let started = std::time::Instant::now();
         let outcome = (|| -> Result<(), StoreError> {
             let tx = self.conn.transaction()?;
             for (ops, _) in batch.iter() {
@@ -105,6 +109,7 @@ impl Writer {
             tx.commit()?;
             Ok(())
         })();
+        metrics.writer_commit.observe(started.elapsed().as_secs_f64());
         if outcome.is_ok() {
             self.trimmed_below = trimmed_below;
         }

@@ -208,3 +208,46 @@ fn the_docker_driver_runs_the_docker_found_on_path() {
     assert_eq!(status["status"], "available", "{status}");
     assert_eq!(crate::bae::sandbox::calls_made(&bin), ["[image][inspect][present:1]"]);
 }
+
+#[test]
+fn json_logs_are_one_object_a_line_and_every_response_has_a_request_id() {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = kestrel(data.path())
+        .env("KESTREL_ADDR", "127.0.0.1:0")
+        .env("KESTREL_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .env("KESTREL_TOKEN", "log-secret-token-value")
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let base = format!("http://127.0.0.1:{}", line.trim().rsplit(':').next().unwrap());
+    let client = crate::support::Client { base: base.clone(), token: Some("log-secret-token-value".into()) };
+
+    let kept = client.send_with_headers("GET", "/api/health", None, &[("X-Request-Id", "trace-abc.1")]);
+    assert_eq!(kept.header("x-request-id"), Some("trace-abc.1"), "a sane incoming id is kept");
+    let replaced = client.send_with_headers("GET", "/api/sessions", None, &[("X-Request-Id", "no spaces!")]);
+    let fresh = replaced.header("x-request-id").unwrap();
+    assert!(fresh.len() == 32 && fresh.bytes().all(|b| b.is_ascii_hexdigit()), "{fresh}");
+    let refused = client.with_token(None).get("/api/sessions");
+    assert_eq!(refused.status, 401);
+    assert!(refused.header("x-request-id").is_some(), "errors carry one too");
+    let created = client.post("/api/sessions", serde_json::json!({ "title": "private title words" }));
+    assert_eq!(created.status, 201);
+    // A stream's head carries one as well.
+    let id = created.json["session"]["id"].as_str().unwrap();
+    let stream = ureq::get(&format!("{base}/api/sessions/{id}/events?token=log-secret-token-value")).call().unwrap();
+    assert!(stream.header("x-request-id").is_some());
+    drop(stream);
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let log = String::from_utf8(output.stderr).unwrap();
+    assert!(log.lines().count() >= 3, "{log}");
+    for line in log.lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(entry["ts"].is_string() && entry["level"].is_string() && entry["message"].is_string(), "{line}");
+    }
+    assert!(!log.contains("log-secret-token-value"), "a secret reached the log");
+    assert!(!log.contains("private title words"), "user text reached the log at info");
+}

@@ -34,6 +34,7 @@ pub struct AdminApi {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     OpenApi,
+    Metrics,
     Profiles,
     Profile,
     Keys,
@@ -55,6 +56,7 @@ const GET: &[&str] = &["GET"];
 /// Every route of the admin door. The OpenAPI document is public; the rest need the admin key.
 pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/admin/openapi.json", GET, Kind::OpenApi),
+    row("/metrics", GET, Kind::Metrics),
     row("/admin/v1/profiles", &["GET", "POST"], Kind::Profiles),
     row("/admin/v1/profiles/{id}", &["GET", "PUT", "DELETE"], Kind::Profile),
     row("/admin/v1/keys", &["GET", "POST"], Kind::Keys),
@@ -91,7 +93,7 @@ impl AdminApi {
         if path == "/admin/openapi.json" && request.method() == "GET" {
             return Ok(crate::api::openapi::admin_document());
         }
-        if !path.starts_with("/admin/v1/") && path != "/admin/openapi.json" {
+        if !path.starts_with("/admin/v1/") && path != "/admin/openapi.json" && path != "/metrics" {
             return Err(not_found());
         }
         // The key is checked before the route, so a caller without one learns nothing of them.
@@ -107,6 +109,10 @@ impl AdminApi {
         let id = found.param(0);
         match (found.kind(), method.as_str()) {
             (Kind::OpenApi, _) => unreachable!("answered before authentication"),
+            (Kind::Metrics, _) => {
+                let text = self.engine.render_metrics().map_err(|e| Problem::internal(&format!("{e:?}")))?;
+                Ok(crate::api::kestrel::metrics_reply(text))
+            }
             (Kind::Profiles, "POST") => self.create_profile(request),
             (Kind::Profiles, _) => self.list_profiles(request),
             (Kind::Profile, "GET") => Ok(json_reply(200, &profile_view(&self.engine.bae_profile(id)?))),
@@ -291,6 +297,10 @@ impl Handler for AdminApi {
 
     fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
         Problem::from(error).into_reply()
+    }
+
+    fn route_label(&self, path: &str) -> &'static str {
+        routes::label(ROUTES, path)
     }
 }
 

@@ -11,9 +11,11 @@ pub const MAX_LIMIT: usize = 200;
 pub fn parse(request: &Request) -> Result<(u64, usize), Problem> {
     let after = match request.query("cursor") {
         None | Some("") => 0,
-        Some(cursor) => {
-            cursor.parse::<u64>().map_err(|_| Problem::bad_request(format!("invalid cursor: {cursor:?}")))?
+        // Past every seq there is: an empty page (the store's seqs are SQLite integers).
+        Some(cursor) if cursor.bytes().all(|b| b.is_ascii_digit()) => {
+            cursor.parse::<u64>().unwrap_or(u64::MAX).min(i64::MAX as u64)
         }
+        Some(cursor) => return Err(Problem::bad_request(format!("invalid cursor: {cursor:?}"))),
     };
     let limit = match request.query("limit") {
         None => DEFAULT_LIMIT,

@@ -60,6 +60,7 @@ pub enum Kind {
     Asset,
     PluginAsset,
     OpenApi,
+    Metrics,
     Health,
     Bootstrap,
     Config,
@@ -89,13 +90,14 @@ const POST: &[&str] = &["POST"];
 const STATIC: &[&str] = &["GET", "HEAD"];
 
 /// Every route of the Kestrel door on the main port (BAE's client routes are matched first,
-/// by `bae::owns`). `/metrics` is served here only when there is no admin port.
+/// by `bae::owns`). `/metrics` is here behind the token, and on the admin port behind its key.
 pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/", STATIC, Kind::Console),
     row("/index.html", STATIC, Kind::Console),
     row("/assets/{fingerprint}/{file}", STATIC, Kind::Asset),
     row("/plugins/{plugin}/web/{path*}", STATIC, Kind::PluginAsset),
     row("/api/openapi.json", GET, Kind::OpenApi),
+    row("/metrics", GET, Kind::Metrics),
     row("/api/health", GET, Kind::Health),
     row("/api/bootstrap", GET, Kind::Bootstrap),
     row("/api/config", GET, Kind::Config),
@@ -160,6 +162,7 @@ impl KestrelApi {
         match (found.kind(), method.as_str()) {
             (Kind::Bootstrap, _) => meta::bootstrap(self),
             (Kind::Config, _) => Ok(json(200, &self.config_view)),
+            (Kind::Metrics, _) => Ok(metrics_reply(self.engine.render_metrics()?)),
             (Kind::Plugins, _) => meta::plugins(self),
             (Kind::Sessions, "GET") => sessions::list(self, &caller),
             (Kind::Sessions, _) => sessions::create(self, &caller, request),
@@ -207,6 +210,11 @@ fn console_file(path: &str) -> Result<Reply, ApiError> {
         }
         _ => Err(ApiError::not_found()),
     }
+}
+
+/// `/metrics` in Prometheus' text exposition format, never cached.
+pub fn metrics_reply(text: Vec<u8>) -> Reply {
+    Reply::File { content_type: "text/plain; version=0.0.4; charset=utf-8", body: text, cache_control: "no-store" }
 }
 
 /// A JSON reply from any serializable value.

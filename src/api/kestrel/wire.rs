@@ -5,11 +5,11 @@
 //! one `content` string with `images`, `reasoning`, `toolCalls`, and for a tool's answer
 //! `toolCallId` and `toolName`. Borrowed views, so nothing is copied before it is serialized.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::bus::{Envelope, Format};
-use crate::domain::{Event, ImageAttachment, Message, Role, SessionDetail, SessionSummary, ToolCall};
+use crate::domain::{Event, ImageAttachment, Message, Role, SessionDetail, SessionSummary, ToolCall, Usage};
 
 /// Kestrel's `ChatMessage`.
 #[derive(Serialize)]
@@ -68,6 +68,9 @@ pub struct WireSession<'a> {
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     system_prompt: Option<&'a str>,
+    /// What every model call of the session counted (and cost, where priced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
 }
 
 impl<'a> From<&'a SessionDetail> for WireSession<'a> {
@@ -76,8 +79,21 @@ impl<'a> From<&'a SessionDetail> for WireSession<'a> {
             summary: &detail.summary,
             messages: detail.messages.iter().map(WireMessage::from).collect(),
             system_prompt: detail.system_prompt.as_deref(),
+            usage: session_usage(&detail.messages),
         }
     }
+}
+
+/// The sum of the usage each answer recorded (`meta.usage`); `None` before any.
+fn session_usage(messages: &[Message]) -> Option<Usage> {
+    let mut total: Option<Usage> = None;
+    for message in messages {
+        let recorded = message.meta.as_ref().and_then(|meta| meta.get("usage"));
+        if let Some(usage) = recorded.and_then(|value| Usage::deserialize(value).ok()) {
+            total.get_or_insert_with(Usage::default).add(&usage);
+        }
+    }
+    total
 }
 
 /// The two events that carry a message, with the message in Kestrel's shape.

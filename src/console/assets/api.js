@@ -56,9 +56,9 @@ export class Api {
   // A stream of envelopes from `path`, handed to `onEnvelope` in order. After a drop it
   // reconnects with ?lastEventId= (the browser's own retry cannot add the token) and calls
   // `onReconnect` once it is back, so a view can refetch what the server may no longer
-  // replay. `from` replays after that seq at the first connection too. Returns a handle whose
+  // replay; `onOpen` runs at every (re)connection, the first included. `from` replays after that seq at the first connection too. Returns a handle whose
   // close() ends it.
-  stream(path, { from = null, onEnvelope, onReconnect, onState }) {
+  stream(path, { from = null, onEnvelope, onOpen, onReconnect, onState }) {
     let lastSeq = from;
     let source = null;
     let closed = false;
@@ -72,6 +72,7 @@ export class Api {
       source = new EventSource(query ? `${path}?${query}` : path);
       source.onopen = () => {
         if (onState) onState("live");
+        if (onOpen) onOpen();
         if (wasDown && onReconnect) onReconnect();
         wasDown = false;
       };

@@ -19,10 +19,11 @@ async function start() {
     return;
   }
   layout();
-  await refreshSessions();
+  // The list is fetched once the stream is live (and again after each reconnection), so a
+  // session made between the fetch and the stream's start is never missed.
   state.stream = api.stream("/api/events", {
     onEnvelope: (envelope) => onEvent(envelope.event),
-    onReconnect: refreshSessions,
+    onOpen: refreshSessions,
   });
   state.plugins = new Plugins(api, document.getElementById("plugin-slots"));
   state.plugins.start(state.bootstrap.plugins || []);

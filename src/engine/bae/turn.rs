@@ -255,7 +255,18 @@ impl Run {
                     body,
                 }))
             };
-            match link.provider.exchange(&request, &self.cancel) {
+            let exchanged = link.provider.exchange(&request, &self.cancel);
+            let label = format!("{}/{}", link.target.wire, link.target.model);
+            let (usage, outcome) = match &exchanged {
+                Ok(exchanged) => (Some(&exchanged.completion.usage), "ok"),
+                Err(refused) if refused.cancelled => (None, "cancelled"),
+                Err(_) => (None, "error"),
+            };
+            crate::metrics::get().provider_call(&label, outcome, usage, None);
+            if attempt > 0 {
+                crate::metrics::get().provider_fallback(link.target.wire, &link.target.model);
+            }
+            match exchanged {
                 Ok(exchanged) => {
                     // It goes out with what the turn makes of the answer, in one commit.
                     self.hold(response(true, Some(200), None, Some(exchanged.body.clone())));

@@ -156,6 +156,14 @@ fn lists_page_by_an_opaque_cursor() {
     }
     let clamped = bae.admin_send("GET", "/admin/v1/profiles?limit=100000", None);
     assert_eq!(clamped.json["items"].as_array().unwrap().len(), 5);
+    let huge = bae.admin_send("GET", "/admin/v1/profiles?limit=99999999999999999999999", None);
+    assert_eq!(huge.json["items"].as_array().unwrap().len(), 5, "any positive limit: {}", huge.text);
+    // A cursor past every seq (even past what an integer holds) is an empty last page.
+    for past in ["9223372036854775807", "18446744073709551615", "4197428821125273556800"] {
+        let page = bae.admin_send("GET", &format!("/admin/v1/profiles?cursor={past}"), None);
+        assert_eq!((page.status, page.json["items"].as_array().map(Vec::len)), (200, Some(0)), "{past}: {}", page.text);
+        assert_eq!(page.json["next_cursor"], serde_json::Value::Null);
+    }
 }
 
 #[test]

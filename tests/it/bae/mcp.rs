@@ -94,13 +94,7 @@ fn a_mixed_turn_runs_the_mcp_call_pauses_for_the_client_and_close_kills_the_serv
     assert_eq!(mcp_error["params"]["payload"]["is_error"], true);
     assert!(mcp_error["params"]["payload"]["content"][0]["text"].as_str().unwrap().starts_with("MCP error:"));
 
-    let closed = super::support::send(
-        bae.base(),
-        "DELETE",
-        &format!("/api/v1/sessions/{}", harness.session_id),
-        Some(&harness.session_key),
-        None,
-    );
+    let closed = harness.close();
     assert_eq!(closed.status, 200, "{}", closed.text);
     assert!(!tiny_alive(&marker), "close killed the server");
 }

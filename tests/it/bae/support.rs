@@ -281,6 +281,11 @@ impl Harness {
     }
 
     /// `sendMessage` with `content`, to its terminal frame.
+    /// Closes the session with its key.
+    pub fn close(&self) -> Response {
+        send(&self.base, "DELETE", &format!("/api/v1/sessions/{}", self.session_id), Some(&self.session_key), None)
+    }
+
     pub fn send_message(&mut self, content: Value) -> Vec<Value> {
         self.call("session.sendMessage", json!({ "message": { "role": "user", "content": content } }))
     }

@@ -366,6 +366,8 @@ impl Server {
         );
 
         bootstrap_admin(&config, &engine)?;
+        let tool_names: Vec<String> = engine.tools().schemas().into_iter().map(|schema| schema.name).collect();
+        crate::metrics::get().prime(engine.models().infos(), &tool_names);
         // Every live profile's sandbox images are made ready again, in the background.
         if let Err(error) = engine.bae_provision_profiles() {
             log::error!("sandbox images were not queued for provisioning: {error:?}");

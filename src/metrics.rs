@@ -16,7 +16,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::domain::{Dispatch, Event, RunOutcome, Usage};
+use crate::domain::{Dispatch, Event, ModelInfo, RunOutcome, Usage};
 
 /// Latency buckets from 1 ms to 2 minutes (HTTP requests, tool calls, first tokens).
 const LATENCY: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
@@ -187,6 +187,40 @@ impl Metrics {
             active_runs: gauge(&r, "kestrel_active_runs", "Runs in flight"),
             started: Mutex::new(HashMap::new()),
             registry: r,
+        }
+    }
+
+    /// Creates the series every configured model and tool will have, at zero, so a scrape
+    /// shows every family (and a rate over a counter that has not moved yet) from the start.
+    pub fn prime<'m>(&self, models: impl Iterator<Item = &'m ModelInfo>, tools: &[String]) {
+        for info in models {
+            let model = info.id.split_once('/').map_or(info.id.as_str(), |(_, name)| name);
+            let labels = [info.provider.as_str(), model];
+            for outcome in ["ok", "error", "cancelled"] {
+                self.provider_calls.with_label_values(&[labels[0], labels[1], outcome]);
+            }
+            for direction in ["input", "output", "cached_input"] {
+                self.provider_tokens.with_label_values(&[labels[0], labels[1], direction]);
+            }
+            self.provider_retries.with_label_values(&labels);
+            self.provider_fallbacks.with_label_values(&labels);
+            self.provider_first_token.with_label_values(&labels);
+            if let Some(pricing) = &info.pricing {
+                self.cost.with_label_values(&[labels[0], labels[1], pricing.currency.as_str()]);
+            }
+        }
+        for tool in tools {
+            for outcome in ["ok", "error"] {
+                self.tool_calls.with_label_values(&[tool.as_str(), outcome]);
+            }
+            self.tool_duration.with_label_values(&[tool.as_str()]);
+        }
+        for status in ["completed", "cancelled", "max_steps", "paused", "failed"] {
+            self.runs_finished.with_label_values(&[status]);
+            self.run_duration.with_label_values(&[status]);
+        }
+        for framing in ["sse", "ndjson"] {
+            self.open_streams.with_label_values(&[framing]);
         }
     }
 

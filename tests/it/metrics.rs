@@ -17,6 +17,8 @@ const FAMILIES: &[&str] = &[
     "kestrel_tool_call_duration_seconds",
     "kestrel_approvals_pending",
     "kestrel_provider_calls_total",
+    "kestrel_provider_retries_total",
+    "kestrel_provider_fallbacks_total",
     "kestrel_provider_time_to_first_token_seconds",
     "kestrel_provider_tokens_total",
     "kestrel_writer_queue_depth",

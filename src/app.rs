@@ -153,6 +153,12 @@ fn serve(
     Ok(http)
 }
 
+/// Tells the metrics which tools the server has now, so their names may be labels.
+fn know_tools(engine: &Engine) {
+    let names: Vec<String> = engine.tools().schemas().into_iter().map(|schema| schema.name).collect();
+    crate::metrics::get().know_tools(&names);
+}
+
 /// The admin key: minted into the key file on first start, or rotated on request; nothing
 /// when admin auth is disabled (said loudly at every start).
 fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
@@ -241,6 +247,7 @@ fn connect_mcp(config: &Config, engine: &Engine) -> Result<(), StartError> {
             }
         }
         engine.tools().replace_group("mcp", tools);
+        know_tools(&engine);
     };
     std::thread::Builder::new()
         .name("kestrel-mcp-connect".into())
@@ -366,8 +373,8 @@ impl Server {
         );
 
         bootstrap_admin(&config, &engine)?;
-        let tool_names: Vec<String> = engine.tools().schemas().into_iter().map(|schema| schema.name).collect();
-        crate::metrics::get().prime(engine.models().infos(), &tool_names);
+        crate::metrics::get().prime(engine.models().infos());
+        know_tools(&engine);
         // Every live profile's sandbox images are made ready again, in the background.
         if let Err(error) = engine.bae_provision_profiles() {
             log::error!("sandbox images were not queued for provisioning: {error:?}");
@@ -383,7 +390,10 @@ impl Server {
         // A reloaded manifest brings its tools along.
         let reloaded: crate::plugins::watch::OnReload = {
             let (engine, plugins) = (engine.clone(), Arc::clone(&plugins));
-            Box::new(move || engine.tools().replace_plugin_tools(plugins.tools(&launcher)))
+            Box::new(move || {
+                engine.tools().replace_plugin_tools(plugins.tools(&launcher));
+                know_tools(&engine);
+            })
         };
         connect_mcp(&config, &engine)?;
         let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone(), reloaded)

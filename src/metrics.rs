@@ -7,8 +7,8 @@
 //! engine when scraped. Label values are route templates, statuses, tool, provider and model
 //! names, never an id or user text, so every family's cardinality is bounded by the config.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use prometheus::{
@@ -16,7 +16,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::domain::{Dispatch, Event, ModelInfo, RunOutcome, Usage};
+use crate::domain::{Dispatch, Event, ModelInfo, RunOutcome, ToolResult, Usage};
 
 /// Latency buckets from 1 ms to 2 minutes (HTTP requests, tool calls, first tokens).
 const LATENCY: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
@@ -55,6 +55,9 @@ pub struct Metrics {
     pub active_runs: IntGauge,
     /// When each run in flight started, for its duration.
     started: Mutex<HashMap<String, Instant>>,
+    /// The tools the server has (builtin, plugin, MCP): only their names become labels, as a
+    /// model may call a tool by any name it makes up.
+    known_tools: RwLock<HashSet<String>>,
 }
 
 /// The registry, made on first use.
@@ -186,13 +189,14 @@ impl Metrics {
             sessions: gauges(&r, "kestrel_sessions", "Kestrel sessions, by status", &["status"]),
             active_runs: gauge(&r, "kestrel_active_runs", "Runs in flight"),
             started: Mutex::new(HashMap::new()),
+            known_tools: RwLock::new(HashSet::new()),
             registry: r,
         }
     }
 
-    /// Creates the series every configured model and tool will have, at zero, so a scrape
+    /// Creates the series every configured model will have, at zero, so a scrape
     /// shows every family (and a rate over a counter that has not moved yet) from the start.
-    pub fn prime<'m>(&self, models: impl Iterator<Item = &'m ModelInfo>, tools: &[String]) {
+    pub fn prime<'m>(&self, models: impl Iterator<Item = &'m ModelInfo>) {
         for info in models {
             let model = info.id.split_once('/').map_or(info.id.as_str(), |(_, name)| name);
             let labels = [info.provider.as_str(), model];
@@ -209,18 +213,24 @@ impl Metrics {
                 self.cost.with_label_values(&[labels[0], labels[1], pricing.currency.as_str()]);
             }
         }
-        for tool in tools {
-            for outcome in ["ok", "error"] {
-                self.tool_calls.with_label_values(&[tool.as_str(), outcome]);
-            }
-            self.tool_duration.with_label_values(&[tool.as_str()]);
-        }
         for status in ["completed", "cancelled", "max_steps", "paused", "failed"] {
             self.runs_finished.with_label_values(&[status]);
             self.run_duration.with_label_values(&[status]);
         }
         for framing in ["sse", "ndjson"] {
             self.open_streams.with_label_values(&[framing]);
+        }
+    }
+
+    /// Adds tools the server now has (a plugin reloaded, an MCP server connected), with their
+    /// series at zero.
+    pub fn know_tools(&self, tools: &[String]) {
+        self.known_tools.write().unwrap_or_else(|e| e.into_inner()).extend(tools.iter().cloned());
+        for tool in tools {
+            for outcome in ["ok", "error"] {
+                self.tool_calls.with_label_values(&[tool.as_str(), outcome]);
+            }
+            self.tool_duration.with_label_values(&[tool.as_str()]);
         }
     }
 
@@ -276,25 +286,32 @@ impl Metrics {
     /// What an event says about runs and tools (called once per published event).
     pub fn observe(&self, event: &Event) {
         match event {
+            Event::ToolFinished { result, dispatch, .. } => self.tool_finished(result, dispatch),
             Event::RunStarted { run_id, .. } => {
                 self.runs_started.inc();
                 self.started.lock().unwrap_or_else(|e| e.into_inner()).insert(run_id.clone(), Instant::now());
             }
             Event::RunFinished { run_id, status, .. } => self.run_ended(run_id, outcome_label(*status)),
             Event::RunFailed { run_id, .. } => self.run_ended(run_id, "failed"),
-            Event::ToolFinished { result, dispatch, .. } => {
-                let tool = match dispatch {
-                    Dispatch::Client => "(client)",
-                    Dispatch::Subagent => "(subagent)",
-                    _ => result.name.as_str(),
-                };
-                let outcome = if result.ok { "ok" } else { "error" };
-                self.tool_calls.with_label_values(&[tool, outcome]).inc();
-                if let Some(ms) = result.duration_ms {
-                    self.tool_duration.with_label_values(&[tool]).observe(ms as f64 / 1000.0);
-                }
-            }
             _ => {}
+        }
+    }
+
+    fn tool_finished(&self, result: &ToolResult, dispatch: &Dispatch) {
+        // Names a client declares (its own, sandbox and subagent tools) are not labels: a
+        // client could make a series per call. Nor is a name the server does not have.
+        let known = |name: &str| self.known_tools.read().unwrap_or_else(|e| e.into_inner()).contains(name);
+        let tool = match dispatch {
+            Dispatch::Server | Dispatch::Mcp { .. } if known(&result.name) => result.name.as_str(),
+            Dispatch::Server | Dispatch::Mcp { .. } => "(unknown)",
+            Dispatch::Client => "(client)",
+            Dispatch::Sandbox => "(sandbox)",
+            Dispatch::Subagent => "(subagent)",
+        };
+        let outcome = if result.ok { "ok" } else { "error" };
+        self.tool_calls.with_label_values(&[tool, outcome]).inc();
+        if let Some(ms) = result.duration_ms {
+            self.tool_duration.with_label_values(&[tool]).observe(ms as f64 / 1000.0);
         }
     }
 

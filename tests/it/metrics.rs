@@ -45,8 +45,11 @@ fn every_family_is_there_after_a_walkthrough_with_bounded_labels() {
     let secret_words = "zebra-quartz-unique-words";
     let run = server.run_to_end(&id, secret_words);
     assert_eq!(run.last().unwrap()["event"]["type"], "run.finished");
-    let tool = server.run_to_end(&id, "/tool list_files {\"path\":\".\"}");
+    let tool = server.run_to_end(&id, "/tool list_directory {\"path\":\".\"}");
     assert!(tool.iter().any(|e| e["event"]["type"] == "tool.finished"), "{tool:?}");
+    // A tool name the model makes up is no label.
+    let made_up = server.run_to_end(&id, "/tool zz_made_up_tool {}");
+    assert!(made_up.iter().any(|e| e["event"]["type"] == "tool.finished"), "{made_up:?}");
     server.get(&format!("/api/sessions/{id}"));
     server.get("/api/sessions/ses_doesnotexist");
 
@@ -59,12 +62,12 @@ fn every_family_is_there_after_a_walkthrough_with_bounded_labels() {
     }
     // The counters moved by at least what this test did (other tests share the process).
     let delta = |series: &str| sample(&text, series) - sample(&before, series);
-    assert!(delta("kestrel_runs_started_total") >= 2.0);
-    assert!(delta(r#"kestrel_runs_finished_total{status="completed"}"#) >= 2.0);
-    let list_files = delta(r#"kestrel_tool_calls_total{outcome="ok",tool="list_files"}"#)
-        + delta(r#"kestrel_tool_calls_total{outcome="error",tool="list_files"}"#);
-    assert!(list_files >= 1.0, "{text}");
-    assert!(delta(r#"kestrel_provider_calls_total{model="echo",outcome="ok",provider="builtin"}"#) >= 3.0, "{text}");
+    assert!(delta("kestrel_runs_started_total") >= 3.0);
+    assert!(delta(r#"kestrel_runs_finished_total{status="completed"}"#) >= 3.0);
+    let list_directory = delta(r#"kestrel_tool_calls_total{outcome="ok",tool="list_directory"}"#)
+        + delta(r#"kestrel_tool_calls_total{outcome="error",tool="list_directory"}"#);
+    assert!(list_directory >= 1.0, "{text}");
+    assert!(delta(r#"kestrel_provider_calls_total{model="echo",outcome="ok",provider="builtin"}"#) >= 5.0, "{text}");
     let get_session = r#"kestrel_http_requests_total{method="GET",route="/api/sessions/{id}",status="404"}"#;
     assert!(delta(get_session) >= 1.0, "{text}");
     assert!(sample(&text, r#"kestrel_sessions{status="idle"}"#) >= 1.0);
@@ -74,6 +77,8 @@ fn every_family_is_there_after_a_walkthrough_with_bounded_labels() {
     let run_id = started["event"]["runId"].as_str().unwrap();
     assert!(!text.contains(run_id), "a run id in a label");
     assert!(!text.contains(secret_words), "user text in a label");
+    assert!(!text.contains("zz_made_up_tool"), "a made-up tool name in a label");
+    assert!(delta(r#"kestrel_tool_calls_total{outcome="error",tool="(unknown)"}"#) >= 1.0, "{text}");
 
     // Guarded: the token on the main port, the admin key on the admin port.
     assert_eq!(server.client().with_token(None).get("/metrics").status, 401);

@@ -40,7 +40,7 @@ for line in sys.stdin:
             answer(request_id + 1000, {"content": []})
             send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": "bad arguments"}})
         elif name == "slow":
-            time.sleep(1)
+            time.sleep(1)  # the tool itself is slow on purpose: what is tested is a slow tool
             answer(request_id, {"content": [{"type": "text", "text": "late"}]})
         elif name == "crash":
             os._exit(3)

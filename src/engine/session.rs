@@ -383,6 +383,14 @@ impl SessionActor {
         }
         ops.extend(idempotent.map(|i| i.record(Created::Run(&run_id))));
         self.shared.store.write(ops)?;
+        match self.spawn_run(run_id.clone(), user, run::Plan::Kestrel) {
+            Ok(()) => Ok(run_id),
+            Err(error) => Err(self.no_worker(&run_id, &error)),
+        }
+    }
+
+    /// Starts a turn's worker with `plan` and makes it this session's active turn.
+    pub(super) fn spawn_run(&mut self, run_id: String, user: Option<Message>, plan: run::Plan) -> std::io::Result<()> {
         let canceller = Canceller::new();
         let run = run::Run {
             shared: Arc::clone(&self.shared),
@@ -392,19 +400,15 @@ impl SessionActor {
             cancel: canceller.token(),
             user,
             session: self.own_tx.clone(),
-            plan: run::Plan::Kestrel,
+            plan,
             pending: Default::default(),
             held: Default::default(),
             checkpointed: Default::default(),
         };
-        match (self.shared.spawn_run)(run) {
-            Ok(()) => {
-                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller });
-                self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
-                Ok(run_id)
-            }
-            Err(error) => Err(self.no_worker(&run_id, &error)),
-        }
+        (self.shared.spawn_run)(run)?;
+        self.turn = Some(ActiveTurn { run_id, canceller });
+        self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The worker could not start: the message is stored, so the session must not look busy

@@ -4,7 +4,6 @@
 //! the client's message).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,10 +14,10 @@ use super::merge::{self, Resume};
 use super::runtime::{Compact, RpcError, SendMessage, Started, UserMessage};
 use super::turn::{BaeTurn, PausedTurn};
 use super::RESERVED_TOOL;
-use crate::cancel::{CancelReason, Canceller};
+use crate::cancel::CancelReason;
 use crate::domain::{Event, Fault, Message, Role, ToolSchema};
-use crate::engine::run::{self, Plan};
-use crate::engine::session::{ActiveTurn, SessionActor};
+use crate::engine::run::Plan;
+use crate::engine::session::SessionActor;
 use crate::store::{BaeSessionRecord, BaeState, BaeWrite, WriteOp};
 
 /// A request waiting for the gate.
@@ -282,24 +281,8 @@ impl SessionActor {
         user: Option<Message>,
         plan: Plan,
     ) -> Result<(), RpcError> {
-        let canceller = Canceller::new();
-        let run = run::Run {
-            shared: Arc::clone(&self.shared),
-            tenant: Arc::clone(&self.tenant),
-            session_id: self.id.clone(),
-            run_id: run_id.clone(),
-            cancel: canceller.token(),
-            user,
-            session: self.own_tx.clone(),
-            plan,
-            pending: Default::default(),
-            held: Default::default(),
-            checkpointed: Default::default(),
-        };
-        match (self.shared.spawn_run)(run) {
+        match self.spawn_run(run_id.clone(), user, plan) {
             Ok(()) => {
-                self.turn = Some(ActiveTurn { run_id: run_id.clone(), canceller });
-                self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
                 self.bae.gate = Gate::Running { run_id };
                 Ok(())
             }

@@ -57,22 +57,27 @@ impl crate::engine::Engine {
         match settings.sandbox.0.exec(sandbox, command, settings.sandbox_exec_timeout) {
             Ok(output) => Ok(output),
             Err(error) => {
-                let event = Event::RemoteSandbox {
-                    session_id: session_id.to_string(),
-                    step: "error".into(),
-                    image: sandbox.image.clone(),
-                    sandbox_id: Some(sandbox.id.clone()),
-                    reason: None,
-                    phase: Some("exec".into()),
-                    detail: Some(error.0.clone()),
-                    unsandboxed: !settings.sandbox.0.isolated(),
-                };
+                let event = exec_failed(session_id, sandbox, &error.0, settings.sandbox.0.isolated());
                 let origin = crate::bus::Origin { actor: Some(Arc::from(key)), turn: None };
                 let tenant = Some(Arc::from(crate::store::BAE_TENANT));
                 let _ = self.shared.bus.publish_durable(tenant, origin, event);
                 Err(RpcError::SandboxExecFailed(error.0))
             }
         }
+    }
+}
+
+/// `session.sandbox.error` for a command the driver could not run (phase exec).
+fn exec_failed(session_id: &str, sandbox: &Running, detail: &str, isolated: bool) -> Event {
+    Event::RemoteSandbox {
+        session_id: session_id.to_string(),
+        step: "error".into(),
+        image: sandbox.image.clone(),
+        sandbox_id: Some(sandbox.id.clone()),
+        reason: None,
+        phase: Some("exec".into()),
+        detail: Some(detail.to_string()),
+        unsandboxed: !isolated,
     }
 }
 
@@ -277,16 +282,7 @@ impl crate::engine::run::Run {
         match settings.sandbox.0.exec(&sandbox, command, settings.sandbox_exec_timeout) {
             Ok(output) => (Some(sandbox.id), Ok(output)),
             Err(error) => {
-                self.publish(Event::RemoteSandbox {
-                    session_id: self.session_id.clone(),
-                    step: "error".into(),
-                    image: sandbox.image.clone(),
-                    sandbox_id: Some(sandbox.id.clone()),
-                    reason: None,
-                    phase: Some("exec".into()),
-                    detail: Some(error.0.clone()),
-                    unsandboxed: !settings.sandbox.0.isolated(),
-                });
+                self.publish(exec_failed(&self.session_id, &sandbox, &error.0, settings.sandbox.0.isolated()));
                 (Some(sandbox.id), Err(error.0))
             }
         }

@@ -404,7 +404,12 @@ struct Teller {
 
 impl Teller {
     fn step(&self, actor: &str, step: &str, ended: Option<&Outcome>) {
-        let event = Event::Subagent(Box::new(SubagentStep {
+        publish_subagent(&self.shared, actor, self.event(step, ended));
+    }
+
+    /// `Event::Subagent` for `step` of this task, with what its end says if it ended.
+    fn event(&self, step: &str, ended: Option<&Outcome>) -> Event {
+        Event::Subagent(Box::new(SubagentStep {
             session_id: self.session_id.clone(),
             step: step.into(),
             remote: true,
@@ -414,25 +419,13 @@ impl Teller {
             detail: ended.and_then(|o| o.detail.clone()),
             reason: ended.and_then(|o| o.reason).map(str::to_string),
             exit_code: ended.and_then(|o| o.exit_code),
-        }));
-        publish_subagent(&self.shared, actor, event);
+        }))
     }
 
     /// The task ended on its own (or could not start): recorded and told, unless it was
     /// cancelled meanwhile (cancelled tasks tell nothing more).
     fn ended(&self, actor: &str, outcome: Outcome) {
-        let step = outcome.step();
-        let event = Event::Subagent(Box::new(SubagentStep {
-            session_id: self.session_id.clone(),
-            step: step.into(),
-            remote: true,
-            subagent_id: self.who.id.clone(),
-            harness: self.who.harness.clone(),
-            model: self.who.model.clone(),
-            detail: outcome.detail.clone(),
-            reason: outcome.reason.map(str::to_string),
-            exit_code: outcome.exit_code,
-        }));
+        let event = self.event(outcome.step(), Some(&outcome));
         if self.shared.subagents.finish(&self.session_id, &self.who.id, outcome) {
             publish_subagent(&self.shared, actor, event);
         }

@@ -41,13 +41,6 @@ impl Handler for MainDoor {
     fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply {
         self.door(path).edge_error(path, error)
     }
-
-    fn route_label(&self, path: &str) -> &'static str {
-        match bae::owns(path) {
-            true => routes::label(bae::ROUTES, path),
-            false => routes::label(kestrel::ROUTES, path),
-        }
-    }
 }
 
 /// Which listener a route is served on.

@@ -78,11 +78,6 @@ fn match_template<'p>(template: &str, path: &'p str) -> Option<Vec<&'p str>> {
     Some(params)
 }
 
-/// The template of the row `path` matches, for metrics; `(unmatched)` for none.
-pub fn label<K>(table: &[RouteDef<K>], path: &str) -> &'static str {
-    find(table, path).map_or("(unmatched)", |found| found.route.template)
-}
-
 /// A template as OpenAPI writes it: `{name*}` becomes `{name}`.
 pub fn openapi_path(template: &str) -> String {
     template.replace("*}", "}")

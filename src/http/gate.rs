@@ -311,8 +311,7 @@ impl Gate {
                 handler.internal_error()
             })
         });
-        let route = handler.route_label(request.path());
-        crate::metrics::get().http(route, request.method(), reply.status(), started.elapsed());
+        crate::metrics::get().http(request.route(), request.method(), reply.status(), started.elapsed());
         let body_done = forwarder.as_ref().is_none_or(|f| f.is_finished());
         if let Reply::Stream(mut stream) = reply {
             stream.request_id = Some(id);

@@ -150,11 +150,6 @@ pub trait Handler: Send + Sync + 'static {
     /// The answer to a request the edge refused; `path` is the request's path when it could be
     /// read, so each protocol can answer in its own error shape.
     fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply;
-    /// The route template `path` falls under, for metrics (never the path itself, whose ids
-    /// would make every request a new series).
-    fn route_label(&self, _path: &str) -> &'static str {
-        "(other)"
-    }
 }
 
 /// One request, as tiny_http parsed it, with its path split from its decoded query.
@@ -164,12 +159,25 @@ pub struct Request {
     path: String,
     query: Vec<(String, String)>,
     body_limit: usize,
+    /// The route template the handler matched, for metrics.
+    route: &'static str,
 }
 
 impl Request {
     fn new(inner: tiny_http::Request, body_limit: usize) -> Request {
         let (path, query) = split_url(inner.url());
-        Request { method: inner.method().as_str().to_ascii_uppercase(), inner, path, query, body_limit }
+        let method = inner.method().as_str().to_ascii_uppercase();
+        Request { method, inner, path, query, body_limit, route: "(unmatched)" }
+    }
+
+    /// Says which route template this request matched (metrics label it by that, never by
+    /// its path).
+    pub fn set_route(&mut self, template: &'static str) {
+        self.route = template;
+    }
+
+    pub fn route(&self) -> &'static str {
+        self.route
     }
 
     pub fn method(&self) -> &str {

@@ -90,6 +90,10 @@ impl AdminApi {
     fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
         let path = request.path().to_string();
         let not_found = || Problem::not_found(format!("no route for {path}"));
+        let found = routes::find(ROUTES, &path);
+        if let Some(found) = &found {
+            request.set_route(found.route.template);
+        }
         if path == "/admin/openapi.json" && request.method() == "GET" {
             return Ok(crate::api::openapi::admin_document());
         }
@@ -100,7 +104,7 @@ impl AdminApi {
         if !self.auth_disabled && path != "/admin/openapi.json" {
             authenticate(&self.engine, request, KeyRole::Admin)?;
         }
-        let found = routes::find(ROUTES, &path).ok_or_else(not_found)?;
+        let found = found.ok_or_else(not_found)?;
         let method = request.method().to_string();
         let methods = found.route.methods;
         if !methods.contains(&method.as_str()) {
@@ -297,10 +301,6 @@ impl Handler for AdminApi {
 
     fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
         Problem::from(error).into_reply()
-    }
-
-    fn route_label(&self, path: &str) -> &'static str {
-        routes::label(ROUTES, path)
     }
 }
 

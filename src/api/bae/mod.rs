@@ -74,6 +74,7 @@ impl ClientApi {
     fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
         let path = request.path().to_string();
         let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        request.set_route(found.route.template);
         let method = request.method().to_string();
         let served = found.route.methods[0];
         if method != served && !(served == "GET" && method == "HEAD") {

@@ -144,6 +144,7 @@ impl KestrelApi {
     fn dispatch(&self, request: &mut Request) -> Result<Reply, ApiError> {
         let path = request.path().to_string();
         let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
+        request.set_route(found.route.template);
         let method = request.method().to_string();
         if !found.route.methods.contains(&method.as_str()) {
             return Err(ApiError::method_not_allowed(found.route.methods));

@@ -14,6 +14,7 @@ pub mod checkpoints;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod dirfd;
 pub mod domain;
 pub mod engine;
 pub mod http;

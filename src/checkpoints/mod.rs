@@ -12,12 +12,17 @@ pub mod ignore;
 pub mod tree;
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use blobs::BlobStore;
 use tree::{Found, Limits, WalkError};
 
+use crate::dirfd::{Dir, Kind};
 use crate::store::{CheckpointEntry, CheckpointKind, CheckpointRecord, Store, StoreError, WriteOp};
 
 /// `[checkpoints]` in the config file.
@@ -29,11 +34,14 @@ pub struct CheckpointConfig {
     pub max_files: u64,
     /// Nor one holding more bytes than this.
     pub max_bytes: u64,
+    /// A capture still reading the workspace after this long is abandoned with an error (a
+    /// hung network filesystem must not wedge the session).
+    pub capture_timeout_secs: u64,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        CheckpointConfig { enabled: true, max_files: 20_000, max_bytes: 512 * 1024 * 1024 }
+        CheckpointConfig { enabled: true, max_files: 20_000, max_bytes: 512 * 1024 * 1024, capture_timeout_secs: 120 }
     }
 }
 
@@ -42,6 +50,8 @@ pub enum CheckpointError {
     /// Checkpoints are off, or the workspace is past a limit: the reason, for people.
     Disabled(String),
     NotFound,
+    /// The capture took longer than `capture_timeout_secs` and was abandoned.
+    TimedOut(Duration),
     Io(std::io::Error),
     Store(StoreError),
 }
@@ -58,11 +68,27 @@ impl From<std::io::Error> for CheckpointError {
     }
 }
 
+impl From<WalkError> for CheckpointError {
+    fn from(error: WalkError) -> Self {
+        match error {
+            WalkError::TooLarge(reason) => CheckpointError::Disabled(reason),
+            WalkError::Io(error) => CheckpointError::Io(error),
+            // Only an abandoned capture is stopped, and its caller has answered already.
+            WalkError::Stopped => CheckpointError::TimedOut(Duration::ZERO),
+        }
+    }
+}
+
 impl std::fmt::Display for CheckpointError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CheckpointError::Disabled(reason) => write!(f, "checkpoints are disabled: {reason}"),
             CheckpointError::NotFound => write!(f, "no such checkpoint"),
+            CheckpointError::TimedOut(after) => write!(
+                f,
+                "reading the workspace took longer than {} s (checkpoints.capture_timeout_secs); no checkpoint was taken",
+                after.as_secs()
+            ),
             CheckpointError::Io(error) => write!(f, "workspace: {error}"),
             CheckpointError::Store(error) => write!(f, "{error}"),
         }
@@ -91,13 +117,13 @@ pub struct Taking<'a> {
 
 pub struct Checkpoints {
     store: Store,
-    blobs: BlobStore,
+    blobs: Arc<BlobStore>,
     config: CheckpointConfig,
 }
 
 impl Checkpoints {
     pub fn new(store: Store, data_dir: &Path, config: CheckpointConfig) -> Checkpoints {
-        Checkpoints { store, blobs: BlobStore::new(data_dir), config }
+        Checkpoints { store, blobs: Arc::new(BlobStore::new(data_dir)), config }
     }
 
     fn limits(&self) -> Limits {
@@ -109,17 +135,27 @@ impl Checkpoints {
         if !self.config.enabled {
             return Err("checkpoints are switched off in the config (checkpoints.enabled)".into());
         }
-        match tree::walk(workspace, self.limits()) {
+        let listed = Dir::open(workspace)
+            .map_err(WalkError::Io)
+            .and_then(|root| tree::walk(&root, self.limits(), None, &AtomicBool::new(false)));
+        match listed {
             Ok(_) => Ok(()),
             Err(WalkError::TooLarge(reason)) => Err(reason),
             Err(WalkError::Io(error)) => Err(format!("the workspace cannot be read: {error}")),
+            Err(WalkError::Stopped) => Err("the workspace listing was stopped".into()),
         }
     }
 
     /// Snapshots the workspace: new contents become blobs, then the manifest commits.
     pub fn take(&self, taking: Taking<'_>) -> Result<CheckpointRecord, CheckpointError> {
-        let found = self.walk(taking.workspace)?;
-        let (entries, _) = self.capture(&found)?;
+        if !self.config.enabled {
+            return Err(CheckpointError::Disabled("checkpoints are switched off in the config".into()));
+        }
+        let found = self.capture(taking.workspace)?;
+        let entries: Vec<CheckpointEntry> = found
+            .into_iter()
+            .map(|item| CheckpointEntry { path: item.path, digest: item.digest, size: item.size, mode: item.mode })
+            .collect();
         let record = CheckpointRecord {
             id: format!("chk_{}", uuid::Uuid::new_v4().simple()),
             session_id: taking.session_id.to_string(),
@@ -135,48 +171,13 @@ impl Checkpoints {
         Ok(record)
     }
 
-    fn walk(&self, workspace: &Path) -> Result<Vec<Found>, CheckpointError> {
-        if !self.config.enabled {
-            return Err(CheckpointError::Disabled("checkpoints are switched off in the config".into()));
-        }
-        tree::walk(workspace, self.limits()).map_err(|error| match error {
-            WalkError::TooLarge(reason) => CheckpointError::Disabled(reason),
-            WalkError::Io(error) => CheckpointError::Io(error),
-        })
-    }
-
-    /// Every found file as a blob, and the manifest entries; the digests of the new blobs.
-    fn capture(&self, found: &[Found]) -> Result<(Vec<CheckpointEntry>, Vec<String>), CheckpointError> {
-        let mut entries = Vec::with_capacity(found.len());
-        let mut new = Vec::new();
-        for item in found {
-            let stored = match item.is_dir {
-                true => None,
-                false => {
-                    let content = match std::fs::read(&item.absolute) {
-                        Ok(content) => content,
-                        // Deleted since the walk (a build cleaning up): not part of this one.
-                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                        Err(error) => return Err(error.into()),
-                    };
-                    let digest = BlobStore::digest(&content);
-                    if self.blobs.put(&digest, &content)? {
-                        new.push(digest.clone());
-                    }
-                    // The size of what was read, should the file have changed since the walk.
-                    Some((digest, content.len() as u64))
-                }
-            };
-            let (digest, size) = match stored {
-                Some((digest, size)) => (Some(digest), size),
-                None => (None, 0),
-            };
-            entries.push(CheckpointEntry { path: item.path.clone(), digest, size, mode: item.mode });
-        }
-        if !new.is_empty() {
-            self.blobs.sync_dirs(&new)?;
-        }
-        Ok((entries, new))
+    /// Reads the workspace into blobs on a `kestrel-capture` thread, waiting for it at most
+    /// `capture_timeout_secs`: past that the capture is told to stop and this answers
+    /// `TimedOut`, so the caller (a session's actor) is never held by a hung read.
+    fn capture(&self, workspace: &Path) -> Result<Vec<Found>, CheckpointError> {
+        let (blobs, limits, root) = (Arc::clone(&self.blobs), self.limits(), workspace.to_path_buf());
+        let timeout = Duration::from_secs(self.config.capture_timeout_secs.max(1));
+        with_deadline(timeout, move |stop| capture_tree(&blobs, &root, limits, stop))
     }
 
     /// Puts checkpoint `id` back, after a safety checkpoint of the workspace as it is:
@@ -189,24 +190,27 @@ impl Checkpoints {
         let safety = self.take(taking)?;
         let target = self.store.readers().checkpoint_entries(&restored.id)?;
         let current = self.store.readers().checkpoint_entries(&safety.id)?;
-        let warnings = self.put_back(workspace, &target, &current);
+        let root = Dir::open(workspace)?;
+        let warnings = self.put_back(&root, &target, &current);
         Ok(Restored { restored, safety, warnings })
     }
 
     /// Makes the workspace's kept files what `target` says, given what they are (`current`).
-    fn put_back(&self, root: &Path, target: &[CheckpointEntry], current: &[CheckpointEntry]) -> Vec<String> {
+    fn put_back(&self, root: &Dir, target: &[CheckpointEntry], current: &[CheckpointEntry]) -> Vec<String> {
         let mut warnings = Vec::new();
         let wanted: HashMap<&str, &CheckpointEntry> = target.iter().map(|e| (e.path.as_str(), e)).collect();
         // Made since: deepest first, so a directory is empty by the time its turn comes. A
         // directory still holding ignored files stays.
         for entry in current.iter().rev().filter(|e| !wanted.contains_key(e.path.as_str())) {
-            let path = root.join(&entry.path);
-            let removed = match entry.digest {
-                Some(_) => std::fs::remove_file(&path),
-                None => std::fs::remove_dir(&path),
-            };
+            let (parent, name) = split(&entry.path);
+            let removed = root.descend(parent).and_then(|dir| match entry.digest {
+                Some(_) => dir.remove_file(OsStr::new(name)),
+                None => dir.remove_dir(OsStr::new(name)),
+            });
             if let Err(error) = removed {
-                if entry.digest.is_some() || error.kind() != std::io::ErrorKind::DirectoryNotEmpty {
+                let benign =
+                    matches!(error.kind(), std::io::ErrorKind::DirectoryNotEmpty | std::io::ErrorKind::NotFound);
+                if entry.digest.is_some() || !benign {
                     warnings.push(format!("{}: not removed: {error}", entry.path));
                 }
             }
@@ -225,31 +229,36 @@ impl Checkpoints {
         warnings
     }
 
-    /// Writes one entry, never through a symbolic link: a link standing where a directory or
-    /// file goes is replaced, so a restore cannot write outside the workspace.
-    fn put_one(&self, root: &Path, entry: &CheckpointEntry) -> std::io::Result<()> {
-        let mut at = root.to_path_buf();
-        let parts: Vec<&str> = entry.path.split('/').collect();
-        for part in &parts[..parts.len() - 1] {
-            at.push(part);
-            make_dir(&at)?;
+    /// Writes one entry through directory handles, never through a symbolic link: a link
+    /// standing where a directory or a file goes is removed (the link, not its target), and a
+    /// directory swapped for a link mid-restore makes this entry fail, never reach outside.
+    fn put_one(&self, root: &Dir, entry: &CheckpointEntry) -> std::io::Result<()> {
+        let (parent, name) = split(&entry.path);
+        let mut dir = root.try_clone()?;
+        for part in parent.split('/').filter(|part| !part.is_empty()) {
+            dir = real_dir(&dir, OsStr::new(part), 0o755)?;
         }
-        let path = root.join(&entry.path);
+        let name = OsStr::new(name);
         let Some(digest) = &entry.digest else {
-            make_dir(&path)?;
-            return std::fs::set_permissions(&path, std::fs::Permissions::from_mode(entry.mode));
+            let made = real_dir(&dir, name, entry.mode)?;
+            return chmod_dir(&made, entry.mode);
         };
-        if let Ok(metadata) = std::fs::symlink_metadata(&path) {
-            if metadata.is_dir() {
-                std::fs::remove_dir_all(&path)?;
-            }
+        if dir.entry(name)?.is_some_and(|found| found.kind == Kind::Dir) {
+            dir.remove_all(name)?;
         }
         let content = self.blobs.get(digest)?;
-        let temporary = temporary_beside(&path);
-        std::fs::write(&temporary, &content)?;
-        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(entry.mode))?;
+        let temporary = format!(".{}.{}.kestrel-restore", name.to_string_lossy(), uuid::Uuid::new_v4().simple());
+        let temporary = OsStr::new(&temporary);
+        let written = dir.create_new(temporary).and_then(|mut file| {
+            file.write_all(&content)?;
+            crate::dirfd::set_mode(&file, entry.mode)
+        });
         // A rename replaces a link itself, never what it points at.
-        std::fs::rename(&temporary, &path)
+        let placed = written.and_then(|()| dir.rename(temporary, name));
+        if placed.is_err() {
+            let _ = dir.remove_file(temporary);
+        }
+        placed
     }
 
     /// Deletes the blobs no checkpoint refers to (after sessions went, with their checkpoints).
@@ -265,19 +274,96 @@ impl Checkpoints {
     }
 }
 
-/// A real directory at `path`: a file or a link there is replaced.
-fn make_dir(path: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(metadata) if metadata.is_dir() => Ok(()),
-        Ok(_) => {
-            std::fs::remove_file(path)?;
-            std::fs::create_dir(path)
+/// Reads `root`'s tree into `blobs` (the walk of `tree.rs`); the new blobs' directories are
+/// synced before it answers, so a manifest naming them can commit.
+fn capture_tree(
+    blobs: &BlobStore,
+    root: &Path,
+    limits: Limits,
+    stop: &AtomicBool,
+) -> Result<Vec<Found>, CheckpointError> {
+    let root = Dir::open(root)?;
+    let mut new = Vec::new();
+    let mut keep = |content: &[u8]| {
+        let digest = BlobStore::digest(content);
+        if blobs.put(&digest, content)? {
+            new.push(digest.clone());
         }
-        Err(_) => std::fs::create_dir(path),
+        Ok(digest)
+    };
+    let found = tree::walk(&root, limits, Some(&mut keep), stop)?;
+    if !new.is_empty() {
+        blobs.sync_dirs(&new)?;
+    }
+    Ok(found)
+}
+
+/// Runs `work` on a `kestrel-capture` thread and waits for it at most `timeout`; past that
+/// its stop flag is set (the walk stops at its next entry) and this answers `TimedOut`.
+fn with_deadline<T: Send + 'static>(
+    timeout: Duration,
+    work: impl FnOnce(&AtomicBool) -> Result<T, CheckpointError> + Send + 'static,
+) -> Result<T, CheckpointError> {
+    let (done_tx, done) = crossbeam_channel::bounded(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::clone(&stop);
+    std::thread::Builder::new().name("kestrel-capture".into()).spawn(move || {
+        let _ = done_tx.send(work(&stopped));
+    })?;
+    match done.recv_timeout(timeout) {
+        Ok(outcome) => outcome,
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            stop.store(true, Ordering::Relaxed);
+            Err(CheckpointError::TimedOut(timeout))
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            Err(CheckpointError::Io(std::io::Error::other("the capture thread ended without an answer")))
+        }
     }
 }
 
-fn temporary_beside(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.kestrel-restore"))
+/// A manifest path's parent directory (`""` at the root) and its name.
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+/// The real directory `name` in `dir`, made if missing; a file or a link there is removed
+/// first (the link itself).
+fn real_dir(dir: &Dir, name: &OsStr, mode: u32) -> std::io::Result<Dir> {
+    match dir.entry(name)? {
+        Some(found) if found.kind == Kind::Dir => {}
+        Some(_) => {
+            dir.remove_file(name)?;
+            dir.make_dir(name, mode)?;
+        }
+        None => dir.make_dir(name, mode)?,
+    }
+    dir.dir(name)
+}
+
+/// Sets a directory's permission bits through its handle.
+fn chmod_dir(dir: &Dir, mode: u32) -> std::io::Result<()> {
+    Ok(nix::sys::stat::fchmod(dir.as_fd(), nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_past_its_deadline_is_abandoned_and_told_to_stop() {
+        let (saw_stop_tx, saw_stop) = crossbeam_channel::bounded(1);
+        let outcome: Result<(), _> = with_deadline(Duration::from_millis(50), move |stop| {
+            // A read that hangs until the capture is abandoned.
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::park_timeout(Duration::from_millis(5));
+            }
+            let _ = saw_stop_tx.send(());
+            Ok(())
+        });
+        assert!(matches!(outcome, Err(CheckpointError::TimedOut(_))), "{outcome:?}");
+        assert!(outcome.unwrap_err().to_string().contains("checkpoints.capture_timeout_secs"));
+        saw_stop.recv_timeout(Duration::from_secs(10)).expect("the work was told to stop");
+        assert_eq!(with_deadline(Duration::from_secs(10), |_| Ok(7)).unwrap(), 7);
+    }
 }

@@ -31,6 +31,7 @@ impl From<CheckpointError> for EngineError {
         match error {
             CheckpointError::Disabled(reason) => EngineError::CheckpointsDisabled(reason),
             CheckpointError::NotFound => EngineError::CheckpointNotFound,
+            CheckpointError::TimedOut(_) => EngineError::CheckpointTimedOut(error.to_string()),
             CheckpointError::Store(error) => error.into(),
             CheckpointError::Io(error) => {
                 log::error!("checkpoint: {error}");

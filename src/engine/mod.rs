@@ -61,6 +61,8 @@ pub enum EngineError {
     /// Checkpoints are off, or the workspace is past their limits: why, for people.
     CheckpointsDisabled(String),
     CheckpointNotFound,
+    /// A checkpoint's capture took too long and was abandoned: why, for people.
+    CheckpointTimedOut(String),
     MessageNotFound,
     /// A rewind names a message that is not the user's.
     InvalidRewindTarget,
@@ -95,6 +97,7 @@ impl std::fmt::Display for EngineError {
             EngineError::Compaction(detail) => write!(f, "compaction failed: {detail}"),
             EngineError::CheckpointsDisabled(reason) => write!(f, "checkpoints are disabled: {reason}"),
             EngineError::CheckpointNotFound => write!(f, "no checkpoint with that id in this session"),
+            EngineError::CheckpointTimedOut(why) => write!(f, "{why}"),
             EngineError::MessageNotFound => write!(f, "no message with that id in this session"),
             EngineError::InvalidRewindTarget => write!(f, "only a user message can be rewound to"),
             EngineError::Store(error) => write!(f, "{error}"),

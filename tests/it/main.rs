@@ -29,4 +29,5 @@ mod streams;
 mod support;
 mod terminal;
 mod tools;
+mod workspace_races;
 mod workspaces;

@@ -75,6 +75,7 @@ impl From<EngineError> for ApiError {
             EngineError::Workspace(path_error) => ApiError::from(path_error),
             EngineError::CheckpointsDisabled(_) => ApiError::new(409, "checkpoints_disabled", message),
             EngineError::CheckpointNotFound => ApiError::new(404, "checkpoint_not_found", message),
+            EngineError::CheckpointTimedOut(_) => ApiError::new(503, "checkpoint_timeout", message),
             EngineError::MessageNotFound => ApiError::new(404, "message_not_found", message),
             EngineError::InvalidRewindTarget => ApiError::bad_request("invalid_rewind_target", message),
             // A unique key that already exists: the request collides with another.

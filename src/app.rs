@@ -198,7 +198,10 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
         mcp_servers: mcp_servers(config).map(|server| server.name.clone()).collect(),
         mcp_configs: mcp_servers(config).cloned().collect(),
         sandbox: sandbox_driver(config)?,
-        sandbox_exec_timeout: Duration::from_secs(config.bae.sandbox_exec_timeout_secs.max(1)),
+        sandbox_exec: crate::sandbox::ExecLimits {
+            timeout: Duration::from_secs(config.bae.sandbox_exec_timeout_secs.max(1)),
+            output_cap: config.bae.sandbox_output_limit_bytes.max(1),
+        },
         subagent_timeout: Duration::from_secs(config.bae.subagent_timeout_secs.max(1)),
         max_subagents: config.bae.max_subagents_per_session,
     })
@@ -209,7 +212,16 @@ fn sandbox_driver(config: &Config) -> Result<crate::engine::bae::sandbox::Sandbo
     // Sandbox commands die with the server, as a tool's commands do.
     let setpriv = crate::tools::orphans::find_death_signal_wrapper();
     let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
-        "local" => Arc::new(crate::sandbox::local::Local::new(&config.server.data_dir.join("sandboxes"), setpriv)),
+        "local" => {
+            // The server's own files, hidden from commands should a sandbox show their tree.
+            let data_dir = &config.server.data_dir;
+            let hidden: Vec<PathBuf> = [data_dir.clone(), config.bae.admin_key_path(data_dir)]
+                .into_iter()
+                .chain(config.file.clone())
+                .chain(config.bae.config_file.clone())
+                .collect();
+            Arc::new(crate::sandbox::local::Local::new(&data_dir.join("sandboxes"), setpriv, &hidden))
+        }
         "docker" => Arc::new(crate::sandbox::docker::Docker { program: config.bae.docker_cli.clone(), setpriv }),
         other => {
             let why = format!("bae.sandbox_driver {other:?}: \"local\" or \"docker\"");

@@ -30,6 +30,10 @@ pub struct BaeConfig {
     pub sandbox_driver: String,
     /// How long one `execRemoteSandbox` command may run (BAE has no limit).
     pub sandbox_exec_timeout_secs: u64,
+    /// The most bytes of each output stream (stdout, stderr) one `execRemoteSandbox` command
+    /// or sandbox tool call keeps; the rest is read and dropped, and the result says
+    /// `truncated`.
+    pub sandbox_output_limit_bytes: usize,
     /// The container CLI the docker driver runs: `docker` from PATH unless set (a path, or
     /// another CLI with docker's commands, such as `podman`).
     pub docker_cli: PathBuf,
@@ -56,6 +60,7 @@ impl Default for BaeConfig {
             config_file: None,
             sandbox_driver: "local".into(),
             sandbox_exec_timeout_secs: 300,
+            sandbox_output_limit_bytes: 1024 * 1024,
             docker_cli: PathBuf::from("docker"),
             subagent_timeout_secs: 600,
             max_subagents_per_session: 8,

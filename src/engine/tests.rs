@@ -30,7 +30,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
             &data.join("sandboxes"),
             None,
         ))),
-        sandbox_exec_timeout: std::time::Duration::from_secs(5),
+        sandbox_exec: crate::sandbox::ExecLimits { timeout: std::time::Duration::from_secs(5), output_cap: 65_536 },
         subagent_timeout: std::time::Duration::from_secs(5),
         max_subagents: 2,
     };

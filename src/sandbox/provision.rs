@@ -121,7 +121,8 @@ impl Images {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{DriverError, ExecOutput, Running};
+    use crate::sandbox::{DriverError, Ending, Running, Script};
+    use std::process::Command;
     use std::time::{Duration, Instant};
 
     /// A driver whose `ensure_image` waits for the test's go-ahead, and fails for `bad:*`.
@@ -142,13 +143,13 @@ mod tests {
         fn start(&self, _: &str) -> Result<Running, DriverError> {
             unreachable!()
         }
-        fn exec(&self, _: &Running, _: &str, _: Duration) -> Result<ExecOutput, DriverError> {
-            unreachable!()
-        }
         fn stop(&self, _: &Running) -> Result<(), DriverError> {
             unreachable!()
         }
-        fn attach(&self, _: &Running, _: &str) -> Result<std::process::Command, DriverError> {
+        fn process(&self, _: &Running, _: &Script<'_>) -> Result<Command, DriverError> {
+            unreachable!()
+        }
+        fn reap(&self, _: &Running, _: &str, _: Ending) {
             unreachable!()
         }
         fn isolated(&self) -> bool {

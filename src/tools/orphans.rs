@@ -43,6 +43,13 @@ pub fn find_death_signal_wrapper() -> Option<PathBuf> {
 /// group; returns how many such processes it found alive (the rest of a group it killed is
 /// not counted).
 pub fn sweep(ours: &dyn Fn(&str) -> bool) -> usize {
+    kill_marked(&|value| value.split(':').next().is_some_and(ours), true)
+}
+
+/// Kills every process whose marker value `matches` accepts (and, with `groups`, each one's
+/// process group); how many it found. Processes that left their group (`setsid`, `nohup`)
+/// still carry the marker their starter gave them, so this reaches what `killpg` cannot.
+pub fn kill_marked(matches: &dyn Fn(&str) -> bool, groups: bool) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
     let me = std::process::id();
     let my_group = getpgrp();
@@ -54,14 +61,16 @@ pub fn sweep(ours: &dyn Fn(&str) -> bool) -> usize {
         }
         // Unreadable for other users' processes, gone for ones that just exited: not ours.
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-        let Some(session) = marked_session(&environ) else { continue };
-        if !ours(&session) {
+        let Some(value) = marker_of(&environ) else { continue };
+        if !matches(&value) {
             continue;
         }
         let pid = Pid::from_raw(pid);
-        if let Ok(group) = getpgid(Some(pid)) {
-            if group != my_group {
-                let _ = killpg(group, Signal::SIGKILL);
+        if groups {
+            if let Ok(group) = getpgid(Some(pid)) {
+                if group != my_group {
+                    let _ = killpg(group, Signal::SIGKILL);
+                }
             }
         }
         let _ = kill(pid, Signal::SIGKILL);
@@ -70,13 +79,19 @@ pub fn sweep(ours: &dyn Fn(&str) -> bool) -> usize {
     killed
 }
 
-/// The session id in an environment block's marker, if it has one.
-fn marked_session(environ: &[u8]) -> Option<String> {
+/// The marker's whole value in an environment block, if it has one.
+fn marker_of(environ: &[u8]) -> Option<String> {
     let prefix = format!("{MARKER}=");
     environ.split(|&b| b == 0).find_map(|var| {
         let value = std::str::from_utf8(var.strip_prefix(prefix.as_bytes())?).ok()?;
-        Some(value.split(':').next()?.to_string())
+        Some(value.to_string())
     })
+}
+
+/// The session id in an environment block's marker, if it has one.
+#[cfg(test)]
+fn marked_session(environ: &[u8]) -> Option<String> {
+    Some(marker_of(environ)?.split(':').next()?.to_string())
 }
 
 #[cfg(test)]

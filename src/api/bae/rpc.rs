@@ -151,7 +151,7 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             answer(
                 &id,
                 ran.map(
-                    |out| serde_json::json!({ "stdout": out.stdout, "stderr": out.stderr, "exit_code": out.exit_code }),
+                    |out| serde_json::json!({ "stdout": out.stdout, "stderr": out.stderr, "exit_code": out.exit_code, "truncated": out.truncated }),
                 ),
                 &method,
             )

@@ -16,6 +16,7 @@ pub mod runtime;
 pub mod sandbox;
 mod sessions;
 pub mod subagent;
+mod template;
 pub(in crate::engine) mod turn;
 
 use std::path::Path;
@@ -42,9 +43,10 @@ pub struct BaeSettings {
     pub mcp_servers: Vec<String>,
     /// The configured MCP servers.
     pub mcp_configs: Vec<crate::config::bae::McpServer>,
-    /// Remote sandboxes' driver, and how long one exec may run.
+    /// Remote sandboxes' driver, and how long one exec may run and how much of its output
+    /// is kept.
     pub sandbox: sandbox::SandboxDriver,
-    pub sandbox_exec_timeout: std::time::Duration,
+    pub sandbox_exec: crate::sandbox::ExecLimits,
     /// How long a remote subagent may run when its declaration says nothing.
     pub subagent_timeout: std::time::Duration,
     /// Remote subagents a session may have running at once.

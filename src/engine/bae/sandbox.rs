@@ -54,7 +54,7 @@ impl crate::engine::Engine {
         command: &str,
     ) -> Result<crate::sandbox::ExecOutput, RpcError> {
         let settings = &self.shared.config.bae;
-        match settings.sandbox.0.exec(sandbox, command, settings.sandbox_exec_timeout) {
+        match crate::sandbox::exec(settings.sandbox.0.as_ref(), sandbox, command, settings.sandbox_exec) {
             Ok(output) => Ok(output),
             Err(error) => {
                 let event = exec_failed(session_id, sandbox, &error.0, settings.sandbox.0.isolated());
@@ -240,7 +240,7 @@ impl crate::engine::run::Run {
         let (ok, result, error, text, failed) = match outcome {
             Ok(output) => {
                 let text = output_text(&output);
-                let result = serde_json::json!({ "stdout": output.stdout, "stderr": output.stderr, "exit_code": output.exit_code });
+                let result = serde_json::json!({ "stdout": output.stdout, "stderr": output.stderr, "exit_code": output.exit_code, "truncated": output.truncated });
                 (output.exit_code == 0, Some(result), None, text, output.exit_code != 0)
             }
             Err(why) => (false, None, Some(why.clone()), format!("sandbox error: {why}"), true),
@@ -279,7 +279,7 @@ impl crate::engine::run::Run {
             return (None, Err(why));
         };
         let settings = &self.shared.config.bae;
-        match settings.sandbox.0.exec(&sandbox, command, settings.sandbox_exec_timeout) {
+        match crate::sandbox::exec(settings.sandbox.0.as_ref(), &sandbox, command, settings.sandbox_exec) {
             Ok(output) => (Some(sandbox.id), Ok(output)),
             Err(error) => {
                 self.publish(exec_failed(&self.session_id, &sandbox, &error.0, settings.sandbox.0.isolated()));
@@ -290,7 +290,8 @@ impl crate::engine::run::Run {
 }
 
 /// BAE's text of a sandbox command's output: stdout, then `[stderr]` and stderr if there is
-/// any, then `[exit_code: N]` if it failed, each on a line of its own.
+/// any, then `[exit_code: N]` if it failed, then `[output truncated]` if a stream was cut at
+/// the output limit, each on a line of its own.
 fn output_text(output: &crate::sandbox::ExecOutput) -> String {
     let mut text = output.stdout.clone();
     let section = |text: &mut String, piece: &str| {
@@ -304,6 +305,9 @@ fn output_text(output: &crate::sandbox::ExecOutput) -> String {
     }
     if output.exit_code != 0 {
         section(&mut text, &format!("[exit_code: {}]", output.exit_code));
+    }
+    if output.truncated {
+        section(&mut text, "[output truncated]");
     }
     text
 }

@@ -265,35 +265,6 @@ impl Outcome {
     }
 }
 
-/// `'…'` around `text`, each `'` written `'\''`.
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-/// The harness's command: `{model}` and (arg mode) `{prompt}` replaced by their quoted values
-/// in one pass, so nothing a value holds is ever read as a placeholder.
-fn command_line(harness: &Harness, model: &str, prompt: &str) -> String {
-    let mut line = String::new();
-    let mut rest = harness.command_template.as_str();
-    while let Some(at) = rest.find('{') {
-        line.push_str(&rest[..at]);
-        rest = &rest[at..];
-        if let Some(after) = rest.strip_prefix("{model}") {
-            line.push_str(&shell_quote(model));
-            rest = after;
-        } else if let Some(after) = rest.strip_prefix("{prompt}") {
-            line.push_str(&shell_quote(prompt));
-            rest = after;
-        } else {
-            // Declarations are checked at open and join; a stray brace is kept as it is.
-            line.push('{');
-            rest = &rest[1..];
-        }
-    }
-    line.push_str(rest);
-    line
-}
-
 /// A launch refused: the reason, in BAE's words.
 struct Refused(String);
 
@@ -364,14 +335,23 @@ impl Run {
         tell.step(&actor, "running", None);
 
         let driver = Arc::clone(&self.shared.config.bae.sandbox.0);
-        let process = driver.attach(sandbox, &command_line(harness, &who.model, prompt));
+        let marker = sandbox.process_marker();
+        // Checked at open and join; the values are positional parameters, never script.
+        let process = super::template::compile(&harness.command_template, &harness.prompt_via)
+            .map_err(|why| crate::sandbox::DriverError(why.to_string()))
+            .and_then(|script| {
+                let args = super::template::arguments(&who.model, prompt, &harness.prompt_via);
+                let script = crate::sandbox::Script { text: &script, args: &args, marker: &marker, stdin: true };
+                driver.process(sandbox, &script)
+            });
         let stdin = (harness.prompt_via != "arg").then(|| prompt.as_bytes().to_vec());
         let timeout =
             harness.timeout_secs.map(std::time::Duration::from_secs).unwrap_or(self.shared.config.bae.subagent_timeout);
-        let (finish, finish_actor) = (tell.clone(), actor.clone());
+        let (finish, finish_actor, sandbox) = (tell.clone(), actor.clone(), sandbox.clone());
         let work = move || {
+            let reap = |ending| driver.reap(&sandbox, &marker, ending);
             let outcome = match process {
-                Ok(process) => match crate::sandbox::supervise(process, stdin, timeout, &killed, OUTPUT_CAP) {
+                Ok(process) => match crate::sandbox::supervise(process, stdin, timeout, &killed, OUTPUT_CAP, &reap) {
                     Ok(ran) => Outcome::of(ran),
                     Err(error) => Outcome::spawn_failed(error.to_string()),
                 },
@@ -504,19 +484,6 @@ pub(in crate::engine) fn declarations(by_key: &Map<String, Value>, key: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn harness(template: &str, via: &str) -> Harness {
-        Harness { harness: "h".into(), command_template: template.into(), prompt_via: via.into(), timeout_secs: None }
-    }
-
-    #[test]
-    fn values_are_quoted_once_and_never_read_as_placeholders() {
-        let line = command_line(&harness("cli --model {model} --print {prompt}", "arg"), "x'{prompt}", ";touch /p;");
-        assert_eq!(line, r"cli --model 'x'\''{prompt}' --print ';touch /p;'");
-        let line = command_line(&harness("cli --model {model}", "stdin"), "m {prompt}", "secret");
-        assert_eq!(line, "cli --model 'm {prompt}'");
-        assert!(!line.contains("secret"));
-    }
 
     #[test]
     fn status_reports_ended_tasks_once_and_keeps_running_ones() {

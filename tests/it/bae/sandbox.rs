@@ -37,7 +37,11 @@ fn a_remote_sandbox_starts_runs_commands_stops_and_close_stops_it_too() {
     assert!(started["result"]["started_at"].is_string());
     assert_eq!(code(&call(&mut harness, "session.startRemoteSandbox", json!({ "image": "alpine:3.19" }))), -32000);
     let ran = call(&mut harness, "session.execRemoteSandbox", json!({ "command": "echo hi; echo no >&2; exit 3" }));
-    assert_eq!(ran["result"], json!({ "stdout": "hi\n", "stderr": "no\n", "exit_code": 3 }), "{ran}");
+    assert_eq!(
+        ran["result"],
+        json!({ "stdout": "hi\n", "stderr": "no\n", "exit_code": 3, "truncated": false }),
+        "{ran}"
+    );
     assert_eq!(code(&call(&mut harness, "session.execRemoteSandbox", json!({}))), -32602);
 
     let stopped = call(&mut harness, "session.stopRemoteSandbox", json!({}));
@@ -129,7 +133,10 @@ fn an_auto_mode_sandbox_tool_runs_inside_the_turn() {
     );
     assert_eq!(events[3]["payload"]["dispatch"], "sandbox");
     assert_eq!(events[4]["payload"]["command"], "echo hi; echo e >&2; exit 2");
-    assert_eq!(events[5]["payload"]["result"], json!({ "stdout": "hi\n", "stderr": "e\n", "exit_code": 2 }));
+    assert_eq!(
+        events[5]["payload"]["result"],
+        json!({ "stdout": "hi\n", "stderr": "e\n", "exit_code": 2, "truncated": false })
+    );
     assert_eq!(events[6]["payload"]["content"], json!([{ "type": "text", "text": "hi\n[stderr]\ne\n[exit_code: 2]" }]));
     assert_eq!(events[6]["payload"]["is_error"], true);
 }
@@ -151,7 +158,7 @@ case "$1" in
   pull) [ "$2" = "broken:1" ] && {{ echo "Error response from daemon: manifest for broken:1 not found" >&2; exit 1; }}
         echo "pulled $2"; exit 0 ;;
   run) echo "c0ffee1234"; exit 0 ;;
-  exec) shift; [ "$1" = "-i" ] && shift; shift; exec "$@" ;;
+  exec) shift; [ "$1" = "-i" ] && shift; [ "$1" = "-e" ] && {{ export "$2"; shift 2; }}; shift; exec "$@" ;;
   stop) echo "$2"; exit 0 ;;
 esac
 exit 2
@@ -248,7 +255,7 @@ fn the_docker_driver_runs_bae_s_command_lines_and_provisions_images_in_the_backg
     // Start, exec, a subagent, stop: each exactly as BAE runs it.
     call(&mut harness, "session.startRemoteSandbox", json!({ "image": "present:1" }));
     let ran = call(&mut harness, "session.execRemoteSandbox", json!({ "command": "echo 'hi there'" }));
-    assert_eq!(ran["result"], json!({ "stdout": "hi there\n", "stderr": "", "exit_code": 0 }));
+    assert_eq!(ran["result"], json!({ "stdout": "hi there\n", "stderr": "", "exit_code": 0, "truncated": false }));
     use crate::fake_provider::anthropic;
     let launch = json!([{ "type": "tool_use", "id": "tu_1", "name": "launch_subagent",
         "input": { "harness": "cat", "model": "o'k", "prompt": "the prompt" } }]);
@@ -268,14 +275,19 @@ fn the_docker_driver_runs_bae_s_command_lines_and_provisions_images_in_the_backg
     let reply: Value = serde_json::from_str(reply.as_str().unwrap()).unwrap();
     assert_eq!(reply["subagents"][0]["stdout"], "the prompt as o'k\n", "{reply}");
     call(&mut harness, "session.stopRemoteSandbox", json!({}));
-    let session_calls: Vec<String> = calls_made(dir.path()).into_iter().skip(provisioned.len()).collect();
+    let marker = regex::Regex::new(r"KESTREL_COMMAND=[^\]]+:c0ffee1234:[0-9a-f]{32}").unwrap();
+    let session_calls: Vec<String> = calls_made(dir.path())
+        .into_iter()
+        .skip(provisioned.len())
+        .map(|line| marker.replace_all(&line, "KESTREL_COMMAND=<marker>").into_owned())
+        .collect();
     assert_eq!(
         session_calls,
         [
             "[image][inspect][present:1]",
             "[run][-d][--rm][present:1][sleep][infinity]",
-            "[exec][c0ffee1234][sh][-c][echo 'hi there']",
-            r"[exec][-i][c0ffee1234][sh][-c][cat; echo ' as' 'o'\''k']",
+            "[exec][-e][KESTREL_COMMAND=<marker>][c0ffee1234][sh][-c][echo 'hi there'][sh]",
+            r#"[exec][-i][-e][KESTREL_COMMAND=<marker>][c0ffee1234][sh][-c][cat; echo ' as' "$1"][sh][o'k]"#,
             "[stop][c0ffee1234]"
         ]
     );
@@ -285,4 +297,98 @@ fn the_docker_driver_runs_bae_s_command_lines_and_provisions_images_in_the_backg
     status_when(&bae, |items| image_status(items, "broken:1")["status"] == "error");
     let again: Vec<String> = calls_made(dir.path()).into_iter().skip(provisioned.len() + session_calls.len()).collect();
     assert_eq!(again[0], "[image][inspect][present:1]", "{again:?}");
+}
+
+/// A session of a profile offering `alpine:3.19`, its remote sandbox started; whether the
+/// driver isolates commands.
+fn sandboxed(bae: &Bae) -> (Harness, bool) {
+    let body = json!({ "name": "hardened", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": ["alpine:3.19"] });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    assert_eq!(profile.status, 201, "{}", profile.text);
+    let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    call(&mut harness, "session.startRemoteSandbox", json!({ "image": "alpine:3.19" }));
+    let running = harness.events().into_iter().find(|e| e["event_type"] == "session.sandbox.running").unwrap();
+    let isolated = !running["payload"]["unsandboxed"].as_bool().unwrap();
+    (harness, isolated)
+}
+
+fn exec(harness: &mut Harness, command: &str) -> Value {
+    let ran = call(harness, "session.execRemoteSandbox", json!({ "command": command }));
+    ran["result"].clone()
+}
+
+#[test]
+fn a_sandbox_command_sees_no_server_secret_and_under_bubblewrap_no_host_secret() {
+    // A provider key the server reads from its environment, set in this process only.
+    let secret_name = format!("KESTREL_IT_SANDBOX_KEY_{}", std::process::id());
+    std::env::set_var(&secret_name, "sk-ant-sandbox-secret");
+    let bae = Bae::start();
+    let (mut harness, isolated) = sandboxed(&bae);
+    let env = exec(&mut harness, "env");
+    std::env::remove_var(&secret_name);
+    let stdout = env["stdout"].as_str().unwrap();
+    assert!(!stdout.contains("sk-ant-sandbox-secret") && !stdout.contains(&secret_name), "{stdout}");
+    let names: Vec<&str> = stdout.lines().filter_map(|line| line.split('=').next()).collect();
+    for name in &names {
+        let allowed =
+            ["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "KESTREL_COMMAND", "PWD", "SHLVL", "_"];
+        assert!(allowed.contains(name), "{name} reached the sandbox: {stdout}");
+    }
+    let data_dir = bae.server.data_dir.display().to_string();
+    let admin_key = std::fs::read_to_string(bae.server.data_dir.join("admin-key")).unwrap();
+    if isolated {
+        // The data dir (the admin key, the key secret, the database) is not there at all.
+        for file in ["admin-key", "bae-key-secret", "kestrel.db"] {
+            let read = exec(&mut harness, &format!("cat {data_dir}/{file}"));
+            assert_ne!(read["exit_code"], 0, "{file} was readable: {read}");
+        }
+        let shadow = exec(&mut harness, "cat /etc/shadow; ls /root /home");
+        assert!(shadow["stdout"].as_str().unwrap().trim().is_empty(), "{shadow}");
+    } else {
+        eprintln!("bubblewrap is not available here: only the unsandboxed environment was checked");
+    }
+    assert!(!stdout.contains(admin_key.trim()));
+}
+
+#[test]
+fn a_sandbox_command_is_capped_converted_and_cannot_outlive_its_timeout() {
+    let bae = Bae::start_with(|config| {
+        config.bae.sandbox_output_limit_bytes = 1000;
+        config.bae.sandbox_exec_timeout_secs = 2;
+    });
+    let (mut harness, _) = sandboxed(&bae);
+    let flood = exec(&mut harness, "head -c 50000000 /dev/zero | tr '\\0' x; echo done >&2");
+    assert_eq!(flood["stdout"].as_str().unwrap().len(), 1000, "capped");
+    assert_eq!(flood["stderr"], "done\n");
+    assert_eq!(flood["truncated"], true);
+    assert_eq!(flood["exit_code"], 0);
+    let binary = exec(&mut harness, r"printf '\377\376ok'");
+    assert_eq!(binary["stdout"], "\u{FFFD}\u{FFFD}ok", "an explicit lossy conversion, not an empty stdout");
+    // The background keeps the output pipe open: the command still ends, and what it started
+    // ends with it (or at the timeout), whichever way it left its group.
+    let mark = format!("kestrel-bg-{}", std::process::id());
+    let script = format!("export MARK={mark}; sleep 120 & nohup sleep 121 & setsid sleep 122 & echo bg");
+    let background = exec(&mut harness, &script);
+    assert_eq!(background["stdout"], "bg\n", "{background}");
+    let hung = exec(&mut harness, &format!("export MARK={mark}; setsid sleep 123 & sleep 124"));
+    assert_eq!(hung["exit_code"], -1, "killed at its timeout: {hung}");
+    let deadline = std::time::Instant::now() + crate::support::WAIT;
+    while processes_with(&mark) > 0 {
+        assert!(std::time::Instant::now() < deadline, "a background process outlived its command");
+        std::thread::yield_now();
+    }
+}
+
+/// Live processes whose environment holds `text`.
+pub fn processes_with(text: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            let alive = !std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default().contains(") Z ");
+            alive && String::from_utf8_lossy(&environ).contains(text)
+        })
+        .count()
 }

@@ -171,6 +171,9 @@ fn open_refuses_bad_bodies_tools_and_profiles_in_order() {
         declared("launch", "img", json!([harness(json!({ "command_template": "x {prompt}" }))])),
         declared("launch", "img", json!([harness(json!({ "prompt_via": "file" }))])),
         declared("launch", "img", json!([harness(json!({ "timeout_secs": 0 }))])),
+        // A placeholder a shell would read again: inside quotes, where `$(…)` in a value runs.
+        declared("launch", "img", json!([harness(json!({ "command_template": "echo \"M={model}\"" }))])),
+        declared("launch", "img", json!([harness(json!({ "command_template": "echo 'M={model}'" }))])),
     ] {
         assert_problem(&open(bad.clone()), 422, "invalid_subagent_tools");
     }

@@ -26,7 +26,7 @@ fn declaration(marker: &str) -> Value {
             { "harness": "echo", "command_template": "echo model={model}; cat", "prompt_via": "stdin" },
             { "harness": "fail", "command_template": "echo bad >&2; exit 3 # {model}" },
             { "harness": "slow", "command_template": "sleep 30 # {model}", "timeout_secs": 1 },
-            { "harness": "hang", "command_template": format!("export KESTREL_TEST_MARK={marker}; sleep 300; echo {{model}}") },
+            { "harness": "hang", "command_template": format!("export KESTREL_TEST_MARK={marker}; setsid sleep 301 & sleep 300; echo {{model}}") },
             { "harness": "arg", "command_template": "printf '%s|' {model} {prompt}", "prompt_via": "arg" }
         ]
     })
@@ -342,7 +342,9 @@ fn close_stops_the_subagent_the_sandbox_and_the_mcp_server_and_leaves_no_process
     assert_eq!(tail[1]["payload"]["reason"], "session_close");
     assert_eq!(tail[2]["payload"]["reason"], "session_close");
     let sandboxes = bae.server.data_dir.join("sandboxes");
-    let left = std::fs::read_dir(&sandboxes).map(|d| d.count()).unwrap_or(0);
+    let left = std::fs::read_dir(&sandboxes)
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("lsb_")).count())
+        .unwrap_or(0);
     assert_eq!(left, 0, "the sandbox directory is gone");
 }
 

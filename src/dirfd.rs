@@ -52,6 +52,8 @@ pub struct Entry {
     pub size: u64,
     /// Permission bits (`& 0o7777`).
     pub mode: u32,
+    /// The modification time, in nanoseconds since the epoch (0 before it).
+    pub modified_ns: u128,
 }
 
 /// An open directory.
@@ -227,7 +229,8 @@ pub enum ReadError {
 }
 
 fn entry_of(name: OsString, stat: &FileStat) -> Entry {
-    Entry { name, kind: Kind::of(stat), size: stat.st_size.max(0) as u64, mode: stat.st_mode & 0o7777 }
+    let modified_ns = (stat.st_mtime.max(0) as u128) * 1_000_000_000 + stat.st_mtime_nsec.max(0) as u128;
+    Entry { name, kind: Kind::of(stat), size: stat.st_size.max(0) as u64, mode: stat.st_mode & 0o7777, modified_ns }
 }
 
 /// `openat` with `O_NOFOLLOW` on a link answers `ELOOP`; say what happened.

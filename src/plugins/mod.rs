@@ -9,11 +9,13 @@ pub mod manifest;
 pub mod tool;
 pub mod watch;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 use serde::Serialize;
 
+use crate::dirfd::{Dir, Kind, ReadError};
 use manifest::{relative_path_ok, Manifest};
 
 /// `[plugins]` in the config file.
@@ -145,7 +147,7 @@ impl Plugins {
                 web: manifest.web.as_ref().map(|web| WebInfo {
                     entry: asset_url(&manifest.id, &web.entry),
                     stylesheet: web.stylesheet.as_ref().map(|s| asset_url(&manifest.id, s)),
-                    revision: self.hot_reload().then(|| revision(&plugin.dir.join("web"))),
+                    revision: self.hot_reload().then(|| revision(&plugin.dir)),
                 }),
                 tools: manifest.tools.iter().map(|t| t.name.clone()).collect(),
             },
@@ -162,23 +164,36 @@ impl Plugins {
         }
     }
 
-    /// A file of an active plugin's `web/` tree and its content type.
+    /// A file of an active plugin's `web/` tree and its content type. Read through directory
+    /// handles from the plugin's directory down, none of them following a link: a link
+    /// anywhere on the way (`web` itself included) is refused, never resolved.
     pub fn asset(&self, id: &str, path: &str) -> Result<(Vec<u8>, &'static str), AssetError> {
         let plugins = self.snapshot();
         let plugin = plugins.iter().find(|p| p.id == id && p.manifest.is_ok()).ok_or(AssetError::NotFound)?;
         if !relative_path_ok(path) {
             return Err(AssetError::Forbidden);
         }
-        let root = plugin.dir.join("web").canonicalize().map_err(|_| AssetError::NotFound)?;
-        let file = root.join(path).canonicalize().map_err(|_| AssetError::NotFound)?;
-        // Symbolic links are resolved first, so one pointing out of `web/` is refused too.
-        if !file.starts_with(&root) || !file.is_file() {
-            return Err(AssetError::Forbidden);
+        let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let refused = |error: std::io::Error| match error.kind() {
+            std::io::ErrorKind::NotFound => AssetError::NotFound,
+            _ => AssetError::Forbidden,
+        };
+        let web = Dir::open(&plugin.dir).and_then(|dir| dir.dir(OsStr::new("web"))).map_err(refused)?;
+        let dir = web.descend(parent).map_err(refused)?;
+        match dir.read_file(OsStr::new(name), ASSET_LIMIT) {
+            Ok((bytes, _)) => Ok((bytes, content_type(Path::new(name)))),
+            Err(ReadError::TooLarge) => Err(AssetError::Forbidden),
+            Err(ReadError::Io(error)) => Err(refused(error)),
         }
-        let bytes = std::fs::read(&file).map_err(|_| AssetError::NotFound)?;
-        Ok((bytes, content_type(&file)))
     }
 }
+
+/// The largest web asset served.
+const ASSET_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Entries a revision walk looks at, at most: a `web/` tree past it is fingerprinted by its
+/// first entries (and the count), never walked to its end every poll.
+const REVISION_ENTRIES: usize = 10_000;
 
 fn asset_url(id: &str, path: &str) -> String {
     format!("/plugins/{id}/web/{path}")
@@ -202,6 +217,8 @@ fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
         if let Ok(read) = &manifest {
             if plugins.iter().any(|p| p.id == read.id) {
                 manifest = Err(format!("id {:?} is taken by another plugin", read.id));
+            } else if let Err(why) = web_dir_ok(&dir, read.web.is_some()) {
+                manifest = Err(why);
             }
         }
         if let Ok(read) = &manifest {
@@ -216,31 +233,51 @@ fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
     plugins
 }
 
-/// A fingerprint of a tree: every file's path, size and modification time, hashed.
-pub fn revision(dir: &Path) -> String {
+/// `web/`, where it exists or the manifest declares one, must be a real directory inside the
+/// plugin's directory: a link there (to `/`, say) fails the plugin at load.
+fn web_dir_ok(dir: &Path, declared: bool) -> Result<(), String> {
+    let found = Dir::open(dir).and_then(|plugin| plugin.entry(OsStr::new("web")));
+    match found {
+        Ok(Some(entry)) if entry.kind == Kind::Dir => Ok(()),
+        Ok(Some(_)) => Err("web must be a directory inside the plugin directory, not a link or a file".into()),
+        Ok(None) if declared => Err("the manifest declares web files but the plugin has no web/ directory".into()),
+        Ok(None) => Ok(()),
+        Err(error) => Err(format!("the plugin directory cannot be read: {error}")),
+    }
+}
+
+/// A fingerprint of a plugin's `web/` tree: every file's path, size and modification time,
+/// hashed. The walk goes through handles that never follow a link (a link is neither entered
+/// nor counted) and stops after `REVISION_ENTRIES` entries.
+pub fn revision(plugin_dir: &Path) -> String {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
-    let mut pending = vec![dir.to_path_buf()];
     let mut files = Vec::new();
-    while let Some(at) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&at) else { continue };
-        for entry in entries.flatten() {
-            let Ok(metadata) = entry.metadata() else { continue };
-            match metadata.is_dir() {
-                true => pending.push(entry.path()),
-                false => {
-                    let modified = metadata.modified().ok().and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok());
-                    files.push((entry.path(), metadata.len(), modified.map_or(0, |m| m.as_nanos())));
-                }
+    let mut seen = 0usize;
+    let web = Dir::open(plugin_dir).and_then(|dir| dir.dir(OsStr::new("web")));
+    let mut pending: Vec<(Dir, String)> = web.into_iter().map(|dir| (dir, String::new())).collect();
+    while let Some((dir, prefix)) = pending.pop() {
+        let Ok(entries) = dir.entries() else { continue };
+        for entry in entries {
+            seen += 1;
+            if seen > REVISION_ENTRIES {
+                break;
+            }
+            let path = format!("{prefix}/{}", entry.name.to_string_lossy());
+            match entry.kind {
+                Kind::Dir => pending.extend(dir.dir(&entry.name).ok().map(|child| (child, path))),
+                Kind::File => files.push((path, entry.size, entry.modified_ns)),
+                Kind::Symlink | Kind::Other => {}
             }
         }
     }
     files.sort();
     for (path, size, modified) in files {
-        hasher.update(path.to_string_lossy().as_bytes());
+        hasher.update(path.as_bytes());
         hasher.update(size.to_le_bytes());
         hasher.update(modified.to_le_bytes());
     }
+    hasher.update(seen.min(REVISION_ENTRIES + 1).to_le_bytes());
     hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 

@@ -118,12 +118,7 @@ impl State {
 
 /// Every active plugin's `web/` revision.
 fn current_revisions(plugins: &Plugins) -> HashMap<String, String> {
-    plugins
-        .snapshot()
-        .iter()
-        .filter(|p| p.manifest.is_ok())
-        .map(|p| (p.id.clone(), revision(&p.dir.join("web"))))
-        .collect()
+    plugins.snapshot().iter().filter(|p| p.manifest.is_ok()).map(|p| (p.id.clone(), revision(&p.dir))).collect()
 }
 
 /// Every plugin directory's manifest modification time, and the directories there are.

@@ -265,3 +265,50 @@ fn next_named(stream: &mut crate::support::SseClient, within: std::time::Duratio
         }
     }
 }
+
+/// `web` as a link to `/` (or to anything): the plugin fails at load and nothing is served;
+/// a link inside a real `web/`, even to a file of the plugin's own, is refused, never
+/// followed; and with hot reload the watcher never walks the link's target.
+#[test]
+fn a_web_link_fails_the_plugin_and_no_link_inside_web_is_followed() {
+    let (server, dir) = with_plugins(|dir| {
+        let manifest = json!({ "id": "rooted", "name": "Rooted", "version": "1.0.0", "web": { "entry": "index.js" } });
+        fs::create_dir_all(dir.join("rooted")).unwrap();
+        fs::write(dir.join("rooted/plugin.json"), manifest.to_string()).unwrap();
+        std::os::unix::fs::symlink("/", dir.join("rooted/web")).unwrap();
+        let manifest = json!({ "id": "inner", "name": "Inner", "version": "1.0.0", "web": { "entry": "index.js" } });
+        plugin(dir, "inner", manifest, &[("web/index.js", "export default 2;\n"), ("notes.txt", "the plugin's own")]);
+        std::os::unix::fs::symlink(dir.join("inner/notes.txt"), dir.join("inner/web/notes.txt")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.join("inner/web/etc")).unwrap();
+    });
+    let client = server.client().with_token(Some("secret"));
+    let plugins = client.get("/api/plugins").json["plugins"].as_array().unwrap().clone();
+    let rooted = plugins.iter().find(|p| p["id"] == "rooted").unwrap();
+    assert_eq!(rooted["status"], "failed", "{rooted}");
+    assert!(rooted["error"].as_str().unwrap().contains("web must be a directory"), "{rooted}");
+    let anonymous = server.client().with_token(None);
+    for path in ["/plugins/rooted/web/proc/self/environ", "/plugins/rooted/web/etc/passwd"] {
+        let answer = anonymous.get(path);
+        assert_eq!(answer.status, 404, "{path}: {}", answer.text);
+    }
+    assert_eq!(anonymous.get("/plugins/inner/web/index.js").text, "export default 2;\n");
+    assert_eq!(anonymous.get("/plugins/inner/web/notes.txt").status, 403, "a link is not followed");
+    assert_eq!(anonymous.get("/plugins/inner/web/etc/passwd").status, 403);
+    drop(dir);
+}
+
+#[test]
+fn a_revision_never_walks_through_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("linked")).unwrap();
+    std::os::unix::fs::symlink("/", dir.path().join("linked/web")).unwrap();
+    fs::create_dir_all(dir.path().join("empty/web")).unwrap();
+    fs::create_dir_all(dir.path().join("inner/web")).unwrap();
+    std::os::unix::fs::symlink("/usr", dir.path().join("inner/web/usr")).unwrap();
+    fs::create_dir_all(dir.path().join("dangling/web")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent", dir.path().join("dangling/web/usr")).unwrap();
+    let revision = |name: &str| kestrel::plugins::revision(&dir.path().join(name));
+    assert_eq!(revision("linked"), revision("nope"), "a linked web/ is no tree at all");
+    assert_eq!(revision("inner"), revision("dangling"), "what a link inside points at is not walked");
+    assert_ne!(revision("inner"), revision("empty"));
+}

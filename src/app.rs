@@ -77,9 +77,20 @@ impl From<StoreError> for StartError {
     }
 }
 
-/// Kills every process a command of one of this store's sessions left behind.
-fn sweep_commands(store: &Store, when: &str) {
-    let ours = |session: &str| store.readers().session(session).ok().flatten().is_some();
+/// This data dir's marker for processes that belong to no session (MCP servers shared by
+/// every session or a tenant's): a digest of the data dir's path, the same at every start.
+fn node_marker(data_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let path = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("node-{hex}")
+}
+
+/// Kills every process a command of one of this store's sessions, or of this data dir's
+/// node, left behind.
+fn sweep_commands(store: &Store, node: &str, when: &str) {
+    let ours = |owner: &str| owner == node || store.readers().session(owner).ok().flatten().is_some();
     let killed = crate::tools::orphans::sweep(&ours);
     if killed > 0 {
         log::warn!("killed {killed} command process(es) {when}");
@@ -188,7 +199,10 @@ fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
 const KEY_SECRET_FILE: &str = "bae-key-secret";
 
 /// The engine's BAE settings; the key secret is created in the data dir on first start.
-fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, StartError> {
+fn bae_settings(
+    config: &Config,
+    mcp_spawning: crate::mcp::Spawning,
+) -> Result<crate::engine::bae::BaeSettings, StartError> {
     let keyring =
         crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE)).map_err(StartError::Keyring)?;
     Ok(crate::engine::bae::BaeSettings {
@@ -197,6 +211,7 @@ fn bae_settings(config: &Config) -> Result<crate::engine::bae::BaeSettings, Star
         loop_limit: config.bae.loop_limit.max(1),
         mcp_servers: mcp_servers(config).map(|server| server.name.clone()).collect(),
         mcp_configs: mcp_servers(config).cloned().collect(),
+        mcp_spawning,
         sandbox: sandbox_driver(config)?,
         sandbox_exec: crate::sandbox::ExecLimits {
             timeout: Duration::from_secs(config.bae.sandbox_exec_timeout_secs.max(1)),
@@ -238,24 +253,32 @@ fn mcp_servers(config: &Config) -> impl Iterator<Item = &crate::config::bae::Mcp
 
 /// Connects Kestrel's MCP servers in the background (a slow one does not hold up the start)
 /// and gives Kestrel sessions their tools as they arrive.
-fn connect_mcp(config: &Config, engine: &Engine) -> Result<(), StartError> {
+fn connect_mcp(config: &Config, engine: &Engine, node: crate::mcp::Spawning) -> Result<(), StartError> {
     let servers = config.mcp.servers.clone();
     if servers.is_empty() {
         return Ok(());
     }
     let engine = engine.clone();
     let connect = move || {
-        let mut tools: Vec<Box<dyn crate::engine::tools::Tool>> = Vec::new();
+        let mut listed = Vec::new();
         for server in servers {
             let name = server.name.clone();
-            match crate::mcp::tool::Shared::connect(server) {
-                Ok((shared, listed)) => {
-                    log::info!("MCP server {name:?}: {} tools", listed.len());
-                    for tool in listed {
-                        tools.push(Box::new(crate::mcp::tool::KestrelMcpTool::new(Arc::clone(&shared), tool)));
-                    }
+            match crate::mcp::tool::Pool::connect(server, node.clone()) {
+                Ok((pool, tools)) => {
+                    log::info!("MCP server {name:?}: {} tools", tools.len());
+                    listed.extend(tools.into_iter().map(|tool| (name.clone(), Arc::clone(&pool), tool)));
                 }
                 Err(error) => log::error!("MCP server {name:?} did not connect: {error}"),
+            }
+        }
+        let pairs: Vec<(String, String)> =
+            listed.iter().map(|(server, _, tool)| (server.clone(), tool.name.clone())).collect();
+        let names = crate::mcp::tool::unique_names(&pairs);
+        let mut tools: Vec<Box<dyn crate::engine::tools::Tool>> = Vec::new();
+        for ((server, pool, tool), name) in listed.into_iter().zip(names) {
+            match name {
+                Some(name) => tools.push(Box::new(crate::mcp::tool::KestrelMcpTool::new(pool, tool, name))),
+                None => log::warn!("MCP server {server:?}: tool {:?} has no free name and is left out", tool.name),
             }
         }
         engine.tools().replace_group("mcp", tools);
@@ -277,6 +300,8 @@ pub struct Server {
     store_writer: Option<WriterHandle>,
     /// The hot reload watcher, when it runs.
     plugin_watcher: Option<crate::plugins::watch::Watcher>,
+    /// This data dir's process marker (`node_marker`).
+    node: String,
 }
 
 /// Counters a test or an operator can read.
@@ -341,7 +366,8 @@ impl Server {
         // Runs that were in flight when the last process died cannot still be running, and
         // neither may the commands they started.
         store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
-        sweep_commands(&store, "left by the previous run of this data dir");
+        let node = node_marker(&config.server.data_dir);
+        sweep_commands(&store, &node, "left by the previous run of this data dir");
         let bus_config = BusConfig {
             replay_capacity: config.server.replay_buffer,
             subscriber_capacity: config.server.subscriber_buffer.max(1),
@@ -361,6 +387,14 @@ impl Server {
             death_signal_wrapper: death_signal_wrapper(),
         };
         crate::tools::register_builtins(&mut tools, &tool_settings);
+        // Long-lived children (stdio MCP servers) start from a thread that lives as long as
+        // the server, so `setpriv`'s death signal ties them to the server, not to a request.
+        let spawner = crate::tools::spawner::Spawner::start().map_err(|e| StartError::Thread("kestrel-spawner", e))?;
+        let spawning = crate::mcp::Spawning {
+            marker: node.clone(),
+            setpriv: tool_settings.death_signal_wrapper.clone(),
+            spawner: Some(spawner),
+        };
         let reserved = tools.schemas().into_iter().map(|schema| schema.name).collect();
         let plugins = Arc::new(Plugins::load(config.plugins.clone(), reserved));
         let launcher = crate::tools::process::Launcher {
@@ -376,7 +410,7 @@ impl Server {
             EngineConfig {
                 workspaces,
                 max_steps: config.agent.max_steps.max(1),
-                bae: bae_settings(&config)?,
+                bae: bae_settings(&config, spawning.clone())?,
                 compact_at: config.agent.compact_at.clamp(0.05, 1.0),
                 compaction_keep_turns: config.agent.compaction_keep_turns.max(1),
                 checkpoints: config.checkpoints.clone(),
@@ -407,13 +441,13 @@ impl Server {
                 know_tools(&engine);
             })
         };
-        connect_mcp(&config, &engine)?;
+        connect_mcp(&config, &engine, spawning)?;
         let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone(), reloaded)
             .map_err(|e| StartError::Thread("kestrel-plugins", e))?;
         let http = serve(&config, &engine, &plugins, tokens, addr, admin_addr)?;
         log::info!("listening on http://{}", http.addr());
         let (bus, store_writer) = (Some(bus_handle), Some(store_writer));
-        Ok(Server { http: Some(http), engine, store, bus, store_writer, plugin_watcher })
+        Ok(Server { http: Some(http), engine, store, bus, store_writer, plugin_watcher, node })
     }
 
     /// The bound address (useful with port 0).
@@ -451,7 +485,7 @@ impl Server {
         http.stop_accepting();
         self.plugin_watcher.take();
         self.engine.shutdown(SHUTDOWN_GRACE);
-        sweep_commands(&self.store, "still running at shutdown");
+        sweep_commands(&self.store, &self.node, "still running at shutdown");
         if let Some(bus) = self.bus.take() {
             bus.shutdown();
         }

@@ -165,6 +165,50 @@ pub struct McpServer {
     /// Values may hold `${VAR}`; they are resolved at use and never shown.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// A stdio server's environment beyond the scrubbed minimum (`PATH`, `HOME`, the locale):
+    /// values may hold `${VAR}`, resolved at connection and never shown.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kestrel sessions only: who shares one connection (BAE sessions always get their own).
+    #[serde(default)]
+    pub scope: McpScope,
+}
+
+impl McpServer {
+    /// A stdio server running `command` with `args`, nothing else set.
+    pub fn stdio(name: &str, command: &str, args: Vec<String>) -> McpServer {
+        McpServer {
+            name: name.to_string(),
+            transport: McpTransport::Stdio,
+            command: Some(command.to_string()),
+            args,
+            url: None,
+            headers: BTreeMap::new(),
+            env: BTreeMap::new(),
+            scope: McpScope::default(),
+        }
+    }
+
+    /// A Streamable HTTP server at `url`, nothing else set.
+    pub fn http(name: &str, url: &str) -> McpServer {
+        McpServer {
+            transport: McpTransport::Http,
+            command: None,
+            url: Some(url.to_string()),
+            ..McpServer::stdio(name, "", Vec::new())
+        }
+    }
+}
+
+/// Which Kestrel sessions share one connection to an MCP server (and the state a server keeps
+/// between calls): all of them, those of one tenant, or none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum McpScope {
+    Server,
+    #[default]
+    Tenant,
+    Session,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

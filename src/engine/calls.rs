@@ -121,10 +121,11 @@ impl Run {
         let (done_tx, done) = bounded(1);
         let (shared, owned_call, owned_workspace, cancel) =
             (Arc::clone(&self.shared), call.clone(), workspace.clone(), self.cancel.clone());
-        let session_id = self.session_id.clone();
+        let (session_id, tenant) = (self.session_id.clone(), Arc::clone(&self.tenant));
         let spawned = std::thread::Builder::new().name("kestrel-tool".into()).spawn(move || {
             let context = ToolContext {
                 workspace: &owned_workspace,
+                tenant: &tenant,
                 cancel: &cancel,
                 session_id: &session_id,
                 call_id: &owned_call.id,
@@ -133,8 +134,13 @@ impl Run {
         });
         if let Err(error) = spawned {
             log::warn!("cannot start a tool thread ({error}); running {} on the run's thread", call.name);
-            let context =
-                ToolContext { workspace, cancel: &self.cancel, session_id: &self.session_id, call_id: &call.id };
+            let context = ToolContext {
+                workspace,
+                tenant: &self.tenant,
+                cancel: &self.cancel,
+                session_id: &self.session_id,
+                call_id: &call.id,
+            };
             return self.shared.tools.execute(call, &context);
         }
         let panicked =

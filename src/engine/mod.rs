@@ -345,7 +345,9 @@ impl Engine {
     /// Deletes a session and its transcript, cancelling its run first if it has one.
     pub fn delete_session(&self, tenant: &str, id: &str) -> Result<(), EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
-        session::ask(&self.shared, &record, |reply| session::Op::Delete { reply })?
+        session::ask(&self.shared, &record, |reply| session::Op::Delete { reply })??;
+        self.shared.tools.session_ended(id);
+        Ok(())
     }
 
     /// Stores the user's message and starts a run; returns once the message is durable.

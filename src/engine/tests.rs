@@ -26,6 +26,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         loop_limit: 8,
         mcp_servers: Vec::new(),
         mcp_configs: Vec::new(),
+        mcp_spawning: crate::mcp::Spawning::default(),
         sandbox: super::bae::sandbox::SandboxDriver(Arc::new(crate::sandbox::local::Local::unisolated(
             &data.join("sandboxes"),
             None,

@@ -41,6 +41,8 @@ impl Permission {
 /// What a tool may use while it runs.
 pub struct ToolContext<'a> {
     pub workspace: &'a Workspace,
+    /// The session's tenant (an MCP server scoped by tenant keys its connection by it).
+    pub tenant: &'a str,
     pub cancel: &'a CancelToken,
     pub session_id: &'a str,
     pub call_id: &'a str,
@@ -78,6 +80,8 @@ pub trait Tool: Send + Sync {
     fn changes_files(&self) -> bool {
         true
     }
+    /// A session was deleted: whatever the tool keeps for it (an MCP connection) goes.
+    fn session_ended(&self, _session_id: &str) {}
 }
 
 /// A named group of tools replaced as a whole.
@@ -138,6 +142,13 @@ impl ToolRegistry {
     }
 
     /// The tools offered to models and clients: every tool but the denied ones.
+    /// Tells every tool that a session was deleted.
+    pub fn session_ended(&self, session_id: &str) {
+        for registered in self.all() {
+            registered.tool.session_ended(session_id);
+        }
+    }
+
     pub fn schemas(&self) -> Vec<ToolSchema> {
         self.all().iter().filter(|t| t.permission != Permission::Deny).map(|t| t.schema.clone()).collect()
     }

@@ -1,31 +1,73 @@
 //! MCP over Streamable HTTP: each message is a POST to the server's URL with the configured
 //! headers and, once the server gave one, its `mcp-session-id`. The answer is JSON, or an
 //! event stream whose `data:` lines carry JSON-RPC messages (the one with the request's id is
-//! the answer). A status other than 2xx is a transport error.
+//! the answer; the others are dropped as they are read). A status other than 2xx is a
+//! transport error. An answer is read up to `MESSAGE_LIMIT` bytes.
+//!
+//! Each request runs on a `kestrel-mcp-http` thread of its own while the caller waits for its
+//! answer, its timeout or the connection's close, whichever comes first: a closed connection
+//! ends the calls in flight at once (their threads finish on their own, bounded by the
+//! request timeout).
 
 use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crossbeam_channel::{bounded, select, Receiver, Sender};
 use serde_json::{json, Value};
 
-use super::{outcome, McpError, Transport};
-
-/// The largest answer read.
-const ANSWER_LIMIT: u64 = 16 * 1024 * 1024;
+use super::{outcome, McpError, Transport, MESSAGE_LIMIT};
 
 pub struct Http {
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    /// Dropped at close: every waiting caller wakes.
+    open: Mutex<Option<Sender<()>>>,
+    closed: Receiver<()>,
+}
+
+struct Shared {
     url: String,
     headers: Vec<(String, String)>,
-    session: Option<String>,
-    next_id: u64,
+    session: Mutex<Option<String>>,
 }
 
 impl Http {
     pub fn new(url: &str, headers: Vec<(String, String)>) -> Http {
-        Http { url: url.to_string(), headers, session: None, next_id: 1 }
+        let (open, closed) = bounded(0);
+        let shared = Shared { url: url.to_string(), headers, session: Mutex::new(None) };
+        Http { shared: Arc::new(shared), next_id: AtomicU64::new(1), open: Mutex::new(Some(open)), closed }
     }
 
-    fn post(&mut self, message: &Value, timeout: Duration) -> Result<Option<ureq::Response>, McpError> {
+    /// Runs `exchange` on its own thread; its answer, unless the timeout or the close comes
+    /// first.
+    fn exchange(
+        &self,
+        timeout: Duration,
+        exchange: impl FnOnce(&Shared) -> Result<Value, McpError> + Send + 'static,
+    ) -> Result<Value, McpError> {
+        if self.open.lock().unwrap_or_else(PoisonError::into_inner).is_none() {
+            return Err(McpError::Closed);
+        }
+        let (answer_tx, answer) = bounded(1);
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new().name("kestrel-mcp-http".into()).spawn(move || {
+            let _ = answer_tx.send(exchange(&shared));
+        });
+        if let Err(error) = spawned {
+            return Err(McpError::Transport(format!("no thread for the MCP request: {error}")));
+        }
+        select! {
+            recv(answer) -> outcome => outcome.unwrap_or(Err(McpError::Transport("the MCP request failed".into()))),
+            recv(self.closed) -> _ => Err(McpError::Closed),
+            default(timeout + Duration::from_secs(1)) => Err(McpError::Timeout(timeout)),
+        }
+    }
+}
+
+impl Shared {
+    fn post(&self, message: &Value, timeout: Duration) -> Result<Option<ureq::Response>, McpError> {
         let mut request = ureq::post(&self.url)
             .timeout(timeout)
             .set("content-type", "application/json")
@@ -33,7 +75,7 @@ impl Http {
         for (name, value) in &self.headers {
             request = request.set(name, value);
         }
-        if let Some(session) = &self.session {
+        if let Some(session) = self.session.lock().unwrap_or_else(PoisonError::into_inner).as_deref() {
             request = request.set("mcp-session-id", session);
         }
         let response = match request.send_string(&message.to_string()) {
@@ -50,21 +92,16 @@ impl Http {
             }
         };
         if let Some(session) = response.header("mcp-session-id") {
-            self.session = Some(session.to_string());
+            *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(session.to_string());
         }
         Ok((response.status() != 202).then_some(response))
     }
-}
 
-impl Transport for Http {
-    fn request(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+    fn request(&self, id: u64, message: &Value, timeout: Duration) -> Result<Value, McpError> {
         let response =
-            self.post(&message, timeout)?.ok_or(McpError::Transport("the MCP server sent no answer".into()))?;
+            self.post(message, timeout)?.ok_or(McpError::Transport("the MCP server sent no answer".into()))?;
         let streamed = response.content_type().starts_with("text/event-stream");
-        let reader = BufReader::new(std::io::Read::take(response.into_reader(), ANSWER_LIMIT));
+        let reader = BufReader::new(std::io::Read::take(response.into_reader(), MESSAGE_LIMIT as u64));
         if !streamed {
             let answer: Value = serde_json::from_reader(reader)
                 .map_err(|e| McpError::Transport(format!("the MCP server's answer is not JSON: {e}")))?;
@@ -80,9 +117,26 @@ impl Transport for Http {
         }
         Err(McpError::Transport("the MCP stream ended without an answer".into()))
     }
+}
 
-    fn notify(&mut self, method: &str, params: Value) -> Result<(), McpError> {
-        self.post(&json!({ "jsonrpc": "2.0", "method": method, "params": params }), Duration::from_secs(30))?;
-        Ok(())
+impl Transport for Http {
+    fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        let outcome = self.exchange(timeout, move |shared| shared.request(id, &message, timeout));
+        if matches!(outcome, Err(McpError::Timeout(_))) && method != "ping" {
+            let _ = self.notify("notifications/cancelled", json!({ "requestId": id, "reason": "timed out" }));
+        }
+        outcome
+    }
+
+    fn notify(&self, method: &str, params: Value) -> Result<(), McpError> {
+        let message = json!({ "jsonrpc": "2.0", "method": method, "params": params });
+        let timeout = Duration::from_secs(30);
+        self.exchange(timeout, move |shared| shared.post(&message, timeout).map(|_| Value::Null)).map(|_| ())
+    }
+
+    fn close(&self) {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 }

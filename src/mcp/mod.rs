@@ -4,13 +4,22 @@
 //! A connection is `initialize` (protocol version 2024-11-05, as BAE sends; whatever version
 //! the server answers is accepted), `notifications/initialized`, then `tools/list`, following
 //! `nextCursor` until the list ends. A call is `tools/call` with a per-call timeout; its
-//! `content` (default `[]`) and `isError` are the result. Header values may hold `${VAR}`,
-//! resolved from the environment when the connection is made, and never logged.
+//! `content` (default `[]`) and `isError` are the result. Header and `env` values may hold
+//! `${VAR}`, resolved from the environment when the connection is made, and never logged.
+//!
+//! An `McpClient` owns one server's connection for one owner (a BAE session, or a Kestrel
+//! scope) and keeps it usable: a call that times out is cancelled on the server
+//! (`notifications/cancelled`) and the server is asked for a `ping`; a server that does not
+//! answer it, or whose connection broke, is dropped (its process tree killed) and connected
+//! again at the next call. Calls run concurrently on one connection. `close` ends it at once:
+//! its process tree is killed and calls in flight end with an error.
 
 mod http;
 mod stdio;
 pub mod tool;
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -21,8 +30,14 @@ use crate::config::bae::{McpServer, McpTransport};
 pub const PROTOCOL_VERSION: &str = "2024-11-05";
 /// How long a handshake request or a listing may take.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server may take to answer the `ping` after a call timed out (at most; no
+/// longer than the call's own timeout, or a second).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pages of `tools/list` followed at most (a server that pages forever is cut off).
 const MAX_PAGES: usize = 100;
+/// The longest message a server may send (a stdio line, an HTTP answer); past it the
+/// connection is dropped.
+pub const MESSAGE_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Why an MCP request failed, for people (and for the model, in an error result).
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +48,8 @@ pub enum McpError {
     Protocol { code: i64, message: String },
     /// No answer within the timeout.
     Timeout(Duration),
+    /// The connection was closed by its owner (a BAE session closed).
+    Closed,
 }
 
 impl std::fmt::Display for McpError {
@@ -41,6 +58,7 @@ impl std::fmt::Display for McpError {
             McpError::Transport(why) => write!(f, "{why}"),
             McpError::Protocol { code, message } => write!(f, "MCP protocol error: [{code}] {message}"),
             McpError::Timeout(after) => write!(f, "the MCP server did not answer within {} s", after.as_secs()),
+            McpError::Closed => write!(f, "the MCP connection was closed"),
         }
     }
 }
@@ -60,41 +78,68 @@ pub struct CallResult {
     pub is_error: bool,
 }
 
-/// One JSON-RPC exchange over a transport.
-trait Transport: Send {
+/// Who starts a stdio server and how: its processes carry `KESTREL_COMMAND=<marker>:mcp-…`
+/// (the marker names a session, or this data dir's node), so the sweep at start finds what a
+/// killed server left; with `setpriv` the server dies with the thread that started it, which
+/// is the `spawner`'s (it lives as long as the server) when there is one.
+#[derive(Debug, Clone, Default)]
+pub struct Spawning {
+    pub marker: String,
+    pub setpriv: Option<PathBuf>,
+    pub spawner: Option<crate::tools::spawner::Spawner>,
+}
+
+/// How `${VAR}` in header and `env` values is resolved.
+pub type Env<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
+
+/// An `Env` a client keeps, to resolve again at each reconnection.
+pub type SharedEnv = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// One JSON-RPC exchange over a transport; calls may run concurrently.
+trait Transport: Send + Sync {
     /// Sends a request and waits for the answer with the same id.
-    fn request(&mut self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError>;
+    fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError>;
     /// Sends a notification.
-    fn notify(&mut self, method: &str, params: Value) -> Result<(), McpError>;
+    fn notify(&self, method: &str, params: Value) -> Result<(), McpError>;
+    /// Ends the connection now: a stdio server's process tree is killed; requests in flight
+    /// end with `Closed` or a transport error.
+    fn close(&self);
 }
 
-/// A live connection to one MCP server, and the tools it listed.
-pub struct McpClient {
-    pub server: String,
-    pub tools: Vec<McpTool>,
+/// A handshaken connection and the tools it listed.
+struct Connection {
     transport: Box<dyn Transport>,
+    tools: Vec<McpTool>,
 }
 
-impl McpClient {
-    /// Connects, shakes hands and lists the tools. `env` resolves `${VAR}` in header values.
-    pub fn connect(server: &McpServer, env: &dyn Fn(&str) -> Option<String>) -> Result<McpClient, McpError> {
+impl Connection {
+    fn open(server: &McpServer, env: Env<'_>, spawning: &Spawning) -> Result<Connection, McpError> {
         let transport: Box<dyn Transport> = match server.transport {
             McpTransport::Stdio => {
                 let command = server.command.as_deref().ok_or(McpError::Transport("no command".into()))?;
-                Box::new(stdio::Stdio::spawn(command, &server.args)?)
+                let variables = resolve(&server.env, "env", env)?;
+                Box::new(stdio::Stdio::spawn(command, &server.args, &variables, spawning)?)
             }
             McpTransport::Http | McpTransport::Sse => {
                 let url = server.url.as_deref().ok_or(McpError::Transport("no url".into()))?;
-                Box::new(http::Http::new(url, resolve_headers(server, env)?))
+                Box::new(http::Http::new(url, resolve(&server.headers, "header", env)?))
             }
         };
-        let mut client = McpClient { server: server.name.clone(), tools: Vec::new(), transport };
-        client.handshake()?;
-        client.tools = client.list_tools()?;
-        Ok(client)
+        let mut connection = Connection { transport, tools: Vec::new() };
+        let opened = connection.handshake().and_then(|()| connection.list_tools());
+        match opened {
+            Ok(tools) => {
+                connection.tools = tools;
+                Ok(connection)
+            }
+            Err(error) => {
+                connection.transport.close();
+                Err(error)
+            }
+        }
     }
 
-    fn handshake(&mut self) -> Result<(), McpError> {
+    fn handshake(&self) -> Result<(), McpError> {
         let params = json!({
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {},
@@ -104,7 +149,7 @@ impl McpClient {
         self.transport.notify("notifications/initialized", json!({}))
     }
 
-    fn list_tools(&mut self) -> Result<Vec<McpTool>, McpError> {
+    fn list_tools(&self) -> Result<Vec<McpTool>, McpError> {
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_PAGES {
@@ -121,15 +166,119 @@ impl McpClient {
         }
         Ok(tools)
     }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.transport.close();
+    }
+}
+
+/// One server's connection for one owner, made again when it broke or stopped answering.
+pub struct McpClient {
+    pub server: String,
+    config: McpServer,
+    spawning: Spawning,
+    env: SharedEnv,
+    /// The live connection; `None` until the next call makes one.
+    live: Mutex<Option<Arc<Connection>>>,
+    /// The tools the latest connection listed.
+    tools: Mutex<Vec<McpTool>>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl McpClient {
+    /// Connects, shakes hands and lists the tools. `env` resolves `${VAR}` in header and `env`
+    /// values, now and at every reconnection.
+    pub fn connect(
+        server: &McpServer,
+        env: SharedEnv,
+        spawning: Spawning,
+    ) -> Result<McpClient, McpError> {
+        let connection = Connection::open(server, &*env, &spawning)?;
+        let tools = connection.tools.clone();
+        Ok(McpClient {
+            server: server.name.clone(),
+            config: server.clone(),
+            spawning,
+            env,
+            live: Mutex::new(Some(Arc::new(connection))),
+            tools: Mutex::new(tools),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The tools the server listed (at the latest connection).
+    pub fn tools(&self) -> Vec<McpTool> {
+        self.tools.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The live connection, made again if there is none (unless closed).
+    fn connection(&self) -> Result<Arc<Connection>, McpError> {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(McpError::Closed);
+        }
+        if let Some(connection) = live.as_ref() {
+            return Ok(Arc::clone(connection));
+        }
+        let connection = Arc::new(Connection::open(&self.config, &*self.env, &self.spawning)?);
+        *self.tools.lock().unwrap_or_else(PoisonError::into_inner) = connection.tools.clone();
+        *live = Some(Arc::clone(&connection));
+        Ok(connection)
+    }
+
+    /// Drops `connection` if it is still the live one (its process tree is killed).
+    fn drop_connection(&self, connection: &Arc<Connection>) {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if live.as_ref().is_some_and(|current| Arc::ptr_eq(current, connection)) {
+            live.take();
+        }
+        drop(live);
+        connection.transport.close();
+    }
 
     /// Calls a tool; a transport failure or a timeout is an `Err`, a tool's own failure an
-    /// `Ok` with `is_error`.
-    pub fn call(&mut self, name: &str, arguments: Value, timeout: Duration) -> Result<CallResult, McpError> {
-        let answer = self.transport.request("tools/call", json!({ "name": name, "arguments": arguments }), timeout)?;
-        Ok(CallResult {
-            content: answer["content"].as_array().cloned().unwrap_or_default(),
-            is_error: answer["isError"].as_bool().unwrap_or(false),
-        })
+    /// `Ok` with `is_error`. A timed-out call is cancelled on the server, and a server that
+    /// then does not answer a `ping` is dropped, to be connected again at the next call.
+    pub fn call(&self, name: &str, arguments: Value, timeout: Duration) -> Result<CallResult, McpError> {
+        let connection = self.connection()?;
+        let params = json!({ "name": name, "arguments": arguments });
+        match connection.transport.request("tools/call", params, timeout) {
+            Ok(answer) => Ok(CallResult {
+                content: answer["content"].as_array().cloned().unwrap_or_default(),
+                is_error: answer["isError"].as_bool().unwrap_or(false),
+            }),
+            Err(McpError::Timeout(after)) => {
+                let probe = PROBE_TIMEOUT.min(after.max(Duration::from_secs(1)));
+                if connection.transport.request("ping", json!({}), probe).is_err() {
+                    log::warn!("MCP server {:?} stopped answering; it will be connected again", self.server);
+                    self.drop_connection(&connection);
+                }
+                Err(McpError::Timeout(after))
+            }
+            Err(McpError::Transport(why)) => {
+                self.drop_connection(&connection);
+                Err(McpError::Transport(why))
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Ends the connection for good: the server's process tree is killed now and calls in
+    /// flight end with an error; later calls answer `Closed`.
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let connection = self.live.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(connection) = connection {
+            connection.transport.close();
+        }
+    }
+}
+
+impl Drop for McpClient {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -141,17 +290,18 @@ fn tool_of(tool: &Value) -> Option<McpTool> {
     })
 }
 
-fn resolve_headers(
-    server: &McpServer,
-    env: &dyn Fn(&str) -> Option<String>,
+/// Header or `env` values with their `${VAR}` resolved; an error names the entry only.
+fn resolve(
+    templates: &std::collections::BTreeMap<String, String>,
+    what: &str,
+    env: Env<'_>,
 ) -> Result<Vec<(String, String)>, McpError> {
-    server
-        .headers
+    templates
         .iter()
         .map(|(name, template)| {
             crate::config::resolve_template(template, env)
                 .map(|value| (name.clone(), value))
-                .map_err(|why| McpError::Transport(format!("header {name}: {why}")))
+                .map_err(|why| McpError::Transport(format!("{what} {name}: {why}")))
         })
         .collect()
 }
@@ -165,4 +315,9 @@ fn outcome(answer: Value) -> Result<Value, McpError> {
         });
     }
     Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+}
+
+/// The process environment as an `Env` for connections.
+pub fn process_env() -> SharedEnv {
+    Arc::new(|name: &str| std::env::var(name).ok())
 }

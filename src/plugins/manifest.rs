@@ -60,14 +60,18 @@ pub struct ToolManifest {
 /// The largest `plugin.json` read.
 const MANIFEST_LIMIT: u64 = 256 * 1024;
 
-/// Reads and checks a manifest; the error says what is wrong, for people.
-pub fn read(path: &std::path::Path, reserved_tools: &[String]) -> Result<Manifest, String> {
-    let metadata = std::fs::metadata(path).map_err(|e| format!("plugin.json: {e}"))?;
-    if metadata.len() > MANIFEST_LIMIT {
-        return Err(format!("plugin.json is larger than {MANIFEST_LIMIT} bytes"));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("plugin.json: {e}"))?;
-    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| format!("plugin.json: {e}"))?;
+/// Reads and checks a plugin directory's `plugin.json` (through its directory's handle: never
+/// a link, never a FIFO); the error says what is wrong, for people.
+pub fn read(dir: &std::path::Path, reserved_tools: &[String]) -> Result<Manifest, String> {
+    let plugin = crate::dirfd::Dir::open(dir).map_err(|e| format!("plugin directory: {e}"))?;
+    let text = match plugin.read_file(std::ffi::OsStr::new("plugin.json"), MANIFEST_LIMIT) {
+        Ok((text, _)) => text,
+        Err(crate::dirfd::ReadError::TooLarge) => {
+            return Err(format!("plugin.json is larger than {MANIFEST_LIMIT} bytes"))
+        }
+        Err(crate::dirfd::ReadError::Io(error)) => return Err(format!("plugin.json: {error}")),
+    };
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| format!("plugin.json: {e}"))?;
     check(&manifest, reserved_tools)?;
     Ok(manifest)
 }
@@ -113,6 +117,9 @@ fn check_tool(tool: &ToolManifest, reserved_tools: &[String]) -> Result<(), Stri
         && tool.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !name_ok {
         return Err(format!("tool name {:?} must be 1–64 of a-z, 0-9 and _, starting with a letter", tool.name));
+    }
+    if tool.name.starts_with(crate::mcp::tool::RESERVED_PREFIX) {
+        return Err(format!("tool {:?}: names starting with mcp__ are MCP servers' own", tool.name));
     }
     if reserved_tools.contains(&tool.name) {
         return Err(format!("tool {:?} has the name of a built-in tool or another plugin's", tool.name));
@@ -172,6 +179,10 @@ mod tests {
                 "command",
             ),
             (r#"{"id":"a","name":"x","version":"1","surprise":true}"#, "unknown field"),
+            (
+                r#"{"id":"a","name":"x","version":"1","tools":[{"name":"mcp__files__read","description":"d","parameters":{},"command":["x"]}]}"#,
+                "MCP servers' own",
+            ),
         ] {
             let error = manifest(bad).unwrap_err();
             assert!(error.contains(why), "{bad}: {error}");

@@ -213,7 +213,7 @@ fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
     for dir in dirs {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         // Built-in tools' names and those of the plugins read before are taken.
-        let mut manifest = manifest::read(&dir.join("plugin.json"), &taken);
+        let mut manifest = manifest::read(&dir, &taken);
         if let Ok(read) = &manifest {
             if plugins.iter().any(|p| p.id == read.id) {
                 manifest = Err(format!("id {:?} is taken by another plugin", read.id));

@@ -40,8 +40,8 @@ pub(super) fn request_body(request: &CompletionRequest<'_>, model: &str, max_tok
     }
     if tools && !request.tools.is_empty() {
         let tools: Vec<Value> = request
-            .tools
-            .iter()
+            .distinct_tools()
+            .into_iter()
             .map(|tool| json!({ "name": tool.name, "description": tool.description, "input_schema": tool.parameters }))
             .collect();
         body["tools"] = Value::Array(tools);

@@ -36,6 +36,19 @@ pub struct CompletionRequest<'a> {
     pub tools: &'a [ToolSchema],
 }
 
+impl<'a> CompletionRequest<'a> {
+    /// The tools to offer, each name once (the first of a name wins): providers refuse a
+    /// request naming a tool twice, whichever door or server put the two there.
+    pub fn distinct_tools(&self) -> Vec<&'a ToolSchema> {
+        let mut seen = std::collections::HashSet::new();
+        let tools: Vec<&ToolSchema> = self.tools.iter().filter(|tool| seen.insert(tool.name.as_str())).collect();
+        if tools.len() < self.tools.len() {
+            log::warn!("{} tool(s) offered twice under one name were sent once", self.tools.len() - tools.len());
+        }
+        tools
+    }
+}
+
 /// One streamed piece of the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delta<'a> {

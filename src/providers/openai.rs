@@ -40,8 +40,8 @@ pub(super) fn request_body(
     });
     if tools && !request.tools.is_empty() {
         let tools: Vec<Value> = request
-            .tools
-            .iter()
+            .distinct_tools()
+            .into_iter()
             .map(|tool| {
                 json!({ "type": "function", "function": {
                     "name": tool.name, "description": tool.description, "parameters": tool.parameters,

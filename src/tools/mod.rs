@@ -9,6 +9,7 @@ mod files;
 pub mod orphans;
 pub mod process;
 mod search;
+pub mod spawner;
 pub mod workspace;
 
 use std::time::Duration;

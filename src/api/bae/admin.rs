@@ -319,13 +319,20 @@ pub fn views(config: &Config, engine: &Engine) -> AdminViews {
             entry
         })
         .collect();
-    let mut servers = config.bae.file.mcp.servers.clone();
+    // Every server a profile may name: BAE's config file's, then Kestrel's own (the first of a
+    // name is the one a session connects to).
+    let mut servers: Vec<crate::config::bae::McpServer> = Vec::new();
+    for server in config.bae.file.mcp.servers.iter().chain(&config.mcp.servers) {
+        if !servers.iter().any(|known| known.name == server.name) {
+            servers.push(server.clone());
+        }
+    }
     servers.sort_by(|a, b| a.name.cmp(&b.name));
     let mcp_servers: Vec<Value> =
         servers.iter().map(|s| json!({ "name": s.name, "transport": s.transport.as_str() })).collect();
     let mcp_config: Vec<Value> = servers
         .iter()
-        .map(|s| json!({ "name": s.name, "transport": s.transport.as_str(), "command": s.command, "args": s.args, "url": s.url, "headers": masked(&s.headers) }))
+        .map(|s| json!({ "name": s.name, "transport": s.transport.as_str(), "command": s.command, "args": s.args, "url": s.url, "headers": masked(&s.headers), "env": masked(&s.env) }))
         .collect();
     AdminViews {
         config: json!({ "mcp": { "servers": mcp_config }, "providers": { "entries": entries }, "telemetry": telemetry(config) }),

@@ -1,7 +1,10 @@
 //! A BAE session's MCP connections: made once when the session opens, for the servers its
-//! profile names (an unknown name is logged and skipped, a connection that fails is logged
-//! and skipped), and dropped when it closes, which kills stdio servers. In memory only, as in
-//! BAE: after a restart sessions have no MCP.
+//! profile names, whichever file declares them (BAE's own config file or Kestrel's
+//! `[[mcp.servers]]`): a BAE session always gets a connection of its own, never a Kestrel
+//! scope's, so no state is shared with another session or tenant. An unknown name is logged
+//! and skipped, a connection that fails is logged and skipped. Close (and revocation) closes
+//! them at once: each stdio server's process tree is killed and calls in flight end. In
+//! memory only, as in BAE: after a restart sessions have no MCP.
 //!
 //! Inside a turn, a call no client tool takes goes to the MCP server that lists its name (the
 //! later server when two do), with `mcp.request` and `mcp.response` around it. A failure never
@@ -15,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::config::bae::McpServer;
 use crate::domain::{ToolCall, ToolResult, ToolSchema};
-use crate::mcp::{McpClient, McpError};
+use crate::mcp::{McpClient, McpError, Spawning};
 
 /// How long one MCP tool call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,17 +26,19 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Every BAE session's live MCP connections.
 #[derive(Default)]
 pub struct McpSessions {
-    by_session: Mutex<HashMap<String, Vec<Arc<Mutex<McpClient>>>>>,
+    by_session: Mutex<HashMap<String, Vec<Arc<McpClient>>>>,
 }
 
 impl McpSessions {
-    /// Connects `session_id` to each configured server its profile names, in order.
-    pub fn connect(&self, session_id: &str, names: &[String], configured: &[McpServer]) {
+    /// Connects `session_id` to each configured server its profile names, in order; each
+    /// stdio server's processes carry the session's marker.
+    pub fn connect(&self, session_id: &str, names: &[String], configured: &[McpServer], spawning: &Spawning) {
         let mut clients = Vec::new();
         for name in names {
             let Some(server) = configured.iter().find(|s| &s.name == name) else { continue };
-            match McpClient::connect(server, &|var| std::env::var(var).ok()) {
-                Ok(client) => clients.push(Arc::new(Mutex::new(client))),
+            let spawning = Spawning { marker: session_id.to_string(), ..spawning.clone() };
+            match McpClient::connect(server, crate::mcp::process_env(), spawning) {
+                Ok(client) => clients.push(Arc::new(client)),
                 Err(error) => log::error!("session {session_id}: MCP server {name:?} did not connect: {error}"),
             }
         }
@@ -42,27 +47,28 @@ impl McpSessions {
         }
     }
 
-    /// Drops a session's connections (stdio servers are killed).
+    /// Closes a session's connections now: stdio servers' process trees are killed and calls
+    /// in flight end with an error.
     pub fn disconnect(&self, session_id: &str) {
-        let clients = self.lock().remove(session_id);
-        drop(clients);
+        let clients = self.lock().remove(session_id).unwrap_or_default();
+        for client in &clients {
+            client.close();
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<Mutex<McpClient>>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<McpClient>>>> {
         self.by_session.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn clients(&self, session_id: &str) -> Vec<Arc<Mutex<McpClient>>> {
+    fn clients(&self, session_id: &str) -> Vec<Arc<McpClient>> {
         self.lock().get(session_id).cloned().unwrap_or_default()
     }
 
     /// The session's MCP tools, as the model sees them (every server's, in order).
     pub fn schemas(&self, session_id: &str) -> Vec<ToolSchema> {
-        let clients = self.clients(session_id);
         let mut schemas = Vec::new();
-        for client in clients {
-            let client = client.lock().unwrap_or_else(|e| e.into_inner());
-            for tool in &client.tools {
+        for client in self.clients(session_id) {
+            for tool in client.tools() {
                 let schema = ToolSchema {
                     name: tool.name.clone(),
                     description: tool.description.clone(),
@@ -81,21 +87,19 @@ impl McpSessions {
     }
 
     /// The server that takes a tool: the later one when two list it.
-    pub fn route(&self, session_id: &str, tool: &str) -> Option<(String, Arc<Mutex<McpClient>>)> {
-        self.clients(session_id).into_iter().rev().find_map(|client| {
-            let guard = client.lock().unwrap_or_else(|e| e.into_inner());
-            let found = guard.tools.iter().any(|t| t.name == tool);
-            let name = guard.server.clone();
-            drop(guard);
-            found.then_some((name, client))
-        })
+    pub fn route(&self, session_id: &str, tool: &str) -> Option<(String, Arc<McpClient>)> {
+        self.clients(session_id)
+            .into_iter()
+            .rev()
+            .find(|client| client.tools().iter().any(|t| t.name == tool))
+            .map(|client| (client.server.clone(), client))
     }
 }
 
 /// One call on its server: the `mcp.response` parts (ok, result, error) and the tool result.
-pub fn call(client: &Mutex<McpClient>, call: &ToolCall) -> (bool, Option<Value>, Option<String>, ToolResult) {
+pub fn call(client: &McpClient, call: &ToolCall) -> (bool, Option<Value>, Option<String>, ToolResult) {
     let arguments = Value::Object(call.arguments.clone());
-    let outcome = client.lock().unwrap_or_else(|e| e.into_inner()).call(&call.name, arguments, CALL_TIMEOUT);
+    let outcome = client.call(&call.name, arguments, CALL_TIMEOUT);
     match outcome {
         Ok(answer) => {
             let result = json!({ "content": answer.content, "isError": answer.is_error });

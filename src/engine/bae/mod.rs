@@ -43,6 +43,9 @@ pub struct BaeSettings {
     pub mcp_servers: Vec<String>,
     /// The configured MCP servers.
     pub mcp_configs: Vec<crate::config::bae::McpServer>,
+    /// How a session's stdio MCP servers start (`setpriv` and the spawner thread, so they
+    /// die with the server); each gets the session's id as its marker.
+    pub mcp_spawning: crate::mcp::Spawning,
     /// Remote sandboxes' driver, and how long one exec may run and how much of its output
     /// is kept.
     pub sandbox: sandbox::SandboxDriver,

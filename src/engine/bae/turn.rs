@@ -374,11 +374,7 @@ impl Run {
 
     /// One call on its MCP server (or the unroutable answer), with `mcp.request`,
     /// `mcp.response` and `tool.result` around it.
-    fn call_mcp(
-        &self,
-        call: &ToolCall,
-        route: Option<(String, Arc<std::sync::Mutex<crate::mcp::McpClient>>)>,
-    ) -> ToolResult {
+    fn call_mcp(&self, call: &ToolCall, route: Option<(String, Arc<crate::mcp::McpClient>)>) -> ToolResult {
         let server_name = route.as_ref().map(|(name, _)| name.clone());
         let session_id = self.session_id.clone();
         self.publish(Event::McpRequest {

@@ -13,14 +13,7 @@ use crate::mcp::{tiny_alive, TINY};
 #[test]
 fn a_mixed_turn_runs_the_mcp_call_pauses_for_the_client_and_close_kills_the_server() {
     let marker = format!("bae-{}", std::process::id());
-    let server = kestrel::config::bae::McpServer {
-        name: "tiny".into(),
-        transport: kestrel::config::bae::McpTransport::Stdio,
-        command: Some("python3".into()),
-        args: vec![TINY.into(), marker.clone()],
-        url: None,
-        headers: Default::default(),
-    };
+    let server = kestrel::config::bae::McpServer::stdio("tiny", "python3", vec![TINY.into(), marker.clone()]);
     let bae = Bae::start_with(move |config| config.bae.file.mcp.servers.push(server));
     let body = json!({ "name": "mixed", "primary_provider": "fake", "allowed_tools": ["lookup"], "mcp_servers": ["tiny", "not-configured"] });
     let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
@@ -97,4 +90,82 @@ fn a_mixed_turn_runs_the_mcp_call_pauses_for_the_client_and_close_kills_the_serv
     let closed = harness.close();
     assert_eq!(closed.status, 200, "{}", closed.text);
     assert!(!tiny_alive(&marker), "close killed the server");
+}
+
+/// A profile may name a server from Kestrel's own `[[mcp.servers]]`: the admin API lists it
+/// (its secrets masked), a BAE session gets a connection of its own (no state shared with
+/// Kestrel's sessions or another BAE session), and close ends its process and a call in
+/// flight within seconds.
+#[test]
+fn a_kestrel_server_named_by_a_profile_is_listed_private_to_the_session_and_ended_by_close() {
+    let marker = format!("bae-scoped-{}", std::process::id());
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut server = kestrel::config::bae::McpServer::stdio("kestrels", "python3", vec![TINY.into(), marker.clone()]);
+    server.env.insert("TINY_LOG".into(), log.path().display().to_string());
+    server.env.insert("API_TOKEN".into(), "never-shown".into());
+    server.scope = kestrel::config::bae::McpScope::Server;
+    let bae = Bae::start_with(move |config| config.mcp.servers.push(server));
+    let listed = bae.admin_send("GET", "/admin/v1/mcp-servers", None);
+    assert_eq!(listed.json["items"], json!([{ "name": "kestrels", "transport": "stdio" }]), "{}", listed.text);
+    let shown = bae.admin_send("GET", "/admin/v1/config", None);
+    assert_eq!(shown.json["mcp"]["servers"][0]["env"]["API_TOKEN"], "••••••••", "{}", shown.text);
+    assert!(!shown.text.contains("never-shown"));
+
+    let body =
+        json!({ "name": "scoped", "primary_provider": "fake", "allowed_tools": [], "mcp_servers": ["kestrels"] });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
+    let count = |harness: &mut Harness, id: &str| {
+        let call = json!([{ "type": "tool_use", "id": id, "name": "counter", "input": {} }]);
+        bae.fake.script([anthropic::answer(call, "tool_use", 10, 5), anthropic::text_answer("Counted.")]);
+        let frames = harness.send_message(json!("count"));
+        let result = frames.iter().find(|f| f["params"]["event_type"] == "tool.result").unwrap().clone();
+        result["params"]["payload"]["content"][0]["text"].as_str().unwrap().to_string()
+    };
+    let mut first = Harness::open(bae.base(), &key, &[]);
+    let mut second = Harness::open(bae.base(), &key, &[]);
+    assert_eq!(count(&mut first, "tu_1"), "1");
+    assert_eq!(count(&mut first, "tu_2"), "2");
+    assert_eq!(count(&mut second, "tu_3"), "1", "another session's server state is its own");
+
+    // A call hangs the session's server; close ends the process and the turn within seconds.
+    let hang = json!([{ "type": "tool_use", "id": "tu_h", "name": "hang", "input": {} }]);
+    bae.fake.script([anthropic::answer(hang, "tool_use", 10, 5), anthropic::text_answer("Never.")]);
+    let turn = first.start("session.sendMessage", json!({ "message": { "content": "hang" } }));
+    let deadline = std::time::Instant::now() + crate::support::WAIT;
+    while !std::fs::read_to_string(log.path()).unwrap_or_default().contains("hanging") {
+        assert!(std::time::Instant::now() < deadline, "the call never started");
+        std::thread::yield_now();
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(first.close().status, 200);
+    turn.wait_end();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "the call outlived the close: {:?}",
+        started.elapsed()
+    );
+    let gone = std::time::Instant::now() + crate::support::WAIT;
+    let first_servers = format!("KESTREL_COMMAND={}:mcp-", first.session_id);
+    while super::sandbox::processes_with(&first_servers) > 0 {
+        assert!(std::time::Instant::now() < gone, "the closed session's server still runs");
+        std::thread::yield_now();
+    }
+    let second_servers = format!("KESTREL_COMMAND={}:mcp-", second.session_id);
+    assert_eq!(super::sandbox::processes_with(&second_servers), 1, "the other session's server runs on");
+    assert!(count_alive(&marker) >= 2, "and so does Kestrel's own");
+}
+
+/// Live tiny servers with `marker` (a Kestrel-wide one and each BAE session's own).
+fn count_alive(marker: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            let cmdline =
+                String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default()).into_owned();
+            let alive = !std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default().contains(") Z ");
+            alive && cmdline.contains("tiny_server.py") && cmdline.contains(marker)
+        })
+        .count()
 }

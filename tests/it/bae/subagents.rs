@@ -286,22 +286,13 @@ fn refused_launches_are_in_band_errors_and_start_nothing() {
 fn close_stops_the_subagent_the_sandbox_and_the_mcp_server_and_leaves_no_process() {
     let marker = format!("kestrel-sub-{}-c", std::process::id());
     let mcp_marker = format!("{marker}-mcp");
-    let tiny = kestrel::config::bae::McpServer {
-        name: "tiny".into(),
-        transport: kestrel::config::bae::McpTransport::Stdio,
-        command: Some("python3".into()),
-        args: vec![crate::mcp::TINY.into(), mcp_marker.clone()],
-        url: None,
-        headers: Default::default(),
-    };
-    let everything = kestrel::config::bae::McpServer {
-        name: "everything".into(),
-        transport: kestrel::config::bae::McpTransport::Stdio,
-        command: Some("node".into()),
-        args: vec![crate::mcp::everything().to_string_lossy().into_owned(), "stdio".into()],
-        url: None,
-        headers: Default::default(),
-    };
+    let tiny =
+        kestrel::config::bae::McpServer::stdio("tiny", "python3", vec![crate::mcp::TINY.into(), mcp_marker.clone()]);
+    let everything = kestrel::config::bae::McpServer::stdio(
+        "everything",
+        "node",
+        vec![crate::mcp::everything().to_string_lossy().into_owned(), "stdio".into()],
+    );
     let bae = Bae::start_with(move |config| config.bae.file.mcp.servers.extend([tiny, everything]));
     let body = json!({ "name": "all", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": [IMAGE],
         "mcp_servers": ["tiny", "everything"] });

@@ -367,6 +367,8 @@ impl Server {
         // neither may the commands they started.
         store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
         let node = node_marker(&config.server.data_dir);
+        // MCP servers' configured headers are credentials: the log masks their values.
+        crate::logging::mask_headers(mcp_servers(&config).flat_map(|server| server.headers.keys().map(String::as_str)));
         sweep_commands(&store, &node, "left by the previous run of this data dir");
         let bus_config = BusConfig {
             replay_capacity: config.server.replay_buffer,

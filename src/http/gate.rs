@@ -312,9 +312,17 @@ impl Gate {
             })
         });
         crate::metrics::get().http(request.route(), request.method(), reply.status(), started.elapsed());
+        let access = super::access::Pending {
+            method: request.method().to_string(),
+            route: request.route(),
+            started,
+            request_id: id.clone(),
+        };
+        let (status, bytes) = (reply.status(), reply.body_len());
         let body_done = forwarder.as_ref().is_none_or(|f| f.is_finished());
         if let Reply::Stream(mut stream) = reply {
             stream.request_id = Some(id);
+            stream.access = Some(access);
             if !body_done {
                 // A stream asked for with a large body still arriving: refused. The read side
                 // goes first, so the body thread stops and tiny_http's drain ends.
@@ -328,6 +336,7 @@ impl Gate {
         }
         let keep_alive = head.keep_alive && body_done && !self.edge.stopping.load(Ordering::SeqCst);
         let written = respond::reply(self.tcp(), reply, head, &request, keep_alive, id);
+        access.done(status, bytes.filter(|_| written.is_ok()));
         // A body the handler did not read is not waited for: the client has its answer.
         if forwarder.as_ref().is_some_and(|f| !f.is_finished()) {
             let _ = self.tcp().shutdown(std::net::Shutdown::Read);
@@ -350,6 +359,7 @@ impl Gate {
     /// Writes the edge's refusal and closes the connection.
     fn refuse(&mut self, path: Option<&str>, error: &EdgeError) -> Next {
         crate::metrics::get().http("(refused)", "other", error.status(), std::time::Duration::ZERO);
+        super::access::line("-", "(refused)", error.status(), None, std::time::Duration::ZERO, "-");
         respond::refusal(self.tcp(), self.handler.as_ref(), path, error);
         linger(self.tcp());
         Next::Close

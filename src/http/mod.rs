@@ -19,6 +19,7 @@
 //! This module knows nothing of routes or JSON shapes: the handler decides those, error
 //! bodies included (`Handler::edge_error`).
 
+pub mod access;
 mod backend;
 mod chunked;
 mod gate;
@@ -63,6 +64,15 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// The size of the body it sends; `None` for a stream.
+    pub fn body_len(&self) -> Option<u64> {
+        match self {
+            Reply::Json { body, .. } | Reply::Ndjson(body) | Reply::File { body, .. } => Some(body.len() as u64),
+            Reply::Empty { .. } => Some(0),
+            Reply::Stream(_) => None,
+        }
+    }
+
     /// The status this reply is sent with (a stream's is 200).
     pub fn status(&self) -> u16 {
         match self {

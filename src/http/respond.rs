@@ -134,15 +134,38 @@ pub fn stream(tcp: &TcpStream, stream: Stream, version: Version, edge: &Edge) {
             log::error!("cannot start a stream watcher: {error}");
             return;
         }
-        let mut writer = BufWriter::with_capacity(64 * 1024 + 64, tcp);
+        let access = stream.access.clone();
+        let mut writer = BufWriter::with_capacity(64 * 1024 + 64, Counted { tcp, bytes: 0 });
         if let Err(error) = stream.write_to(&mut writer, version, edge.config.ping_interval, &stop_rx) {
             log::debug!("stream ended: {error}");
+        }
+        let _ = writer.flush();
+        if let Some(access) = access {
+            access.done(200, Some(writer.get_ref().bytes));
         }
         // Wakes the watcher, which is blocked on a read.
         let _ = tcp.shutdown(std::net::Shutdown::Both);
     });
     gauges.streams.fetch_sub(1, Ordering::Relaxed);
     open.dec();
+}
+
+/// The client's socket, counting what is written to it.
+struct Counted<'a> {
+    tcp: &'a TcpStream,
+    bytes: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.tcp.write(buf)?;
+        self.bytes += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
 }
 
 /// Blocks until the client closes its side (or resets); what it sends meanwhile is dropped.

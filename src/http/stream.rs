@@ -49,11 +49,13 @@ pub struct Stream {
     pub body: Box<dyn StreamBody>,
     /// Sent as `X-Request-Id` in the head.
     pub request_id: Option<String>,
+    /// The request's log line, written when the stream ends.
+    pub access: Option<super::access::Pending>,
 }
 
 impl Stream {
     pub fn new(framing: Framing, body: impl StreamBody + 'static) -> Stream {
-        Stream { framing, body: Box::new(body), request_id: None }
+        Stream { framing, body: Box::new(body), request_id: None, access: None }
     }
 
     /// The response head. HTTP/1.1 clients get chunks; HTTP/1.0 ones get the body until close.

@@ -190,11 +190,7 @@ pub struct McpClient {
 impl McpClient {
     /// Connects, shakes hands and lists the tools. `env` resolves `${VAR}` in header and `env`
     /// values, now and at every reconnection.
-    pub fn connect(
-        server: &McpServer,
-        env: SharedEnv,
-        spawning: Spawning,
-    ) -> Result<McpClient, McpError> {
+    pub fn connect(server: &McpServer, env: SharedEnv, spawning: Spawning) -> Result<McpClient, McpError> {
         let connection = Connection::open(server, &*env, &spawning)?;
         let tools = connection.tools.clone();
         Ok(McpClient {

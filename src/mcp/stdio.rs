@@ -195,17 +195,18 @@ struct Reader {
 impl Reader {
     fn run(self, stdout: ChildStdout) {
         let mut lines = BufReader::with_capacity(64 * 1024, stdout);
-        let why =
-            loop {
-                match read_line(&mut lines, MESSAGE_LIMIT) {
-                    Ok(Some(line)) => self.deliver(&line),
-                    Ok(None) => break "the MCP server closed its output (it may have crashed)".to_string(),
-                    Err(Line::TooLong) => break format!(
+        let why = loop {
+            match read_line(&mut lines, MESSAGE_LIMIT) {
+                Ok(Some(line)) => self.deliver(&line),
+                Ok(None) => break "the MCP server closed its output (it may have crashed)".to_string(),
+                Err(Line::TooLong) => {
+                    break format!(
                         "the MCP server sent a message longer than {MESSAGE_LIMIT} bytes; the connection was closed"
-                    ),
-                    Err(Line::Io(error)) => break format!("reading from the MCP server failed: {error}"),
+                    )
                 }
-            };
+                Err(Line::Io(error)) => break format!("reading from the MCP server failed: {error}"),
+            }
+        };
         *self.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
         // Every waiting request wakes with the reason; nothing more can be waited for.
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner).take();

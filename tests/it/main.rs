@@ -16,6 +16,7 @@ mod hardening;
 mod http;
 mod idempotency;
 mod local_model;
+mod logs;
 mod mcp;
 mod metrics;
 mod migrate;

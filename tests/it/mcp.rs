@@ -248,8 +248,7 @@ fn a_streamable_http_server_answers_in_json_and_in_an_event_stream_with_its_sess
     let mut headers = BTreeMap::new();
     headers.insert("Authorization".to_string(), "Bearer ${MCP_TEST_TOKEN}".to_string());
     let server = McpServer { headers, ..McpServer::http("remote", &url) };
-    let env: kestrel::mcp::SharedEnv =
-        Arc::new(|name: &str| (name == "MCP_TEST_TOKEN").then(|| "tok-123".to_string()));
+    let env: kestrel::mcp::SharedEnv = Arc::new(|name: &str| (name == "MCP_TEST_TOKEN").then(|| "tok-123".to_string()));
     let client = McpClient::connect(&server, env, Spawning::default()).unwrap();
     assert_eq!(client.tools()[0].name, "remote_echo");
     let result = client.call("remote_echo", json!({}), Duration::from_secs(5)).unwrap();

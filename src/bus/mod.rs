@@ -93,10 +93,22 @@ impl Envelope {
         self.frames[format as usize].get_or_init(|| render(self))
     }
 
-    /// The envelope of an event read back from the log.
-    pub(crate) fn from_log(logged: LoggedEvent) -> Option<Envelope> {
+    /// The envelope of an event read back from the log, whole again: a `provider.request`'s
+    /// stored messages, which the log keeps by id, are read back from `store`.
+    pub(crate) fn from_log(logged: LoggedEvent, store: &Store) -> Option<Envelope> {
         match serde_json::from_str::<Event>(&logged.body) {
-            Ok(event) => {
+            Ok(mut event) => {
+                if let Event::ProviderRequest(request) = &mut event {
+                    let ids = request.unresolved_ids();
+                    if !ids.is_empty() {
+                        match store.readers().messages_by_id(&request.session_id, &ids) {
+                            Ok(found) => request.resolve(&found),
+                            Err(error) => {
+                                log::error!("logged event {}: its history is not readable: {error}", logged.seq)
+                            }
+                        }
+                    }
+                }
                 let origin = Origin { actor: logged.actor.map(Arc::from), turn: None };
                 Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), origin, Arc::new(event)))
             }
@@ -214,7 +226,8 @@ impl LogReplay {
             }
         };
         self.after = page.last()?.seq;
-        Some(page.into_iter().filter_map(Envelope::from_log).map(Arc::new).collect())
+        let store = &self.store;
+        Some(page.into_iter().filter_map(|logged| Envelope::from_log(logged, store)).map(Arc::new).collect())
     }
 }
 

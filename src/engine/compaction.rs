@@ -48,7 +48,7 @@ impl Run {
                 let completion = provider.complete(&request, &mut ignore, &self.cancel).map_err(|e| e.to_string())?;
                 (completion, provider.target().wire)
             }
-            Summarizer::Chain(chain) => match self.attempt_chain(chain, &messages, &[], |_, _| {}) {
+            Summarizer::Chain(chain) => match self.attempt_chain(chain, (&messages, 0), &[], |_, _| {}) {
                 Attempted::Answer(exchanged, target) => (exchanged.completion, target.wire),
                 Attempted::AllFailed => return Err(format!("all {} providers failed", chain.len())),
                 Attempted::Cancelled => return Err("cancelled".into()),

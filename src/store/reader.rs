@@ -84,6 +84,27 @@ impl ReaderPool {
         })
     }
 
+    /// The session's stored messages among `ids`, by id (ids it does not have are left out).
+    pub fn messages_by_id(
+        &self,
+        session_id: &str,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, Message>, StoreError> {
+        self.with(|conn| {
+            let mut found = std::collections::HashMap::with_capacity(ids.len());
+            let mut statement = conn.prepare_cached("SELECT body FROM messages WHERE session_id = ?1 AND id = ?2")?;
+            for id in ids {
+                let body: Option<String> = statement.query_row(params![session_id, id], |row| row.get(0)).optional()?;
+                if let Some(body) = body {
+                    let message: Message =
+                        serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                    found.insert(id.clone(), message);
+                }
+            }
+            Ok(found)
+        })
+    }
+
     /// The ids of the session's tool calls that were marked as started.
     pub fn started_calls(&self, session_id: &str) -> Result<std::collections::HashSet<String>, StoreError> {
         self.with(|conn| {

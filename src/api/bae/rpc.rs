@@ -365,9 +365,54 @@ fn user_message(params: &Map<String, Value>) -> Result<UserMessage, String> {
         Some(_) => return Err("invalid type: \"role\" must be a string".into()),
     };
     let content = message.get("content").cloned().ok_or("missing field `content`")?;
-    // Checked now, so a malformed message never waits for the gate.
-    crate::engine::bae::merge::to_message(role, &content, &Default::default())?;
+    // Checked now, so a malformed or oversized message never waits for the gate.
+    let parsed = crate::engine::bae::merge::to_message(role, &content, &Default::default())?;
+    within_limits(&parsed)?;
     Ok(UserMessage { role, content })
+}
+
+/// The most text a message's text blocks may hold, in characters (the Kestrel door's limit).
+const MAX_TEXT_CHARS: usize = 200_000;
+/// The most one tool result's content may hold, in bytes of JSON.
+const MAX_TOOL_RESULT_BYTES: usize = 4 * 1024 * 1024;
+/// The most an image may hold, and all of a message's images together, in bytes of base64
+/// (the Kestrel door's 4 MB and 12 MB, decoded).
+const MAX_IMAGE_BASE64: usize = 4 * 1024 * 1024 / 3 * 4;
+const MAX_IMAGES_BASE64: usize = 12 * 1024 * 1024 / 3 * 4;
+
+/// A message is held to the Kestrel door's limits: its text, each image and all of them, and
+/// each tool result (a client's tool output); past one, `-32602` says which.
+fn within_limits(message: &crate::domain::Message) -> Result<(), String> {
+    use crate::domain::Block;
+    let (mut text, mut images) = (0usize, 0usize);
+    for block in &message.blocks {
+        match block {
+            Block::Text { text: piece } => text += piece.chars().count(),
+            Block::Image(image) if image.data.len() > MAX_IMAGE_BASE64 => {
+                return Err("message too large: an image is larger than 4 MB".into())
+            }
+            Block::Image(image) => images += image.data.len(),
+            Block::ToolResult(result) => {
+                let size = result
+                    .blocks
+                    .as_ref()
+                    .map_or(result.content.len(), |blocks| blocks.iter().map(|block| block.to_string().len()).sum());
+                if size > MAX_TOOL_RESULT_BYTES {
+                    return Err(format!(
+                        "message too large: a tool result is larger than {MAX_TOOL_RESULT_BYTES} bytes"
+                    ));
+                }
+            }
+            Block::Reasoning { .. } | Block::ToolCall(_) => {}
+        }
+    }
+    if text > MAX_TEXT_CHARS {
+        return Err(format!("message too large: its text is longer than {MAX_TEXT_CHARS} characters"));
+    }
+    if images > MAX_IMAGES_BASE64 {
+        return Err("message too large: its images are larger than 12 MB in total".into());
+    }
+    Ok(())
 }
 
 fn prompt(params: &Map<String, Value>) -> Result<Option<String>, String> {

@@ -361,7 +361,9 @@ impl Engine {
     /// A page of a session's history, oldest first.
     pub fn bae_events(&self, session_id: &str, after: u64, limit: usize) -> Result<Page<EventView>, BaeError> {
         let page = self.shared.store.readers().bae_events(session_id, BAE_EVENT_KINDS, after, limit)?;
-        let items = page.items.into_iter().filter_map(Envelope::from_log).map(Arc::new).collect();
+        let store = &self.shared.store;
+        let items =
+            page.items.into_iter().filter_map(|logged| Envelope::from_log(logged, store)).map(Arc::new).collect();
         Ok(Page { items, next: page.next })
     }
 

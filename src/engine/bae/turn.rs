@@ -191,6 +191,9 @@ impl Run {
         if let Some(user) = self.user.as_ref().filter(|user| !history.iter().any(|m| m.id == user.id)) {
             history.push(user.clone());
         }
+        // The session's stored messages (the turn's own is stored with the request's event):
+        // the log keeps them by id.
+        let stored = history.len();
         history.extend_from_slice(tail);
         let first_failed = |provider: &str, detail: String| {
             self.fault(Fault::ProviderCallFailed { provider: provider.to_string(), detail });
@@ -201,7 +204,7 @@ impl Run {
         if self.shared.subagents.tracks(&self.session_id) {
             tools.to_mut().push(super::subagent::status_tool());
         }
-        match self.attempt_chain(chain, &history, &tools, first_failed) {
+        match self.attempt_chain(chain, (&history, stored), &tools, first_failed) {
             Attempted::Answer(exchanged, target) => {
                 usage.add(&exchanged.completion.usage);
                 let completion = exchanged.completion;
@@ -225,7 +228,7 @@ impl Run {
     pub(in crate::engine) fn attempt_chain<'c>(
         &self,
         chain: &'c [Link],
-        history: &[Message],
+        (history, stored): (&[Message], usize),
         tools: &[ToolSchema],
         mut first_failed: impl FnMut(&str, String),
     ) -> Attempted<'c> {
@@ -241,6 +244,8 @@ impl Run {
                 max_tokens: link.target.max_tokens,
                 messages: history.to_vec(),
                 tools: tools.to_vec(),
+                stored,
+                unresolved: false,
             })));
             let response = |ok, status, error, body| {
                 let provider = link.target.wire.to_string();

@@ -274,3 +274,42 @@ fn an_openai_provider_takes_the_same_turn() {
     assert_eq!(messages[1]["tool_calls"][0]["function"]["arguments"], "{\"x\":1}");
     assert_eq!(messages[2], json!({ "role": "tool", "tool_call_id": "call_1", "content": "got 1" }));
 }
+
+/// A message is held to the Kestrel door's limits (`-32602` past them), and a long history
+/// is not copied into the event log at every turn: `provider.request` keeps the stored
+/// messages by id, and reading the events back shows them whole.
+#[test]
+fn messages_are_capped_and_the_history_is_logged_once_not_per_turn() {
+    let bae = super::support::Bae::start();
+    let (_, key) = bae.key_for("history", &[]);
+    let mut harness = super::support::Harness::open(bae.base(), &key, &[]);
+    let huge = "x".repeat(200_001);
+    let refused = harness.send_message(json!(huge));
+    let error = &refused.last().unwrap()["error"];
+    assert_eq!(error["code"], -32602, "{error}");
+    assert!(error["message"].as_str().unwrap().contains("message too large"), "{error}");
+
+    let long = "y".repeat(150_000);
+    bae.fake.script((0..6).map(|_| crate::fake_provider::anthropic::text_answer("ok")));
+    harness.send_message(json!(long));
+    for _ in 0..5 {
+        harness.send_message(json!("two words"));
+    }
+    let db = rusqlite::Connection::open(bae.server.data_dir.join("kestrel.db")).unwrap();
+    let logged: i64 = db
+        .query_row(
+            "SELECT sum(length(body)) FROM events WHERE type = 'provider.request' AND session_id = ?1",
+            [&harness.session_id],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert!(logged < 60_000, "six provider requests took {logged} bytes of log: the history was copied");
+    // Read back, the last request shows the whole history, the long message first.
+    let events = harness.events();
+    let requests: Vec<&Value> = events.iter().filter(|e| e["event_type"] == "provider.request").collect();
+    assert_eq!(requests.len(), 6);
+    let messages = requests[5]["payload"]["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 11, "five turns of two messages and the new one");
+    assert_eq!(messages[0]["content"].as_str().map(str::len), Some(150_000), "{}", messages[0]);
+    assert_eq!(messages[10]["content"], "two words");
+}

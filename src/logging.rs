@@ -132,16 +132,40 @@ fn text_line(record: &log::Record<'_>) -> String {
         crate::time::now_rfc3339(),
         record.level(),
         record.target(),
-        scrub(&record.args().to_string())
+        escape(&scrub(&record.args().to_string()))
     );
     for (key, value) in key_values(record) {
         let value = match value {
             serde_json::Value::String(text) if !text.contains(char::is_whitespace) && !text.is_empty() => text,
             other => other.to_string(),
         };
-        line.push_str(&format!(" {key}={value}"));
+        line.push_str(&format!(" {key}={}", escape(&value)));
     }
     line
+}
+
+/// `text` on one line that shows what it holds: control characters (a newline that would
+/// start a forged line, an escape sequence a terminal would obey) and bidirectional
+/// formatting ones (which reorder what a reader sees) are written as `\u{…}` escapes.
+fn escape(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            '\r' => escaped.push_str("\\r"),
+            '\t' => escaped.push_str("\\t"),
+            c if unsafe_char(c) => escaped.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+            c => escaped.push(c),
+        }
+    }
+    Cow::Owned(escaped)
 }
 
 #[cfg(test)]
@@ -181,5 +205,20 @@ mod tests {
         assert!(scrubbed.contains("x-api-key: ***") && scrubbed.contains("content-type: application/json"));
         assert_eq!(scrub("sent with Bearer abc.def-123 to it"), "sent with Bearer *** to it");
         assert_eq!(scrub("nothing to hide"), "nothing to hide");
+    }
+
+    #[test]
+    fn a_text_line_cannot_be_forged_or_reordered() {
+        let record = log::Record::builder()
+            .args(format_args!("profile evil\n[2026-01-01 INFO kestrel] forged \u{1b}[31mred\u{202e}txt"))
+            .level(log::Level::Error)
+            .target("kestrel::test")
+            .build();
+        let line = text_line(&record);
+        assert!(!line.contains('\n') && !line.contains('\u{1b}') && !line.contains('\u{202e}'), "{line}");
+        assert!(
+            line.contains("evil\\n[2026") && line.contains("\\u{001b}[31m") && line.contains("\\u{202e}"),
+            "{line}"
+        );
     }
 }

@@ -213,6 +213,27 @@ pub struct Store {
     readers: Arc<ReaderPool>,
 }
 
+/// The data dir, made if missing, readable only by its owner (0700): every tenant's
+/// transcripts, the key files and the database are in it.
+fn make_private(data_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(data_dir)?;
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// A database file readable only by its owner (0600): made empty when `create` and missing
+/// (SQLite then gives its WAL and shared-memory files the same mode), made private if there.
+fn private_file(path: &Path, create: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if create {
+        std::fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).open(path)?;
+    }
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !create => Ok(()),
+        other => other,
+    }
+}
+
 impl Store {
     /// Writes queued for the writer thread and not yet taken.
     pub fn queue_depth(&self) -> usize {
@@ -222,9 +243,12 @@ impl Store {
     /// Locks `data_dir` for this process, opens (creating if needed) the database in it,
     /// applies migrations and starts the writer thread. The returned handle stops the writer; the app does that last.
     pub fn open(data_dir: &Path) -> Result<(Store, WriterHandle), StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(StoreError::Io)?;
+        make_private(data_dir).map_err(StoreError::Io)?;
         let lock = lock::DataDirLock::acquire(data_dir)?;
         let path: PathBuf = data_dir.join(DB_FILE);
+        for file in [DB_FILE, "kestrel.db-wal", "kestrel.db-shm"] {
+            private_file(&data_dir.join(file), file == DB_FILE).map_err(StoreError::Io)?;
+        }
         let (writer_tx, inbox) = bounded(WRITER_INBOX);
         let writer = writer::Writer::open(&path)?;
         let handle = writer.spawn(inbox, writer_tx.clone(), lock)?;

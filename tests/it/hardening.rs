@@ -89,3 +89,26 @@ fn tool_result(server: &TestServer, session: &str, name: &str, arguments: serde_
         .unwrap_or_else(|| panic!("{events:#?}"));
     finished["event"]["result"].clone()
 }
+
+/// The data dir is its owner's alone (0700), and so are the database and its WAL files and
+/// the key files (0600), fresh or made so at start.
+#[test]
+fn the_data_dir_the_database_and_the_key_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let mut server = TestServer::start();
+    let id = server.create_session(json!({}));
+    server.run_to_end(&id, "hello");
+    let data = server.data_dir.clone();
+    assert_eq!(mode(&data), 0o700);
+    for file in ["kestrel.db", "kestrel.db-wal", "kestrel.db-shm", "admin-key", "bae-key-secret"] {
+        assert_eq!(mode(&data.join(file)), 0o600, "{file}");
+    }
+    // An older install's looser modes are tightened at the next start.
+    server.stop();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(data.join("kestrel.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    server.restart(|_| {});
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&data.join("kestrel.db")), 0o600);
+}

@@ -169,6 +169,7 @@ impl AdminApi {
         if name.trim().is_empty() {
             return Err(Problem::bad_request("name must not be empty"));
         }
+        check_name("name", &name)?;
         let (key, plaintext) = self.engine.bae_create_key(&name, &profile_id)?;
         Ok(json_reply(
             201,
@@ -259,7 +260,9 @@ fn profile_input(mut fields: Map<String, Value>) -> Result<ProfileInput, Problem
         _ => Err(Problem::bad_request(format!("invalid request body: missing or invalid field `{field}`"))),
     };
     let name = text("name")?;
+    check_name("name", &name)?;
     let primary_provider = text("primary_provider")?;
+    check_name("primary_provider", &primary_provider)?;
     Ok(ProfileInput {
         name,
         primary_provider,
@@ -284,10 +287,30 @@ fn strings(fields: &mut Map<String, Value>, field: &str) -> Result<Vec<String>, 
         .into_iter()
         .enumerate()
         .map(|(i, item)| match item {
-            Value::String(text) => Ok(text),
+            Value::String(text) => check_name(&format!("{field}[{i}]"), &text).map(|()| text),
             _ => Err(Problem::bad_request(format!("{field}[{i}] must be a string (a bae-config.toml registry name)"))),
         })
         .collect()
+}
+
+/// The longest name (of a profile, a key, a provider, a server, an image) taken, in characters.
+const NAME_LIMIT: usize = 200;
+
+/// A name is at most `NAME_LIMIT` characters, with no control character (a NUL, an escape
+/// sequence, a newline that would forge a log line) and no bidirectional formatting one (a
+/// right-to-left override that would show it reversed).
+fn check_name(field: &str, name: &str) -> Result<(), Problem> {
+    if name.chars().count() > NAME_LIMIT {
+        return Err(Problem::bad_request(format!("{field} must be at most {NAME_LIMIT} characters")));
+    }
+    let bidi =
+        |c: char| matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if name.chars().any(|c| c.is_control() || bidi(c)) {
+        return Err(Problem::bad_request(format!(
+            "{field} must not hold control or bidirectional formatting characters"
+        )));
+    }
+    Ok(())
 }
 
 impl Handler for AdminApi {

@@ -9,7 +9,7 @@ use crossbeam_channel::bounded;
 use serde_json::{Map, Value};
 
 use super::problem::Problem;
-use super::streams::{error_frame, TurnKind, TurnStream, WatchStream};
+use super::streams::{error_frame, RpcId, TurnKind, TurnStream, WatchStream};
 use super::{authorize_session, body, wire};
 use crate::bus::{Filter, Scope};
 use crate::domain::{Event, Role};
@@ -20,7 +20,7 @@ use crate::store::{KeyRecord, BAE_TENANT};
 
 /// A parsed request: its id (`None` for a notification), method and params.
 struct Call {
-    id: Option<Value>,
+    id: Option<RpcId>,
     method: String,
     params: Map<String, Value>,
 }
@@ -55,14 +55,14 @@ enum Answer {
 
 /// The envelope checks; an error is the frame that answers it.
 fn parse(bytes: &[u8]) -> Result<Call, String> {
-    let null = Value::Null;
+    let null = RpcId::null();
     let value: Value = serde_json::from_slice(bytes).map_err(|_| error_frame(&null, -32700, "Parse error"))?;
     let mut object = match value {
         Value::Object(object) => object,
         Value::Array(_) => return Err(error_frame(&null, -32600, "Invalid Request: batch requests are not supported")),
         _ => return Err(error_frame(&null, -32600, "Invalid Request")),
     };
-    let id = object.remove("id");
+    let id = object.remove("id").map(|parsed| RpcId::of(bytes, &parsed));
     let refuse = |message: &str| match &id {
         Some(id) => Err(error_frame(id, -32600, message)),
         None => Err(String::new()),
@@ -257,23 +257,23 @@ impl Context<'_> {
 }
 
 /// A terminal frame with `result`, or the error's.
-fn answer(id: &Option<Value>, outcome: Result<Value, RpcError>, method: &str) -> Answer {
+fn answer(id: &Option<RpcId>, outcome: Result<Value, RpcError>, method: &str) -> Answer {
     let Some(id) = id else { return Answer::Frame(None) };
     Answer::Frame(Some(match outcome {
-        Ok(result) => format!("{}\n", serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result })),
+        Ok(result) => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{result}}}\n"),
         Err(error) => rpc_error_frame_for(id, &error, method),
     }))
 }
 
 /// A -32602 answer.
-fn invalid(id: Option<Value>, why: &str) -> Answer {
+fn invalid(id: Option<RpcId>, why: &str) -> Answer {
     Answer::Frame(id.map(|id| error_frame(&id, -32602, &format!("Invalid params: {why}"))))
 }
 
-fn reply(id: &Option<Value>, outcome: Result<(), RpcError>, method: &str, result: Value) -> Answer {
+fn reply(id: &Option<RpcId>, outcome: Result<(), RpcError>, method: &str, result: Value) -> Answer {
     let Some(id) = id else { return Answer::Frame(None) };
     Answer::Frame(Some(match outcome {
-        Ok(()) => format!("{}\n", serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result })),
+        Ok(()) => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{result}}}\n"),
         Err(error) => rpc_error_frame_for(id, &error, method),
     }))
 }
@@ -281,7 +281,7 @@ fn reply(id: &Option<Value>, outcome: Result<(), RpcError>, method: &str, result
 /// A turn: subscribe first, then ask for the gate; the stream follows the turn.
 fn turn(
     context: &Context<'_>,
-    id: Option<Value>,
+    id: Option<RpcId>,
     kind: TurnKind,
     op: impl FnOnce(String, String, crossbeam_channel::Sender<Result<crate::engine::bae::Started, RpcError>>) -> BaeOp,
 ) -> Answer {
@@ -319,7 +319,7 @@ fn turn(
 
 /// `session.subscribe`: no driver or state check; `since_event_id` replays what follows it
 /// (an id not of this session replays from the start).
-fn watch(context: &Context<'_>, id: Option<Value>, params: &Map<String, Value>) -> Answer {
+fn watch(context: &Context<'_>, id: Option<RpcId>, params: &Map<String, Value>) -> Answer {
     let after = match params.get("since_event_id") {
         None | Some(Value::Null) => None,
         Some(Value::String(since)) => Some(context.replay_after(since)),
@@ -437,7 +437,7 @@ fn client_tools(params: &Map<String, Value>) -> Result<Vec<Value>, String> {
 }
 
 /// The frame of a refused operation.
-pub fn rpc_error_frame(id: &Value, error: &RpcError, kind: TurnKind) -> String {
+pub fn rpc_error_frame(id: &RpcId, error: &RpcError, kind: TurnKind) -> String {
     let method = match kind {
         TurnKind::Send => "session.sendMessage",
         TurnKind::Compact => "session.compact",
@@ -445,7 +445,7 @@ pub fn rpc_error_frame(id: &Value, error: &RpcError, kind: TurnKind) -> String {
     rpc_error_frame_for(id, error, method)
 }
 
-fn rpc_error_frame_for(id: &Value, error: &RpcError, method: &str) -> String {
+fn rpc_error_frame_for(id: &RpcId, error: &RpcError, method: &str) -> String {
     let (code, message) = match error {
         RpcError::NotDriver => (-32001, format!("call session.registerDriver before {method}")),
         RpcError::NotOpen(state) => (-32000, format!("session is {}, not open", state.as_str())),
@@ -507,6 +507,18 @@ mod tests {
         // A notification with a bad envelope gets nothing.
         assert_eq!(parse(br#"{"jsonrpc":"1.0","method":"x"}"#).err().unwrap(), "");
         let call = parse(br#"{"jsonrpc":"2.0","id":"a","method":"m"}"#).unwrap();
-        assert_eq!((call.id, call.method, call.params.len()), (Some(Value::String("a".into())), "m".to_string(), 0));
+        assert_eq!(
+            (call.id.map(|id| id.to_string()), call.method, call.params.len()),
+            (Some("\"a\"".into()), "m".to_string(), 0)
+        );
+    }
+
+    #[test]
+    fn an_id_comes_back_exactly_as_it_was_written() {
+        for id in ["9007199254740993", "18446744073709551616", "-123456789012345678901234567890", "\"x\"", "null"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"params":[]}}"#);
+            let answer = parse(body.as_bytes()).err().unwrap();
+            assert!(answer.contains(&format!("\"id\":{id},")), "{id}: {answer}");
+        }
     }
 }

@@ -39,7 +39,7 @@ pub struct TurnStream {
     pub run_id: String,
     pub kind: TurnKind,
     /// The request's id; `None` for a notification (no terminal frame).
-    pub id: Option<Value>,
+    pub id: Option<RpcId>,
     pub subscription: Subscription,
     /// The actor's answer, until the gate is held.
     pub started: Option<Receiver<Result<Started, RpcError>>>,
@@ -135,7 +135,7 @@ impl TurnStream {
         out.push_str(&frame);
     }
 
-    fn result(&self, id: &Value, message: &Value) -> String {
+    fn result(&self, id: &RpcId, message: &Value) -> String {
         format!(
             "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"message\":{message},\"events\":[{}]}}}}\n",
             self.events.join(",")
@@ -168,9 +168,45 @@ fn written_by_caller(event: &Event) -> bool {
     }
 }
 
-pub fn error_frame(id: &Value, code: i64, message: &str) -> String {
-    let frame = json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
-    format!("{frame}\n")
+pub fn error_frame(id: &RpcId, code: i64, message: &str) -> String {
+    let error = json!({ "code": code, "message": message });
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n")
+}
+
+/// A JSON-RPC request's id, kept as the client wrote it (its raw JSON), so it comes back
+/// exactly: an integer past 2^53, or past 2^64, is never re-read as a float.
+#[derive(Debug, Clone)]
+pub struct RpcId(Box<serde_json::value::RawValue>);
+
+impl RpcId {
+    /// `null`: the id of an answer to a request whose own id could not be read.
+    pub fn null() -> RpcId {
+        RpcId(serde_json::value::RawValue::from_string("null".into()).expect("null is JSON"))
+    }
+
+    /// The raw id of a request body, given the id `parsed` from it (present or not). The raw
+    /// text is read again from the body; a body it cannot be read from (a repeated `id` key)
+    /// falls back to the parsed value.
+    pub fn of(body: &[u8], parsed: &Value) -> RpcId {
+        #[derive(serde::Deserialize)]
+        struct IdOnly {
+            #[serde(default)]
+            id: Option<Box<serde_json::value::RawValue>>,
+        }
+        match serde_json::from_slice::<IdOnly>(body) {
+            Ok(IdOnly { id: Some(raw) }) => RpcId(raw),
+            Ok(IdOnly { id: None }) if parsed.is_null() => RpcId::null(),
+            _ => {
+                RpcId(serde_json::value::RawValue::from_string(parsed.to_string()).unwrap_or_else(|_| RpcId::null().0))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for RpcId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.get())
+    }
 }
 
 impl StreamBody for TurnStream {

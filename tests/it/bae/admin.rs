@@ -245,3 +245,40 @@ fn read_only_views_list_providers_and_mask_secrets() {
     assert_eq!(config.json["telemetry"]["service_name"], "baesrv");
     assert_eq!(bae.admin_send("GET", "/admin/v1/sandbox-status", None).json, json!({ "items": [] }));
 }
+
+/// Names (of profiles, keys, the providers and servers a profile lists) are held to 200
+/// characters with no control or bidirectional formatting character, so none can forge a log
+/// line or show reversed.
+#[test]
+fn admin_names_are_bounded_and_free_of_control_and_bidi_characters() {
+    let bae = Bae::start();
+    let profile = |name: &str| {
+        let body = json!({ "name": name, "primary_provider": "fake" });
+        bae.admin_send("POST", "/admin/v1/profiles", Some(body))
+    };
+    for bad in [
+        "x".repeat(10 * 1024 * 1024),
+        "nul\0".into(),
+        "ansi \u{1b}[31mred".into(),
+        "rlo \u{202e}txt".into(),
+        "line\nbreak".into(),
+        "x".repeat(201),
+    ] {
+        assert_problem(&profile(&bad), 400, "bad_request");
+    }
+    let listed = bae.admin_send(
+        "POST",
+        "/admin/v1/profiles",
+        Some(json!({ "name": "lists", "primary_provider": "fake", "mcp_servers": ["ok", "bad\u{1b}"] })),
+    );
+    assert_problem(&listed, 400, "bad_request");
+    let good = profile(&"é".repeat(200));
+    assert_eq!(good.status, 201, "{}", good.text);
+    let profile_id = good.json["id"].as_str().unwrap().to_string();
+    for bad in ["key\u{2066}", "key\r\nforged"] {
+        let key = bae.admin_send("POST", "/admin/v1/keys", Some(json!({ "name": bad, "profile_id": profile_id })));
+        assert_problem(&key, 400, "bad_request");
+    }
+    let key = bae.admin_send("POST", "/admin/v1/keys", Some(json!({ "name": "fine name", "profile_id": profile_id })));
+    assert_eq!(key.status, 201, "{}", key.text);
+}

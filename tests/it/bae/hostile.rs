@@ -295,3 +295,24 @@ fn a_bae_config_files_keys_come_from_the_environment_and_never_reach_an_event() 
         serde_json::to_string(&events).unwrap() + &send(&admin, "GET", "/admin/v1/config", Some(&admin_key), None).text;
     assert!(!everything.contains("sk-gw-secret"), "the key reached an event or the config view");
 }
+
+/// A JSON-RPC id comes back exactly as written: integers past 2^53 and past 2^64 are never
+/// re-read as floats.
+#[test]
+fn a_json_rpc_id_comes_back_exactly_as_written() {
+    let bae = Bae::start();
+    let (_, key) = bae.key_for("ids", &[]);
+    let harness = Harness::open(bae.base(), &key, &[]);
+    let url = format!("{}/api/v1/sessions/{}/rpc", bae.base(), harness.session_id);
+    for id in ["9007199254740993", "18446744073709551616", "-99999999999999999999999"] {
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"session.registerDriver","params":{{}}}}"#);
+        let answer = ureq::post(&url)
+            .set("Authorization", &format!("Bearer {}", harness.session_key))
+            .set("Content-Type", "application/json")
+            .send_string(&body)
+            .unwrap()
+            .into_string()
+            .unwrap();
+        assert!(answer.contains(&format!("\"id\":{id},")), "{id}: {answer}");
+    }
+}

@@ -5,7 +5,9 @@
 //!
 //! Three inputs meet in one loop: the session's event stream and stdin each on a thread of
 //! their own, and Ctrl-C. Lines typed while a run goes on wait in order for the next question
-//! (an approval) or the next turn, so piped input works too.
+//! (an approval) or the next turn, so piped input works too. The end of the input is an
+//! answer too, so no state waits for a line that cannot come: at a note it means no note, at
+//! y/n a denial, at the resume offer no, and at the prompt leaving once the run has ended.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, IsTerminal, Write};
@@ -196,11 +198,17 @@ impl Chat {
         mut asking: Option<Asking>,
         cancelled: bool,
     ) -> Result<Option<State>, CliError> {
-        // A line typed earlier answers a pending question first.
+        // A line typed earlier answers a pending question first; once the input has ended,
+        // its end is the answer (no note, or a denial), so the run never waits for a line
+        // that cannot come.
         if let Some(ask) = asking.as_mut() {
             if let Some(line) = self.queued.pop_front() {
                 self.answer(ask, &line)?;
                 return Ok(Some(State::Running { run_id, asking: asking.filter(|a| !a.done()), cancelled }));
+            }
+            if self.stdin_done {
+                self.answer_at_end_of_input(ask);
+                return Ok(Some(State::Running { run_id, asking: None, cancelled }));
             }
         }
         let same = |asking, cancelled| Ok(Some(State::Running { run_id: run_id.clone(), asking, cancelled }));
@@ -297,6 +305,23 @@ impl Chat {
         }
         self.prompt("note (optional, Enter for none): ");
         Ok(())
+    }
+
+    /// The input ended while an approval was asked: after a y/n, the decision goes without a
+    /// note; before one, the call is denied (nobody can approve it any more).
+    fn answer_at_end_of_input(&mut self, ask: &mut Asking) {
+        let decision = match ask.approved {
+            Some(approved) => json!({ "approved": approved }),
+            None => {
+                self.line("(no answer: the input ended; denied)");
+                json!({ "approved": false, "note": "no answer: the terminal's input ended" })
+            }
+        };
+        let path = format!("/api/sessions/{}/approvals/{}", self.session, ask.approval_id);
+        if let Err(error) = self.client.call("POST", &path, Some(&decision)) {
+            eprintln!("kestrel: {error}");
+        }
+        ask.approval_id.clear();
     }
 
     /// Offers to resume an interrupted (or failed) run; the resumed run's id.

@@ -164,6 +164,25 @@ fn chat_streams_the_reply_and_answers_an_approval_from_stdin() {
     assert!(stdout(&output).contains("Echo: plain words"), "{}", stdout(&output));
 }
 
+/// The input ending mid-question never hangs the chat: at the note it means no note (the
+/// approved write happens), at y/n a denial; either way the chat leaves once the run ends.
+#[test]
+fn the_end_of_the_input_answers_a_pending_approval_and_the_chat_leaves() {
+    let server = TestServer::start();
+    let workspace = server.workspace.to_string_lossy().into_owned();
+    let input = "/tool write_file {\"path\":\"approved.txt\",\"content\":\"yes\"}\ny\n";
+    let output = chat(&server, &["--workspace", &workspace], input);
+    assert_eq!(output.status.code(), Some(0), "{}\n{}", stdout(&output), stderr(&output));
+    assert!(!stderr(&output).contains("cancelling"), "{}", stderr(&output));
+    assert_eq!(std::fs::read_to_string(server.workspace.join("approved.txt")).unwrap(), "yes");
+
+    let input = "/tool write_file {\"path\":\"unanswered.txt\",\"content\":\"no\"}\n";
+    let output = chat(&server, &["--workspace", &workspace], input);
+    assert_eq!(output.status.code(), Some(0), "{}\n{}", stdout(&output), stderr(&output));
+    assert!(stdout(&output).contains("denied"), "{}", stdout(&output));
+    assert!(!server.workspace.join("unanswered.txt").exists());
+}
+
 #[test]
 fn ctrl_c_cancels_the_run_and_the_chat_goes_on() {
     let server = TestServer::start_with(|config| {

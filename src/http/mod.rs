@@ -53,11 +53,13 @@ pub enum Reply {
     },
     /// A whole NDJSON body (a 200 of one or a few lines, sent with its length).
     Ndjson(Vec<u8>),
-    /// A static file: its bytes, content type and `Cache-Control` (a 200).
+    /// A static file: its bytes, content type and `Cache-Control` (a 200), and the headers
+    /// that confine what it may do in a browser (`Content-Security-Policy`, …).
     File {
         content_type: &'static str,
         body: Vec<u8>,
         cache_control: &'static str,
+        policy: &'static [(&'static str, &'static str)],
     },
     /// A body streamed for as long as it lasts: server-sent events or NDJSON.
     Stream(Stream),

@@ -34,12 +34,13 @@ pub fn reply(
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
         Reply::Ndjson(body) => (200, body, vec![("Content-Type", "application/x-ndjson".to_string())]),
-        Reply::File { content_type, body, cache_control } => {
-            let headers = vec![
+        Reply::File { content_type, body, cache_control, policy } => {
+            let mut headers = vec![
                 ("Content-Type", content_type.to_string()),
                 ("Cache-Control", cache_control.to_string()),
                 ("X-Content-Type-Options", "nosniff".to_string()),
             ];
+            headers.extend(policy.iter().map(|(name, value)| (*name, value.to_string())));
             (200, body, headers)
         }
         Reply::Stream(_) => unreachable!("streams are written by `stream`"),

@@ -188,6 +188,19 @@ impl Plugins {
     }
 }
 
+/// What a plugin's web file may do when it is opened on its own (an HTML page or an SVG a
+/// link leads to): nothing. `sandbox` gives such a document an opaque origin with no
+/// scripts, so it can never reach the console's storage (the token) or script its page. The
+/// console's own imports of a plugin's modules and stylesheets are not documents and are
+/// unaffected; they run as part of the console, by design.
+pub const ASSET_POLICY: &[(&str, &str)] = &[
+    (
+        "Content-Security-Policy",
+        "sandbox; default-src 'none'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'",
+    ),
+    ("X-Frame-Options", "DENY"),
+];
+
 /// The largest web asset served.
 const ASSET_LIMIT: u64 = 64 * 1024 * 1024;
 

@@ -33,6 +33,43 @@ fn the_console_is_served_with_fingerprinted_cacheable_assets_and_no_token() {
     assert!(matches!(api, Err(ureq::Error::Status(401, _))), "the API behind it still wants the token");
 }
 
+/// The page and its files allow scripts, styles and requests from this origin only (no inline
+/// script, no `eval`), are never framed, and a plugin's file opened on its own is sandboxed
+/// with no script, so it cannot reach the console's token or script its page.
+#[test]
+fn the_console_and_plugin_files_carry_a_strict_content_security_policy() {
+    let plugins = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(plugins.path().join("x/web")).unwrap();
+    let manifest = json!({ "id": "x", "name": "X", "version": "1", "web": { "entry": "index.js" } });
+    std::fs::write(plugins.path().join("x/plugin.json"), manifest.to_string()).unwrap();
+    std::fs::write(plugins.path().join("x/web/index.js"), "export function mount() {}\n").unwrap();
+    std::fs::write(plugins.path().join("x/web/page.html"), "<script>localStorage.token</script>").unwrap();
+    let dir = plugins.path().to_path_buf();
+    let server = TestServer::start_with(move |config| config.plugins.dir = Some(dir));
+    let page = ureq::get(&format!("{}/", server.base)).call().unwrap();
+    let policy = page.header("Content-Security-Policy").unwrap().to_string();
+    for directive in
+        ["default-src 'self'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'", "object-src 'none'"]
+    {
+        assert!(policy.contains(directive), "{directive} missing: {policy}");
+    }
+    assert!(!policy.contains("unsafe-inline") && !policy.contains("unsafe-eval"), "{policy}");
+    assert_eq!(page.header("X-Frame-Options"), Some("DENY"));
+    assert_eq!(page.header("X-Content-Type-Options"), Some("nosniff"));
+    let html = page.into_string().unwrap();
+    assert!(!html.contains("<script>") && !html.contains(" style="), "nothing inline for the policy to refuse");
+    let start = html.find("/assets/").unwrap();
+    let app = &html[start..html[start..].find('"').map(|end| start + end).unwrap()];
+    let asset = ureq::get(&format!("{}{app}", server.base)).call().unwrap();
+    assert_eq!(asset.header("Content-Security-Policy").map(str::to_string), Some(policy));
+    for file in ["index.js", "page.html"] {
+        let served = ureq::get(&format!("{}/plugins/x/web/{file}", server.base)).call().unwrap();
+        let sandboxed = served.header("Content-Security-Policy").unwrap();
+        assert!(sandboxed.starts_with("sandbox;") && sandboxed.contains("default-src 'none'"), "{sandboxed}");
+        assert_eq!(served.header("X-Content-Type-Options"), Some("nosniff"));
+    }
+}
+
 /// A session created in the page: its id.
 fn create_session_in_page(browser: &crate::browser::Browser, title: &str) -> String {
     browser.click("#new-session");

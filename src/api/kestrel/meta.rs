@@ -52,7 +52,9 @@ pub fn plugins(api: &KestrelApi) -> Result<Reply, ApiError> {
 /// `GET /plugins/<id>/web/<path>`: a file of a plugin's `web/` tree, with its content type.
 pub fn plugin_asset(api: &KestrelApi, id: &str, path: &str) -> Result<Reply, ApiError> {
     match api.plugins.asset(id, path) {
-        Ok((body, content_type)) => Ok(Reply::File { content_type, body, cache_control: "no-cache" }),
+        Ok((body, content_type)) => {
+            Ok(Reply::File { content_type, body, cache_control: "no-cache", policy: crate::plugins::ASSET_POLICY })
+        }
         Err(AssetError::NotFound) => Err(ApiError::not_found()),
         Err(AssetError::Forbidden) => {
             Err(ApiError::new(403, "forbidden", "that path is not a file of the plugin's web/ tree"))

@@ -207,7 +207,7 @@ impl Handler for KestrelApi {
 fn console_file(path: &str) -> Result<Reply, ApiError> {
     match crate::console::serve(path) {
         Some(crate::console::Served::File { body, content_type, cache_control }) => {
-            Ok(Reply::File { content_type, body, cache_control })
+            Ok(Reply::File { content_type, body, cache_control, policy: crate::console::POLICY })
         }
         _ => Err(ApiError::not_found()),
     }
@@ -215,7 +215,12 @@ fn console_file(path: &str) -> Result<Reply, ApiError> {
 
 /// `/metrics` in Prometheus' text exposition format, never cached.
 pub fn metrics_reply(text: Vec<u8>) -> Reply {
-    Reply::File { content_type: "text/plain; version=0.0.4; charset=utf-8", body: text, cache_control: "no-store" }
+    Reply::File {
+        content_type: "text/plain; version=0.0.4; charset=utf-8",
+        body: text,
+        cache_control: "no-store",
+        policy: &[],
+    }
 }
 
 /// A JSON reply from any serializable value.

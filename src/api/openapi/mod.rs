@@ -23,7 +23,12 @@ pub fn admin_document() -> Reply {
 }
 
 fn document(text: &'static str) -> Reply {
-    Reply::File { content_type: "application/json", body: text.as_bytes().to_vec(), cache_control: "no-cache" }
+    Reply::File {
+        content_type: "application/json",
+        body: text.as_bytes().to_vec(),
+        cache_control: "no-cache",
+        policy: &[],
+    }
 }
 
 #[cfg(test)]

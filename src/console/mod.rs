@@ -23,6 +23,11 @@ const ASSETS: &[Asset] = &[
     Asset { name: "api.js", content_type: "text/javascript; charset=utf-8", body: include_str!("assets/api.js") },
     Asset { name: "dom.js", content_type: "text/javascript; charset=utf-8", body: include_str!("assets/dom.js") },
     Asset {
+        name: "commonmark.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("assets/commonmark.js"),
+    },
+    Asset {
         name: "markdown.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_str!("assets/markdown.js"),

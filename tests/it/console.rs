@@ -116,6 +116,13 @@ fn a_session_streams_a_reply_shows_hostile_text_as_text_and_an_approval_writes_a
     assert!(checked["text"].as_str().unwrap().contains("<img src=x onerror="), "{checked}");
     browser.wait_for("the run's end", "document.querySelector('.run-end.completed')");
 
+    // CommonMark's flanking rules: underscores inside words are text, not emphasis.
+    send_in_page(&browser, "window.__pwned=1 then window.__pwned=2");
+    let shown = "[...document.querySelectorAll('.message.assistant .content')]\
+        .some(e => e.textContent.includes('Echo: window.__pwned=1 then window.__pwned=2'))";
+    browser.wait_for("the underscores kept as text", shown);
+    browser.wait_for("the second run's end", "document.querySelectorAll('.run-end.completed').length >= 2");
+
     // An approval, given in the page; the file is then in the workspace browser.
     send_in_page(&browser, "/tool write_file {\"path\":\"hello.txt\",\"content\":\"line one\\nline two\\n\"}");
     browser.wait_for("the approval card", "document.querySelector('.approval button.approve')");

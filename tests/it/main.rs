@@ -17,6 +17,7 @@ mod http;
 mod idempotency;
 mod local_model;
 mod logs;
+mod markdown;
 mod mcp;
 mod metrics;
 mod migrate;

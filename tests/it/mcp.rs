@@ -271,18 +271,11 @@ fn a_streamable_http_server_answers_in_json_and_in_an_event_stream_with_its_sess
 /// The reference MCP server from npm, installed once under `target/mcp-servers` (`.ci/run`
 /// installs it first; a fresh checkout's `cargo test` installs it here).
 pub fn everything() -> std::path::PathBuf {
-    let prefix = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-servers");
-    let entry = prefix.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    if !entry.exists() {
-        let status = std::process::Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
-            .arg(&prefix)
-            .arg("@modelcontextprotocol/server-everything@2026.8.31")
-            .status()
-            .expect("npm runs");
-        assert!(status.success(), "npm could not install the reference MCP server");
-    }
-    entry
+    crate::support::npm_package(
+        "mcp-servers",
+        "@modelcontextprotocol/server-everything@2026.8.31",
+        "@modelcontextprotocol/server-everything/dist/index.js",
+    )
 }
 
 #[test]

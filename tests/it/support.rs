@@ -544,3 +544,20 @@ pub fn spawn_binary_with(
     let (base, admin) = (url(), url());
     (child, base, admin)
 }
+
+/// `package` (`name@version`) from npm, installed under `target/<dir>` the first time; the
+/// path of `entry` inside its `node_modules`.
+pub fn npm_package(dir: &str, package: &str, entry: &str) -> PathBuf {
+    let prefix = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join(dir);
+    let path = prefix.join("node_modules").join(entry);
+    if !path.exists() {
+        let status = std::process::Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+            .arg(&prefix)
+            .arg(package)
+            .status()
+            .expect("npm runs");
+        assert!(status.success(), "npm could not install {package}");
+    }
+    path
+}

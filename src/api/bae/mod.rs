@@ -83,7 +83,13 @@ impl ClientApi {
         }
         let id = found.param(0);
         match found.kind() {
-            Kind::Health => Ok(Reply::Empty { status: 200 }),
+            // BAE's empty 200, with a media type so clients and the document agree on it.
+            Kind::Health => Ok(Reply::File {
+                content_type: "text/plain; charset=utf-8",
+                body: Vec::new(),
+                cache_control: "no-store",
+                policy: &[],
+            }),
             Kind::Meta => Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] }))),
             Kind::Sessions => self.open(request),
             Kind::Join => self.join(request, id),

@@ -1,93 +1,76 @@
-// Markdown to DOM, safely: the renderer builds elements and text nodes only, never HTML from
-// the text, so a model's `<img onerror=…>` is shown as the characters it is. Covers what
-// models write: paragraphs, headings, fenced code, lists, quotes, rules, inline code, bold,
-// italics and http(s) links.
+// Markdown to DOM, safely. The text is parsed by CommonMark's rules (commonmark.js) into a
+// tree, and the tree becomes elements and text nodes: nothing is ever parsed as HTML, so a
+// model's `<img onerror=…>` is shown as the characters it is (CommonMark's raw HTML stays
+// text). Only http(s) links become links; any other destination (javascript:, data:, mailto:)
+// leaves its text. An image is shown as a link to it with its description, never loaded.
+// Headings start at h3, below the console's own.
 
 import { h } from "./dom.js";
+import { parse } from "./commonmark.js";
 
 export function renderMarkdown(text) {
   const root = h("div", { class: "md" });
-  const lines = String(text || "").replace(/\r\n?/g, "\n").split("\n");
-  let i = 0;
-  while (i < lines.length) {
-    const line = lines[i];
-    const fence = line.match(/^\s*(```+|~~~+)\s*([\w+-]*)\s*$/);
-    if (fence) {
-      const body = [];
-      i += 1;
-      while (i < lines.length && !lines[i].trim().startsWith(fence[1])) body.push(lines[i++]);
-      i += 1;
-      root.append(h("pre", { class: "code" }, h("code", { dataset: { lang: fence[2] || "" } }, body.join("\n"))));
-      continue;
-    }
-    if (!line.trim()) { i += 1; continue; }
-    const heading = line.match(/^(#{1,6})\s+(.*)$/);
-    if (heading) {
-      root.append(h(`h${Math.min(heading[1].length + 2, 6)}`, {}, inline(heading[2])));
-      i += 1;
-      continue;
-    }
-    if (/^\s*([-*_])(\s*\1){2,}\s*$/.test(line)) { root.append(h("hr")); i += 1; continue; }
-    if (/^\s*>/.test(line)) {
-      const quoted = [];
-      while (i < lines.length && /^\s*>/.test(lines[i])) quoted.push(lines[i++].replace(/^\s*>\s?/, ""));
-      root.append(h("blockquote", {}, renderMarkdown(quoted.join("\n"))));
-      continue;
-    }
-    const bullet = /^\s*[-*+]\s+/;
-    const numbered = /^\s*\d+[.)]\s+/;
-    if (bullet.test(line) || numbered.test(line)) {
-      const marker = bullet.test(line) ? bullet : numbered;
-      const list = h(marker === bullet ? "ul" : "ol");
-      while (i < lines.length && marker.test(lines[i])) {
-        list.append(h("li", {}, inline(lines[i].replace(marker, ""))));
-        i += 1;
-      }
-      root.append(list);
-      continue;
-    }
-    const paragraph = [];
-    while (i < lines.length && lines[i].trim() && !/^\s*(```|~~~|#{1,6}\s|>|[-*+]\s|\d+[.)]\s)/.test(lines[i])) {
-      paragraph.push(lines[i++]);
-    }
-    if (!paragraph.length) paragraph.push(lines[i++]);
-    const p = h("p");
-    paragraph.forEach((part, index) => {
-      if (index) p.append(h("br"));
-      p.append(...inline(part));
-    });
-    root.append(p);
-  }
+  for (const node of parse(String(text || "")).children) root.append(block(node, false));
   return root;
 }
 
-const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+?)\*\*|__([^_]+?)__|\*([^*\s][^*]*?)\*|_([^_\s][^_]*?)_|\[([^\]]+)\]\(([^)\s]+)\)/g;
-
-// Inline markup as a list of nodes.
-export function inline(text) {
-  const nodes = [];
-  let last = 0;
-  for (const match of String(text).matchAll(INLINE)) {
-    if (match.index > last) nodes.push(text.slice(last, match.index));
-    const [whole, , code, bold, bold2, em, em2, label, url] = match;
-    if (code !== undefined) nodes.push(h("code", {}, code));
-    else if (bold !== undefined || bold2 !== undefined) nodes.push(h("strong", {}, inline(bold ?? bold2)));
-    else if (em !== undefined || em2 !== undefined) nodes.push(h("em", {}, inline(em ?? em2)));
-    else if (label !== undefined) nodes.push(link(label, url, whole));
-    last = match.index + whole.length;
+function block(node, tight) {
+  switch (node.type) {
+    case "paragraph":
+      return tight ? inlines(node.children) : h("p", {}, inlines(node.children));
+    case "heading":
+      return h(`h${Math.min(node.level + 2, 6)}`, {}, inlines(node.children));
+    case "thematic_break":
+      return h("hr");
+    case "code_block": {
+      const language = (node.info || "").split(/[ \t\n]+/)[0];
+      return h("pre", { class: "code" }, h("code", { dataset: { lang: language } }, node.literal.replace(/\n$/, "")));
+    }
+    case "block_quote":
+      return h("blockquote", {}, node.children.map((child) => block(child, false)));
+    case "list": {
+      const attributes = node.ordered && node.start !== 1 ? { start: String(node.start) } : {};
+      const items = node.children.map((item) => h("li", {}, item.children.map((child) => block(child, node.tight))));
+      return h(node.ordered ? "ol" : "ul", attributes, items);
+    }
+    default:
+      return document.createTextNode("");
   }
-  if (last < text.length) nodes.push(text.slice(last));
-  return nodes;
 }
 
-// Only http(s) links become links; anything else (javascript:, data:) stays text.
-function link(label, url, whole) {
+// Inline nodes as a list of DOM nodes (strings become text nodes).
+function inlines(nodes) {
+  const out = [];
+  for (const node of nodes || []) {
+    switch (node.type) {
+      case "text": out.push(node.literal); break;
+      case "softbreak": out.push("\n"); break;
+      case "hardbreak": out.push(h("br")); break;
+      case "code": out.push(h("code", {}, node.literal)); break;
+      case "emph": out.push(h("em", {}, inlines(node.children))); break;
+      case "strong": out.push(h("strong", {}, inlines(node.children))); break;
+      case "link": out.push(...link(node.destination, node.title, inlines(node.children))); break;
+      case "image": out.push(...link(node.destination, node.title, [`🖼 ${plain(node.children)}`])); break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+function plain(nodes) {
+  return (nodes || []).map((node) => (node.literal !== undefined ? node.literal : plain(node.children))).join("");
+}
+
+// A link for an http(s) destination; its content alone for any other.
+function link(destination, title, content) {
   let parsed;
   try {
-    parsed = new URL(url, location.href);
+    parsed = new URL(destination, location.href);
   } catch {
-    return whole;
+    return content;
   }
-  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") return whole;
-  return h("a", { href: parsed.href, target: "_blank", rel: "noopener noreferrer" }, inline(label));
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") return content;
+  const attributes = { href: parsed.href, target: "_blank", rel: "noopener noreferrer" };
+  if (title) attributes.title = title;
+  return [h("a", attributes, content)];
 }

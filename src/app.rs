@@ -77,16 +77,6 @@ impl From<StoreError> for StartError {
     }
 }
 
-/// This data dir's marker for processes that belong to no session (MCP servers shared by
-/// every session or a tenant's): a digest of the data dir's path, the same at every start.
-fn node_marker(data_dir: &std::path::Path) -> String {
-    use sha2::Digest;
-    let path = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
-    let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("node-{hex}")
-}
-
 /// Kills every process a command of one of this store's sessions, or of this data dir's
 /// node, left behind.
 fn sweep_commands(store: &Store, node: &str, when: &str) {
@@ -300,7 +290,7 @@ pub struct Server {
     store_writer: Option<WriterHandle>,
     /// The hot reload watcher, when it runs.
     plugin_watcher: Option<crate::plugins::watch::Watcher>,
-    /// This data dir's process marker (`node_marker`).
+    /// This data dir's process marker (`orphans::node_marker`).
     node: String,
 }
 
@@ -366,7 +356,7 @@ impl Server {
         // Runs that were in flight when the last process died cannot still be running, and
         // neither may the commands they started.
         store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
-        let node = node_marker(&config.server.data_dir);
+        let node = crate::tools::orphans::node_marker(&config.server.data_dir);
         // MCP servers' configured headers are credentials: the log masks their values.
         crate::logging::mask_headers(mcp_servers(&config).flat_map(|server| server.headers.keys().map(String::as_str)));
         sweep_commands(&store, &node, "left by the previous run of this data dir");

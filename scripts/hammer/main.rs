@@ -6,6 +6,7 @@ mod crashloop;
 mod fuzz;
 mod random;
 mod server;
+mod surfaces;
 mod wire;
 
 use std::path::PathBuf;
@@ -27,12 +28,18 @@ fn main() {
         "crashloop" => {
             let report = crashloop::run(&binary, count, seed);
             report.print();
-            report.failures.len()
+            // The hostile surfaces, a round for every four of the crash loop's.
+            let surfaces = surfaces::crash(&binary, count.div_ceil(4), seed);
+            surfaces.print("crashloop");
+            report.failures.len() + surfaces.failures.len()
         }
         "fuzz" => {
             let report = fuzz::run(&binary, count, seed);
             report.print();
-            report.failures.len()
+            // The hostile surfaces, an operation for every 500 requests (each one is slow).
+            let surfaces = surfaces::fuzz(&binary, count.div_ceil(500).max(20), seed);
+            surfaces.print("fuzz");
+            report.failures.len() + surfaces.failures.len()
         }
         _ => {
             eprintln!("unknown mode {mode}");

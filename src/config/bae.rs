@@ -172,6 +172,16 @@ pub struct McpServer {
     /// Kestrel sessions only: who shares one connection (BAE sessions always get their own).
     #[serde(default)]
     pub scope: McpScope,
+    /// How long one tool call may take, in seconds (30, as in BAE, when not set).
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+impl McpServer {
+    /// How long one tool call on it may take.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.timeout_secs.unwrap_or(30).max(1))
+    }
 }
 
 impl McpServer {
@@ -186,6 +196,7 @@ impl McpServer {
             headers: BTreeMap::new(),
             env: BTreeMap::new(),
             scope: McpScope::default(),
+            timeout_secs: None,
         }
     }
 

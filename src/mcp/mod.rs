@@ -204,6 +204,11 @@ impl McpClient {
         })
     }
 
+    /// How long one tool call on this server may take (its `timeout_secs`, else 30 s).
+    pub fn call_timeout(&self) -> Duration {
+        self.config.call_timeout()
+    }
+
     /// The tools the server listed (at the latest connection).
     pub fn tools(&self) -> Vec<McpTool> {
         self.tools.lock().unwrap_or_else(PoisonError::into_inner).clone()

@@ -25,8 +25,6 @@ use crate::config::bae::{McpScope, McpServer};
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
 
-/// How long one call may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A session-scoped connection unused this long is closed (the next call makes a new one).
 const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 /// The longest tool name every provider accepts.
@@ -95,7 +93,7 @@ impl Pool {
 
     fn call(&self, tool: &str, arguments: Value, context: &ToolContext<'_>) -> Result<super::CallResult, McpError> {
         let (key, marker) = self.key(context);
-        self.client(&key, marker)?.call(tool, arguments, CALL_TIMEOUT)
+        self.client(&key, marker)?.call(tool, arguments, self.server.call_timeout())
     }
 
     /// A session was deleted: its own connection, if it had one, is closed.

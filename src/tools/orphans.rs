@@ -23,6 +23,16 @@ pub fn marker_value(session_id: &str, call_id: &str) -> String {
     format!("{session_id}:{call_id}")
 }
 
+/// This data dir's marker for processes that belong to no session (MCP servers shared by
+/// every session or a tenant's): a digest of the data dir's path, the same at every start.
+pub fn node_marker(data_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let path = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("node-{hex}")
+}
+
 /// `setpriv` if it exists and supports `--pdeathsig`; checked once at start.
 pub fn find_death_signal_wrapper() -> Option<PathBuf> {
     let candidates = std::env::var_os("PATH")

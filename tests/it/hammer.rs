@@ -11,6 +11,8 @@ mod fuzz;
 mod random;
 #[path = "../../scripts/hammer/server.rs"]
 mod server;
+#[path = "../../scripts/hammer/surfaces.rs"]
+mod surfaces;
 #[path = "../../scripts/hammer/wire.rs"]
 mod wire;
 
@@ -37,4 +39,23 @@ fn fuzz_finds_no_server_error_hang_or_crash() {
     report.print();
     assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
     assert_eq!(report.requests, 20_000);
+}
+
+#[test]
+fn crashloop_on_the_hostile_surfaces_leaves_the_outside_alone_and_no_process_behind() {
+    let seed = seed();
+    let report = surfaces::crash(Path::new(env!("CARGO_BIN_EXE_kestrel")), 2, seed);
+    report.print("crashloop");
+    assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
+    assert_eq!(report.rounds, 2);
+    assert!(report.processes_checked > 0, "the rounds started processes to check");
+}
+
+#[test]
+fn fuzz_on_the_hostile_surfaces_answers_everything_within_bounds() {
+    let seed = seed();
+    let report = surfaces::fuzz(Path::new(env!("CARGO_BIN_EXE_kestrel")), 24, seed);
+    report.print("fuzz");
+    assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
+    assert_eq!(report.operations, 24);
 }

@@ -12,16 +12,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::config::bae::McpServer;
 use crate::domain::{ToolCall, ToolResult, ToolSchema};
 use crate::mcp::{McpClient, McpError, Spawning};
-
-/// How long one MCP tool call may take.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Every BAE session's live MCP connections.
 #[derive(Default)]
@@ -99,7 +95,7 @@ impl McpSessions {
 /// One call on its server: the `mcp.response` parts (ok, result, error) and the tool result.
 pub fn call(client: &McpClient, call: &ToolCall) -> (bool, Option<Value>, Option<String>, ToolResult) {
     let arguments = Value::Object(call.arguments.clone());
-    let outcome = client.call(&call.name, arguments, CALL_TIMEOUT);
+    let outcome = client.call(&call.name, arguments, client.call_timeout());
     match outcome {
         Ok(answer) => {
             let result = json!({ "content": answer.content, "isError": answer.is_error });

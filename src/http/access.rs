@@ -6,6 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+/// The route of a connection refused before a request was read.
+pub const REFUSED: &str = "(refused)";
+
 /// A request whose line is written once it completes (a stream's, at its end).
 #[derive(Debug, Clone)]
 pub struct Pending {
@@ -22,13 +25,16 @@ impl Pending {
     }
 }
 
-/// Writes one request's line.
+/// Writes one request's line (at info; a connection the edge refused before reading a request,
+/// at debug: a flood of them must not become a flood of log lines).
 pub fn line(method: &str, route: &str, status: u16, bytes: Option<u64>, took: Duration, request_id: &str) {
+    let level = if route == REFUSED { log::Level::Debug } else { log::Level::Info };
     let duration_ms = took.as_secs_f64() * 1000.0;
     let duration_ms = format!("{duration_ms:.1}");
     let bytes = bytes.map_or_else(|| "-".to_string(), |bytes| bytes.to_string());
-    log::info!(
+    log::log!(
         target: "kestrel::request",
+        level,
         method = method, route = route, status = status, duration_ms = duration_ms.as_str(), bytes = bytes.as_str(),
         request_id = request_id;
         "{method} {route} {status}"

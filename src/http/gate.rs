@@ -359,7 +359,7 @@ impl Gate {
     /// Writes the edge's refusal and closes the connection.
     fn refuse(&mut self, path: Option<&str>, error: &EdgeError) -> Next {
         crate::metrics::get().http("(refused)", "other", error.status(), std::time::Duration::ZERO);
-        super::access::line("-", "(refused)", error.status(), None, std::time::Duration::ZERO, "-");
+        super::access::line("-", super::access::REFUSED, error.status(), None, std::time::Duration::ZERO, "-");
         respond::refusal(self.tcp(), self.handler.as_ref(), path, error);
         linger(self.tcp());
         Next::Close

@@ -219,11 +219,19 @@ fn kestrel_with_file_limit(files: u32, data: &std::path::Path, config: &str) -> 
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let port = line.trim().rsplit(':').next().unwrap().to_string();
-    (Reaped(Some(child)), format!("http://127.0.0.1:{port}"))
+    // The log is read as it is written: a pipe nobody drains would block the server's writes.
+    let mut stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    (Reaped(Some(child), Some(log)), format!("http://127.0.0.1:{port}"))
 }
 
-/// A child process that is killed if the test fails before it stops it.
-struct Reaped(Option<std::process::Child>);
+/// A child process that is killed if the test fails before it stops it, and the thread that
+/// collects its log.
+struct Reaped(Option<std::process::Child>, Option<std::thread::JoinHandle<String>>);
 
 impl Reaped {
     fn alive(&mut self) -> bool {
@@ -255,10 +263,10 @@ fn eventually_healthy(base: &str) -> bool {
 
 /// SIGTERM, then the log the server wrote.
 fn stop(mut child: Reaped) -> String {
-    let child = child.0.take().expect("a running child");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
-    let output = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    let mut process = child.0.take().expect("a running child");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(process.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = process.wait();
+    child.1.take().map(|log| log.join().unwrap_or_default()).unwrap_or_default()
 }
 
 #[test]

@@ -55,10 +55,7 @@ impl Local {
     /// server's own paths (its data dir, its config file): hidden from commands should they
     /// lie under a tree the sandbox shows.
     pub fn new(root: &Path, setpriv: Option<PathBuf>, hidden: &[PathBuf]) -> Local {
-        let bwrap = working_bwrap().and_then(|program| {
-            let mounts = mounts(root, hidden).ok()?;
-            Some(Bwrap { program, mounts })
-        });
+        let bwrap = mounts(root, hidden).ok().and_then(working_bwrap);
         Local { root: root.to_path_buf(), bwrap, setpriv }
     }
 
@@ -76,12 +73,14 @@ impl Local {
     }
 }
 
-/// `bwrap` from PATH, if it can actually set up a sandbox here.
-fn working_bwrap() -> Option<PathBuf> {
+/// `bwrap` from PATH, if it can actually set up a sandbox here with exactly the mounts every
+/// command gets (a host where one of them fails runs commands unisolated, and says so).
+fn working_bwrap(mounts: Vec<OsString>) -> Option<Bwrap> {
     let mut probe = Command::new("bwrap");
-    probe.args(["--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--die-with-parent", "true"]);
+    probe.args(&mounts);
+    probe.args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-all", "--die-with-parent", "true"]);
     match capture(probe, Some(Duration::from_secs(10))) {
-        Ok(ran) if ran.code == Some(0) => Some(PathBuf::from("bwrap")),
+        Ok(ran) if ran.code == Some(0) => Some(Bwrap { program: PathBuf::from("bwrap"), mounts }),
         _ => None,
     }
 }

@@ -95,6 +95,28 @@ impl std::fmt::Display for CheckpointError {
     }
 }
 
+/// Why a workspace cannot be checkpointed now (`Checkpoints::status`), for people.
+#[derive(Debug)]
+pub enum Unavailable {
+    /// `checkpoints.enabled` is false.
+    Off,
+    /// Past `max_files` or `max_bytes`: which, in words.
+    TooLarge(String),
+    Unreadable(std::io::Error),
+    Stopped,
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::Off => write!(f, "checkpoints are switched off in the config (checkpoints.enabled)"),
+            Unavailable::TooLarge(reason) => write!(f, "{reason}"),
+            Unavailable::Unreadable(error) => write!(f, "the workspace cannot be read: {error}"),
+            Unavailable::Stopped => write!(f, "the workspace listing was stopped"),
+        }
+    }
+}
+
 /// What a restore did: the checkpoint put back, the one taken just before, and what could
 /// not be put back (a partial restore), for people.
 #[derive(Debug)]
@@ -131,18 +153,18 @@ impl Checkpoints {
     }
 
     /// Whether `workspace` can be checkpointed; why not if it cannot.
-    pub fn status(&self, workspace: &Path) -> Result<(), String> {
+    pub fn status(&self, workspace: &Path) -> Result<(), Unavailable> {
         if !self.config.enabled {
-            return Err("checkpoints are switched off in the config (checkpoints.enabled)".into());
+            return Err(Unavailable::Off);
         }
         let listed = Dir::open(workspace)
             .map_err(WalkError::Io)
             .and_then(|root| tree::walk(&root, self.limits(), None, &AtomicBool::new(false)));
         match listed {
             Ok(_) => Ok(()),
-            Err(WalkError::TooLarge(reason)) => Err(reason),
-            Err(WalkError::Io(error)) => Err(format!("the workspace cannot be read: {error}")),
-            Err(WalkError::Stopped) => Err("the workspace listing was stopped".into()),
+            Err(WalkError::TooLarge(reason)) => Err(Unavailable::TooLarge(reason)),
+            Err(WalkError::Io(error)) => Err(Unavailable::Unreadable(error)),
+            Err(WalkError::Stopped) => Err(Unavailable::Stopped),
         }
     }
 

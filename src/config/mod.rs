@@ -240,20 +240,38 @@ pub fn template_vars(template: &str) -> Vec<String> {
     names
 }
 
+/// Why a `${VAR}` template did not resolve (never a value, only a name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateError {
+    Unterminated,
+    Unset(String),
+}
+
+impl std::fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateError::Unterminated => write!(f, "unterminated ${{ in a token template"),
+            TemplateError::Unset(name) => write!(f, "environment variable {name} is not set"),
+        }
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
 /// Resolves every `${NAME}` of a template from `env`; `$` not followed by `{` is literal.
 /// An unterminated `${` or an unset variable is an error naming it (never its value).
-pub fn resolve_template(template: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub fn resolve_template(template: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, TemplateError> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let Some(end) = rest[start + 2..].find('}') else {
-            return Err("unterminated ${ in a token template".to_string());
+            return Err(TemplateError::Unterminated);
         };
         let name = &rest[start + 2..start + 2 + end];
         match env(name) {
             Some(value) => out.push_str(&value),
-            None => return Err(format!("environment variable {name} is not set")),
+            None => return Err(TemplateError::Unset(name.to_string())),
         }
         rest = &rest[start + 3 + end..];
     }

@@ -49,7 +49,8 @@ impl Engine {
 
     pub fn checkpoints(&self, tenant: &str, id: &str) -> Result<CheckpointList, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
-        let disabled = self.shared.checkpoints.status(Path::new(&record.summary.workspace)).err();
+        let disabled =
+            self.shared.checkpoints.status(Path::new(&record.summary.workspace)).err().map(|why| why.to_string());
         let checkpoints = self.shared.store.readers().checkpoints(id)?;
         Ok(CheckpointList { disabled, checkpoints })
     }

@@ -93,9 +93,9 @@ impl tools::Tool for Stuck {
         &self,
         _: &serde_json::Map<String, serde_json::Value>,
         _: &tools::ToolContext<'_>,
-    ) -> Result<tools::ToolOutput, String> {
+    ) -> Result<tools::ToolOutput, tools::ToolError> {
         let _ = self.0.recv();
-        Err("released".into())
+        Err(tools::ToolError::Refused("released".into()))
     }
 }
 

@@ -69,12 +69,46 @@ impl ToolOutput {
     }
 }
 
+/// Why a tool call failed. Its text is what the model reads (the same as a
+/// `ToolOutput::failure`), so tools use `?` on bad arguments, refused paths and I/O.
+#[derive(Debug)]
+pub enum ToolError {
+    /// The call's arguments: missing, of the wrong type, or a pattern that does not compile.
+    Arguments(String),
+    /// A workspace path was refused or could not be read.
+    Path(crate::tools::workspace::PathError),
+    /// What the call asked for cannot be done (an `oldString` not found, a binary file).
+    Refused(String),
+    /// The tool's own work failed: what it was doing, and the error.
+    Io(String, std::io::Error),
+    /// An MCP server failed.
+    Mcp(crate::mcp::McpError),
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ToolError::Arguments(why) | ToolError::Refused(why) => write!(f, "{why}"),
+            ToolError::Path(error) => write!(f, "{error}"),
+            ToolError::Io(doing, error) => write!(f, "{doing}: {error}"),
+            ToolError::Mcp(error) => write!(f, "MCP error: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ToolError {}
+
+impl From<crate::tools::workspace::PathError> for ToolError {
+    fn from(error: crate::tools::workspace::PathError) -> Self {
+        ToolError::Path(error)
+    }
+}
+
 pub trait Tool: Send + Sync {
     fn schema(&self) -> ToolSchema;
     fn default_permission(&self) -> Permission;
-    /// Runs the tool. An `Err` is a failure the model reads, the same as `ToolOutput::failure`,
-    /// so tools can use `?` on bad arguments and refused paths.
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String>;
+    /// Runs the tool. An `Err` is a failure the model reads, the same as `ToolOutput::failure`.
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError>;
     /// Whether a call may change the workspace's files: a run takes its automatic checkpoint
     /// before the first such call. Unless a tool says otherwise, it may.
     fn changes_files(&self) -> bool {
@@ -178,7 +212,10 @@ impl ToolRegistry {
             Some(registered) if registered.permission == Permission::Deny => {
                 ToolOutput::failure(format!("`{}` is disabled on this server.", call.name))
             }
-            Some(registered) => registered.tool.run(&call.arguments, context).unwrap_or_else(ToolOutput::failure),
+            Some(registered) => registered
+                .tool
+                .run(&call.arguments, context)
+                .unwrap_or_else(|error| ToolOutput::failure(error.to_string())),
             None => ToolOutput::failure(format!("Unknown tool `{}`: this server has no tool by that name.", call.name)),
         };
         ToolResult {

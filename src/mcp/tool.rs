@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use super::{McpClient, McpError, McpTool, Spawning};
 use crate::config::bae::{McpScope, McpServer};
 use crate::domain::ToolSchema;
-use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
+use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
 
 /// A session-scoped connection unused this long is closed (the next call makes a new one).
 const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
@@ -168,7 +168,7 @@ impl Tool for KestrelMcpTool {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         match self.pool.call(&self.tool.name, Value::Object(arguments.clone()), context) {
             Ok(answer) => {
                 let text: Vec<&str> = answer.content.iter().filter_map(|b| b["text"].as_str()).collect();
@@ -181,7 +181,7 @@ impl Tool for KestrelMcpTool {
                     data,
                 })
             }
-            Err(error) => Err(format!("MCP error: {error}")),
+            Err(error) => Err(ToolError::Mcp(error)),
         }
     }
 

@@ -16,6 +16,7 @@ use std::sync::RwLock;
 use serde::Serialize;
 
 use crate::dirfd::{Dir, Kind, ReadError};
+pub use manifest::PluginError;
 use manifest::{relative_path_ok, Manifest};
 
 /// `[plugins]` in the config file.
@@ -34,7 +35,7 @@ pub struct Plugin {
     /// The manifest's id, or the directory's name when the manifest failed.
     pub id: String,
     pub dir: PathBuf,
-    pub manifest: Result<Manifest, String>,
+    pub manifest: Result<Manifest, PluginError>,
 }
 
 /// `PluginInfo` on the wire.
@@ -157,7 +158,7 @@ impl Plugins {
                 version: String::new(),
                 description: None,
                 status: "failed",
-                error: Some(error.clone()),
+                error: Some(error.to_string()),
                 web: None,
                 tools: Vec::new(),
             },
@@ -229,7 +230,7 @@ fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
         let mut manifest = manifest::read(&dir, &taken);
         if let Ok(read) = &manifest {
             if plugins.iter().any(|p| p.id == read.id) {
-                manifest = Err(format!("id {:?} is taken by another plugin", read.id));
+                manifest = Err(PluginError::IdTaken(read.id.clone()));
             } else if let Err(why) = web_dir_ok(&dir, read.web.is_some()) {
                 manifest = Err(why);
             }
@@ -248,14 +249,14 @@ fn scan(dir: &Path, reserved_tools: &[String]) -> Vec<Plugin> {
 
 /// `web/`, where it exists or the manifest declares one, must be a real directory inside the
 /// plugin's directory: a link there (to `/`, say) fails the plugin at load.
-fn web_dir_ok(dir: &Path, declared: bool) -> Result<(), String> {
+fn web_dir_ok(dir: &Path, declared: bool) -> Result<(), PluginError> {
     let found = Dir::open(dir).and_then(|plugin| plugin.entry(OsStr::new("web")));
     match found {
         Ok(Some(entry)) if entry.kind == Kind::Dir => Ok(()),
-        Ok(Some(_)) => Err("web must be a directory inside the plugin directory, not a link or a file".into()),
-        Ok(None) if declared => Err("the manifest declares web files but the plugin has no web/ directory".into()),
+        Ok(Some(_)) => Err(PluginError::WebNotDirectory),
+        Ok(None) if declared => Err(PluginError::WebMissing),
         Ok(None) => Ok(()),
-        Err(error) => Err(format!("the plugin directory cannot be read: {error}")),
+        Err(error) => Err(PluginError::Read(format!("the plugin directory cannot be read: {error}"))),
     }
 }
 

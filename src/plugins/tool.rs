@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 
 use super::manifest::ToolManifest;
 use crate::domain::ToolSchema;
-use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
+use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
 use crate::tools::process::{Ending, Launcher, Pipes};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -56,16 +56,16 @@ impl Tool for PluginTool {
         }
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let argv = self.argv();
         let mut command = self.launcher.command(&argv[0], &argv[1..], context);
         command.env("KESTREL_PLUGIN_DIR", &self.plugin_dir);
-        let input = serde_json::to_vec(arguments).map_err(|e| e.to_string())?;
+        let input = serde_json::to_vec(arguments).map_err(|e| ToolError::Arguments(e.to_string()))?;
         let timeout = self.manifest.timeout_secs.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
         let finished = self
             .launcher
             .run(command, Some(input), Pipes::Apart, timeout, context)
-            .map_err(|error| format!("cannot run the plugin tool: {error}"))?;
+            .map_err(|error| ToolError::Io("cannot run the plugin tool".into(), error))?;
         let (stdout, _) = finished.outputs.first().cloned().unwrap_or_default();
         let (stderr, _) = finished.outputs.get(1).cloned().unwrap_or_default();
         let ended = match finished.ending {

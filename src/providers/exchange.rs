@@ -83,7 +83,7 @@ impl WireClient {
         model: &ModelConfig,
         cancel: &CancelToken,
     ) -> Result<Exchanged, Refused> {
-        let key = self.key().map_err(|why| Refused::new(None, why, None))?;
+        let key = self.key().map_err(|error| Refused::new(None, error.to_string(), None))?;
         let base = self.config.base_url.trim_end_matches('/');
         let mut headers = vec![("Content-Type", "application/json".to_string()), ("Accept", "application/json".into())];
         let (url, mut body) = match self.config.wire {

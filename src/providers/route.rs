@@ -125,7 +125,7 @@ impl WireClient {
         let base = self.config.base_url.trim_end_matches('/');
         let mut headers =
             vec![("Content-Type", "application/json".to_string()), ("Accept", "text/event-stream".into())];
-        let key = self.key().map_err(CallError::Fatal)?;
+        let key = self.key().map_err(|error| CallError::Fatal(error.to_string()))?;
         let (url, body) = match self.config.wire {
             Wire::Openai => {
                 if let Some(key) = &key {
@@ -176,11 +176,11 @@ impl WireClient {
 
     /// The key for the next call: the configured one, or its `${VAR}` template resolved now.
     /// The error names a missing variable, never a value.
-    pub(super) fn key(&self) -> Result<Option<String>, String> {
+    pub(super) fn key(&self) -> Result<Option<String>, KeyError> {
         match &self.config.api_key_template {
             Some(template) => crate::config::resolve_template(template, &|name| std::env::var(name).ok())
                 .map(Some)
-                .map_err(|why| format!("provider `{}`: {why}", self.name)),
+                .map_err(|cause| KeyError { provider: self.name.clone(), cause }),
             None => Ok(self.api_key.clone()),
         }
     }
@@ -303,5 +303,18 @@ impl Provider for ModelRoute {
             }
         }
         Err(ProviderError::Failed(failures.pop().unwrap_or_else(|| "no provider could be reached".into())))
+    }
+}
+
+/// A provider's key template that did not resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    pub provider: String,
+    pub cause: crate::config::TemplateError,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "provider `{}`: {}", self.provider, self.cause)
     }
 }

@@ -13,7 +13,7 @@ use super::args::Args;
 use super::process::{Ending, Launcher, Pipes, OUTPUT_CAP};
 use super::schema;
 use crate::domain::ToolSchema;
-use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
+use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
 
 pub struct RunCommand {
     pub default_timeout: Duration,
@@ -49,12 +49,12 @@ impl Tool for RunCommand {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let command = args.string("command")?;
         let timeout = args.optional_u64("timeoutSecs")?.map(Duration::from_secs).unwrap_or(self.default_timeout);
         self.execute(command, timeout.min(self.max_timeout), context)
-            .map_err(|error| format!("cannot run the command: {error}"))
+            .map_err(|error| ToolError::Io("cannot run the command".into(), error))
     }
 }
 

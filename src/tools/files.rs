@@ -8,7 +8,7 @@ use super::args::Args;
 use super::schema;
 use super::workspace::{write_regular, LISTING_CAP};
 use crate::domain::ToolSchema;
-use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
+use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Lines `read_file` returns when the call gives no limit.
 const DEFAULT_LINE_LIMIT: u64 = 2000;
@@ -44,7 +44,7 @@ impl Tool for ReadFile {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let path = args.string("path")?;
         let offset = args.optional_u64("offset")?.unwrap_or(1).max(1);
@@ -111,7 +111,7 @@ impl Tool for ListDirectory {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let path = Args::new(arguments).optional_string("path")?.unwrap_or(".");
         let listing = context.workspace.list(path, LISTING_CAP)?;
         let mut lines: Vec<String> = listing
@@ -159,17 +159,17 @@ impl Tool for WriteFile {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (path, content) = (args.string("path")?, args.string("content")?);
         let target = context.workspace.resolve(path)?;
         if target == context.workspace.root() || target.is_dir() {
-            return Err(format!("{path} is a directory"));
+            return Err(ToolError::Refused(format!("{path} is a directory")));
         }
         let created = !target.exists();
         if let Some(parent) = target.parent() {
             if let Err(error) = fs::create_dir_all(parent) {
-                return Err(format!("cannot create the directories of {path}: {error}"));
+                return Err(ToolError::Io(format!("cannot create the directories of {path}"), error));
             }
         }
         write_regular(&target, path, content.as_bytes())?;
@@ -209,26 +209,28 @@ impl Tool for EditFile {
         Permission::Ask
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (path, old, new) = (args.string("path")?, args.string("oldString")?, args.string("newString")?);
         let replace_all = args.flag("replaceAll")?;
         if old.is_empty() {
-            return Err("`oldString` cannot be empty; use write_file to create a file".into());
+            return Err(ToolError::Arguments("`oldString` cannot be empty; use write_file to create a file".into()));
         }
         let file = context.workspace.read(path, self.read_limit)?;
         if !file.text || file.truncated {
-            return Err(format!("{path} is binary or too large to edit"));
+            return Err(ToolError::Refused(format!("{path} is binary or too large to edit")));
         }
         let before = String::from_utf8_lossy(&file.bytes).into_owned();
         let count = before.matches(old).count();
         if count == 0 {
-            return Err(format!("`oldString` was not found in {path}; read the file and copy the text exactly"));
+            return Err(ToolError::Refused(format!(
+                "`oldString` was not found in {path}; read the file and copy the text exactly"
+            )));
         }
         if count > 1 && !replace_all {
-            return Err(format!(
+            return Err(ToolError::Refused(format!(
                 "`oldString` appears {count} times in {path}; include more surrounding text to make it unique, or set replaceAll"
-            ));
+            )));
         }
         let after = if replace_all { before.replace(old, new) } else { before.replacen(old, new, 1) };
         let target = context.workspace.resolve(path)?;

@@ -13,9 +13,9 @@ use serde_json::{json, Map, Value};
 
 use super::args::Args;
 use super::schema;
-use super::workspace::{is_text, Workspace, SKIPPED_DIRS};
+use super::workspace::{is_text, PathError, Workspace, SKIPPED_DIRS};
 use crate::domain::ToolSchema;
-use crate::engine::tools::{Permission, Tool, ToolContext, ToolOutput};
+use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
 
 const MAX_FILES: usize = 1000;
 const MAX_MATCHES: usize = 200;
@@ -74,10 +74,10 @@ fn walk(context: &ToolContext<'_>, start: &Path, visit: &mut dyn FnMut(&Found<'_
     }
 }
 
-fn start_of(workspace: &Workspace, path: Option<&str>) -> Result<PathBuf, String> {
-    let start = workspace.resolve(path.unwrap_or(".")).map_err(|e| e.to_string())?;
+fn start_of(workspace: &Workspace, path: Option<&str>) -> Result<PathBuf, ToolError> {
+    let start = workspace.resolve(path.unwrap_or("."))?;
     if !start.exists() {
-        return Err(format!("{} does not exist", path.unwrap_or(".")));
+        return Err(ToolError::Path(PathError::NotFound(path.unwrap_or(".").to_string())));
     }
     Ok(start)
 }
@@ -112,14 +112,16 @@ impl Tool for FindFiles {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (patterns, path) = (args.strings("pattern")?, args.optional_string("path")?);
         let mut builder = GlobSetBuilder::new();
         for pattern in &patterns {
-            builder.add(Glob::new(pattern).map_err(|error| format!("bad glob {pattern:?}: {error}"))?);
+            builder.add(
+                Glob::new(pattern).map_err(|error| ToolError::Arguments(format!("bad glob {pattern:?}: {error}")))?,
+            );
         }
-        let globs = builder.build().map_err(|error| format!("bad globs: {error}"))?;
+        let globs = builder.build().map_err(|error| ToolError::Arguments(format!("bad globs: {error}")))?;
         let start = start_of(context.workspace, path)?;
         let mut found = Vec::new();
         let mut more = false;
@@ -170,7 +172,7 @@ impl Tool for SearchText {
         Permission::Auto
     }
 
-    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, String> {
+    fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (pattern, path, glob) =
             (args.string("pattern")?, args.optional_string("path")?, args.optional_string("glob")?);
@@ -178,11 +180,11 @@ impl Tool for SearchText {
             .case_insensitive(args.flag("caseInsensitive")?)
             .size_limit(1 << 20)
             .build()
-            .map_err(|error| format!("bad regular expression: {error}"))?;
+            .map_err(|error| ToolError::Arguments(format!("bad regular expression: {error}")))?;
         let filter = glob
             .map(Glob::new)
             .transpose()
-            .map_err(|error| format!("bad glob: {error}"))?
+            .map_err(|error| ToolError::Arguments(format!("bad glob: {error}")))?
             .map(|glob| glob.compile_matcher());
         let start = start_of(context.workspace, path)?;
         let mut matches = Vec::new();

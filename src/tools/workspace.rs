@@ -46,13 +46,6 @@ impl std::fmt::Display for PathError {
 
 impl std::error::Error for PathError {}
 
-/// Tools report failures to the model as text.
-impl From<PathError> for String {
-    fn from(error: PathError) -> String {
-        error.to_string()
-    }
-}
-
 /// Directories a tree walk never enters.
 pub const SKIPPED_DIRS: &[&str] = &[".git", "target", "node_modules", ".hg", ".svn", "__pycache__", ".venv"];
 

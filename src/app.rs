@@ -43,6 +43,8 @@ pub enum StartError {
     AdminKey(String),
     /// A thread the server needs could not be started.
     Thread(&'static str, std::io::Error),
+    /// What the last process left unfinished could not be recorded.
+    Recovery(crate::engine::EngineError),
 }
 
 impl std::fmt::Display for StartError {
@@ -65,6 +67,7 @@ impl std::fmt::Display for StartError {
             StartError::Keyring(error) => write!(f, "{error}"),
             StartError::AdminKey(why) => write!(f, "admin key: {why}"),
             StartError::Thread(name, error) => write!(f, "cannot start the {name} thread: {error}"),
+            StartError::Recovery(error) => write!(f, "recovering what the last process left: {error}"),
         }
     }
 }
@@ -411,6 +414,8 @@ impl Server {
         );
 
         bootstrap_admin(&config, &engine)?;
+        // BAE calls the last process started and never finished are recorded, not run again.
+        engine.bae_recover_calls().map_err(StartError::Recovery)?;
         crate::metrics::get().prime(engine.models().infos());
         know_tools(&engine);
         // Every live profile's sandbox images are made ready again, in the background.

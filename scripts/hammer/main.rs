@@ -1,6 +1,7 @@
 //! `scripts/crashloop N` and `scripts/fuzz N` run this against the release binary; the
 //! integration suite runs both with a small N against the debug binary.
 
+mod bae_crash;
 mod bae_fuzz;
 mod crashloop;
 mod fuzz;
@@ -31,7 +32,10 @@ fn main() {
             // The hostile surfaces, a round for every four of the crash loop's.
             let surfaces = surfaces::crash(&binary, count.div_ceil(4), seed);
             surfaces.print("crashloop");
-            report.failures.len() + surfaces.failures.len()
+            // BAE's server-run calls, as many rounds as the crash loop's.
+            let bae = bae_crash::run(&binary, count, seed);
+            bae.print();
+            report.failures.len() + surfaces.failures.len() + bae.failures.len()
         }
         "fuzz" => {
             let report = fuzz::run(&binary, count, seed);

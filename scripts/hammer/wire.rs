@@ -34,6 +34,16 @@ impl Outcome {
             _ => serde_json::Value::Null,
         }
     }
+
+    /// An NDJSON body's frames, in order (what is not JSON is skipped).
+    pub fn ndjson(&self) -> Vec<serde_json::Value> {
+        match self {
+            Outcome::Answered { body, .. } => {
+                body.split(|&b| b == b'\n').filter_map(|line| serde_json::from_slice(line).ok()).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// A keep-alive connection that reconnects when the server closed it.

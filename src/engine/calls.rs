@@ -99,17 +99,24 @@ impl Run {
             self.checkpoint_before_changes();
         }
         // Durable before the tool runs: see the module doc.
-        self.shared.store.write(vec![WriteOp::MarkCallStarted {
-            session_id: self.session_id.clone(),
-            call_id: call.id.clone(),
-            at: crate::time::now_rfc3339(),
-        }])?;
+        self.mark_started(call)?;
         let result = match workspace {
             Ok(workspace) => self.execute_tool(call, workspace),
             Err(error) => failed_result(call, format!("The session's workspace is unavailable: {error}"), "workspace"),
         };
         self.finish_call(result)?;
         Ok(CallEnd::Done)
+    }
+
+    /// Commits the call's start mark; the tool may run once this returns.
+    pub(super) fn mark_started(&self, call: &ToolCall) -> Result<(), EngineError> {
+        self.shared.store.write(vec![WriteOp::MarkCallStarted {
+            session_id: self.session_id.clone(),
+            call: Box::new(call.clone()),
+            actor: self.origin().actor.as_deref().map(str::to_string),
+            at: crate::time::now_rfc3339(),
+        }])?;
+        Ok(())
     }
 
     /// Runs a tool on a `kestrel-tool` thread while this thread waits for it or for the cancel,

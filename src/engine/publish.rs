@@ -41,10 +41,10 @@ impl Run {
     /// Holds `message` back to be stored with the next publish of this turn, announced by
     /// its `message.completed`.
     pub(super) fn hold_message(&self, message: Message) {
-        let (event, write) = self.announced(message);
+        let (event, writes) = self.announced(message);
         let mut held = self.held.borrow_mut();
         held.events.push(event);
-        held.writes.push(write);
+        held.writes.extend(writes);
     }
 
     /// Publishes an event of this turn and returns its seq once it is durable.
@@ -61,9 +61,9 @@ impl Run {
     /// Sends a message to be stored with its `message.completed`, without waiting for the
     /// commit; the receiver gets the event's seq once both are durable.
     pub(super) fn append_pending(&self, message: Message) -> Result<crossbeam_channel::Receiver<u64>, EngineError> {
-        let (event, write) = self.announced(message);
+        let (event, writes) = self.announced(message);
         let (publication, _) = self.publication(event);
-        let publication = publication.with_writes([write]);
+        let publication = publication.with_writes(writes);
         self.shared.bus.send_pending(publication).ok_or(EngineError::ShuttingDown)
     }
 
@@ -98,14 +98,35 @@ impl Run {
         }
     }
 
-    /// A message's `message.completed` and the write that stores it.
-    fn announced(&self, message: Message) -> (Event, WriteOp) {
-        let write = WriteOp::AppendMessage {
+    /// A message's `message.completed` and the writes that store it.
+    fn announced(&self, message: Message) -> (Event, Vec<WriteOp>) {
+        let writes = self.stored(&message);
+        (Event::MessageCompleted { session_id: self.session_id.clone(), message }, writes)
+    }
+
+    /// The writes that store a message: the append, and the settling of the start mark of
+    /// every call it carries a result of.
+    pub(super) fn stored(&self, message: &Message) -> Vec<WriteOp> {
+        let mut writes = vec![WriteOp::AppendMessage {
             session_id: self.session_id.clone(),
             message: message.clone(),
             updated_at: crate::time::now_rfc3339(),
-        };
-        (Event::MessageCompleted { session_id: self.session_id.clone(), message }, write)
+        }];
+        writes.extend(message.blocks.iter().filter_map(|block| match block {
+            crate::domain::Block::ToolResult(result) => {
+                Some(WriteOp::SettleCall { session_id: self.session_id.clone(), call_id: result.call_id.clone() })
+            }
+            _ => None,
+        }));
+        writes
+    }
+
+    /// Publishes a server-run call's `tool.finished` with the settling of its start mark, in
+    /// one commit.
+    pub(super) fn publish_settled(&self, event: Event, call_id: &str) {
+        let settle = WriteOp::SettleCall { session_id: self.session_id.clone(), call_id: call_id.to_string() };
+        self.held.borrow_mut().writes.push(settle);
+        self.publish(event);
     }
 
     /// `event` as this turn publishes it, after the held events and with the held writes;
@@ -117,7 +138,7 @@ impl Run {
         (publication.with_writes(writes), carries)
     }
 
-    fn origin(&self) -> Origin {
+    pub(super) fn origin(&self) -> Origin {
         let actor = match &self.plan {
             Plan::Bae(turn) => Some(Arc::clone(&turn.actor)),
             Plan::Compaction(job) => Some(Arc::clone(&job.actor)),

@@ -356,11 +356,7 @@ impl Run {
         if !self.is_kestrel() {
             return self.append_announced(message).map(|_| ());
         }
-        self.shared.store.write(vec![WriteOp::AppendMessage {
-            session_id: self.session_id.clone(),
-            message: message.clone(),
-            updated_at: crate::time::now_rfc3339(),
-        }])?;
+        self.shared.store.write(self.stored(&message))?;
         self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message });
         self.publish_summary()
     }

@@ -22,6 +22,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Code(messages_to_blocks),
     Migration::Sql(include_str!("migrations/0006_bae.sql")),
     Migration::Sql(include_str!("migrations/0007_checkpoints.sql")),
+    Migration::Sql(include_str!("migrations/0008_call_marks.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

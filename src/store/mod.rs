@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::domain::{Message, SessionRecord, SessionStatus};
+use crate::domain::{Message, SessionRecord, SessionStatus, ToolCall};
 
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord};
@@ -129,11 +129,18 @@ pub enum WriteOp {
         updated_at: String,
     },
     /// Records that a tool call is about to execute. Committed before the tool runs, so a call
-    /// without this mark provably never ran.
+    /// without this mark provably never ran. The mark keeps the call and whom its turn acted
+    /// for; it stays unsettled until `SettleCall`.
     MarkCallStarted {
         session_id: String,
-        call_id: String,
+        call: Box<ToolCall>,
+        actor: Option<String>,
         at: String,
+    },
+    /// The call's result is recorded: its mark is settled.
+    SettleCall {
+        session_id: String,
+        call_id: String,
     },
     /// Raises the highest event seq the bus may hand out.
     SetSeqCeiling(u64),
@@ -182,6 +189,15 @@ pub struct LoggedEvent {
     pub at: String,
     /// The event's JSON.
     pub body: String,
+}
+
+/// A call marked as started whose result was never recorded (`ReaderPool::unsettled_calls`).
+#[derive(Debug, Clone)]
+pub struct UnsettledCall {
+    pub session_id: String,
+    /// Whom the call's turn acted for (a BAE client key id), if anyone.
+    pub actor: Option<String>,
+    pub call: ToolCall,
 }
 
 /// How long an Idempotency-Key's answer is kept: 24 hours.

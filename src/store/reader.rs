@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
-use super::{IdempotentAnswer, LoggedEvent, StoreError, IDEMPOTENCY_TTL_MS};
+use super::{IdempotentAnswer, LoggedEvent, StoreError, UnsettledCall, IDEMPOTENCY_TTL_MS};
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
@@ -115,6 +115,28 @@ impl ReaderPool {
                 started.insert(id?);
             }
             Ok(started)
+        })
+    }
+
+    /// The calls of `tenant`'s sessions that were marked as started and never settled, oldest
+    /// first: the session, whom its turn acted for, and the call.
+    pub fn unsettled_calls(&self, tenant: &str) -> Result<Vec<UnsettledCall>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT s.session_id, s.actor, s.call FROM tool_call_starts s JOIN sessions ON sessions.id = s.session_id
+                 WHERE s.settled = 0 AND sessions.tenant = ?1 ORDER BY s.rowid",
+            )?;
+            let rows = statement.query_map([tenant], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?, row.get::<_, Option<String>>(2)?))
+            })?;
+            let mut found = Vec::new();
+            for row in rows {
+                let (session_id, actor, call) = row?;
+                let call = serde_json::from_str(call.as_deref().unwrap_or("null"))
+                    .map_err(|e| StoreError::Corrupt(format!("the mark of a call of {session_id}: {e}")))?;
+                found.push(UnsettledCall { session_id, actor, call });
+            }
+            Ok(found)
         })
     }
 

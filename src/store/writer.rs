@@ -210,11 +210,17 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
             tx.prepare_cached("UPDATE sessions SET status = 'interrupted', updated_at = ?1 WHERE status = 'running'")?
                 .execute([updated_at])?;
         }
-        WriteOp::MarkCallStarted { session_id, call_id, at } => {
+        WriteOp::MarkCallStarted { session_id, call, actor, at } => {
+            let body = serde_json::to_string(call).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO tool_call_starts (session_id, call_id, started_at) VALUES (?1, ?2, ?3)",
+                "INSERT OR IGNORE INTO tool_call_starts (session_id, call_id, started_at, call, actor, settled)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 0)",
             )?
-            .execute(params![session_id, call_id, at])?;
+            .execute(params![session_id, call.id, at, body, actor])?;
+        }
+        WriteOp::SettleCall { session_id, call_id } => {
+            tx.prepare_cached("UPDATE tool_call_starts SET settled = 1 WHERE session_id = ?1 AND call_id = ?2")?
+                .execute(params![session_id, call_id])?;
         }
         WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
         WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep, trimmed_below)?,

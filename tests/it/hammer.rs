@@ -1,6 +1,8 @@
 //! `scripts/crashloop` and `scripts/fuzz` in small, against the debug binary, so CI keeps both
 //! honest. The README has the figures of large runs.
 
+#[path = "../../scripts/hammer/bae_crash.rs"]
+mod bae_crash;
 #[path = "../../scripts/hammer/bae_fuzz.rs"]
 mod bae_fuzz;
 #[path = "../../scripts/hammer/crashloop.rs"]
@@ -30,6 +32,17 @@ fn crashloop_keeps_every_promise_across_kill_9() {
     assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
     assert_eq!(report.integrity_checks, 4);
     assert!(report.acknowledged > 0);
+}
+
+#[test]
+fn crashloop_of_bae_server_run_calls_runs_none_twice_and_keeps_sessions_usable() {
+    let seed = seed();
+    let report = bae_crash::run(Path::new(env!("CARGO_BIN_EXE_kestrel")), 3, seed);
+    report.print();
+    assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
+    assert_eq!((report.rounds, report.double_executions), (3, 0));
+    assert!(report.executions > 0, "calls ran: {report:?}");
+    assert_eq!(report.usable_after_restart, 3 * 2, "every session of every killed round answered again");
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub mod compaction;
 mod gate;
 pub mod mcp;
 pub mod merge;
+mod recovery;
 pub mod runtime;
 pub mod sandbox;
 mod sessions;
@@ -28,6 +29,7 @@ use super::{Engine, EngineError};
 use crate::auth::keys::{new_id, write_private, KeyRole, Keyring};
 use crate::store::{BaeWrite, KeyRecord, Page, ProfileRecord, StoreError, WriteOp};
 pub use merge::MergeError;
+pub use recovery::INTERRUPTED_RESULT;
 pub use runtime::{BaeOp, Compact, RpcError, SendMessage, Started, UserMessage};
 pub use sessions::{Attach, Attached, Compaction, EventView, SubagentDecl, ToolDef, MIN_AUTO_SIZE};
 

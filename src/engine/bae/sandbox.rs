@@ -257,7 +257,7 @@ impl crate::engine::run::Run {
             blocks: Some(vec![serde_json::json!({ "type": "text", "text": text })]),
         };
         let dispatch = crate::domain::Dispatch::Sandbox;
-        self.publish(Event::ToolFinished { session_id, result: result.clone(), dispatch });
+        self.publish_settled(Event::ToolFinished { session_id, result: result.clone(), dispatch }, &call.id);
         result
     }
 

@@ -291,7 +291,8 @@ impl Run {
             blocks: Some(vec![json!({ "type": "text", "text": text })]),
         };
         let session_id = self.session_id.clone();
-        self.publish(Event::ToolFinished { session_id, result: result.clone(), dispatch: Dispatch::Subagent });
+        let finished = Event::ToolFinished { session_id, result: result.clone(), dispatch: Dispatch::Subagent };
+        self.publish_settled(finished, &call.id);
         result
     }
 

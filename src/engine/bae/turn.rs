@@ -350,6 +350,8 @@ impl Run {
         }
         let mut server_results: Vec<ToolResult> = Vec::new();
         for (call, route) in calls.iter().zip(routes).filter(|(c, _)| c.dispatch != Dispatch::Client) {
+            // Durable before the call runs: after a crash it is recorded, never run again.
+            self.mark_started(call)?;
             let result = match call.dispatch {
                 Dispatch::Sandbox => self.call_sandbox(call),
                 Dispatch::Subagent => self.call_subagent(turn, call),
@@ -403,7 +405,7 @@ impl Run {
             error,
         });
         let dispatch = Dispatch::Mcp { server: server_name.unwrap_or_default() };
-        self.publish(Event::ToolFinished { session_id, result: tool_result.clone(), dispatch });
+        self.publish_settled(Event::ToolFinished { session_id, result: tool_result.clone(), dispatch }, &call.id);
         tool_result
     }
 

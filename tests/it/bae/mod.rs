@@ -3,6 +3,7 @@
 mod admin;
 mod compaction;
 mod conversation;
+mod crash;
 mod drivers;
 mod hostile;
 mod mcp;

@@ -1,7 +1,7 @@
 """A tiny MCP server over stdio for the tests: paged tools/list, and tools that echo, fail,
 answer garbage, take too long, crash, hang the whole server, flood it with notifications,
 send an over-long line, show its environment, start a grandchild that leaves its process
-group, and count (state kept between calls). TINY_LOG names a file where it notes every
+group, count (state kept between calls), and record a token in TINY_RECORD. TINY_LOG names a file where it notes every
 notifications/cancelled it receives; TINY_TOOLS adds tools by name (comma-separated)."""
 import json
 import os
@@ -44,7 +44,7 @@ for line in sys.stdin:
                                        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}],
                             "nextCursor": "page-2"})
     elif method == "tools/list":
-        names = ["fails", "garbage", "slow", "crash", "hang", "flood", "long_line", "env", "spawn", "counter"]
+        names = ["fails", "garbage", "slow", "crash", "hang", "flood", "long_line", "env", "spawn", "counter", "record"]
         answer(request_id, {"tools": [{"name": name} for name in names + extra]})
     elif method == "tools/call":
         name, arguments = params["name"], params.get("arguments", {})
@@ -84,3 +84,9 @@ for line in sys.stdin:
         elif name == "counter":
             count += 1
             text(request_id, str(count))
+        elif name == "record":
+            # A side effect to count: the token goes to TINY_RECORD before the tool's delay.
+            with open(os.environ["TINY_RECORD"], "a") as log:
+                log.write("%s\n" % arguments.get("token"))
+            time.sleep(float(arguments.get("sleep", 0)))
+            text(request_id, "recorded")

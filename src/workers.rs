@@ -1,6 +1,7 @@
 //! Named pools of reusable threads for short-lived work: a client connection
 //! (`kestrel-conn`), a turn (`kestrel-run`), a session actor's busy spell
-//! (`kestrel-session`), a provider call (`kestrel-upstream`).
+//! (`kestrel-session`), a provider call (`kestrel-upstream`), a session's slow step
+//! (`kestrel-slow`).
 //!
 //! On a small VM starting and ending a thread costs about 50 µs of CPU, as much as a BAE
 //! turn's whole HTTP exchange; a BAE client's turn used to start four. A pool hands the work
@@ -51,6 +52,9 @@ pub static RUNS: Pool = Pool::new("kestrel-run");
 pub static SESSIONS: Pool = Pool::new("kestrel-session");
 /// The reader of one provider response.
 pub static UPSTREAM: Pool = Pool::new("kestrel-upstream");
+/// A session's slow step, off its actor: a checkpoint's walk, a restore, an image pull, a
+/// container start or stop.
+pub static SLOW: Pool = Pool::new("kestrel-slow");
 
 impl Pool {
     pub const fn new(name: &'static str) -> Pool {

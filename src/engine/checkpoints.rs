@@ -1,13 +1,18 @@
 //! Checkpoints and rewind as operations of a session: listing reads on the caller's thread;
 //! taking a checkpoint, restoring one and rewinding are ops of the session's actor, so a
-//! restore or a rewind never races a run (both are refused while one is active); the
-//! automatic checkpoint is taken by the run itself, before its first call that can change
-//! files.
+//! restore or a rewind never races a run (both are refused while one is active, and no run
+//! starts while one is under way). The actor only decides: the walk over the workspace runs
+//! on a `kestrel-slow` worker, which answers the caller, so a cancel or an approval is never
+//! held up by a large tree. The automatic checkpoint is taken by the run itself, before its
+//! first call that can change files.
 
 use std::path::Path;
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
 
 use super::session::{self, Op, SessionActor};
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, Shared};
 use crate::checkpoints::{CheckpointError, Restored, Taking};
 use crate::domain::{Event, Message, Role};
 use crate::store::{CheckpointKind, CheckpointRecord, WriteOp};
@@ -91,58 +96,98 @@ impl Engine {
 }
 
 impl SessionActor {
-    pub(super) fn rewind(&self, message_id: &str, restore_files: bool) -> Result<Rewound, EngineError> {
-        if self.turn.is_some() {
-            return Err(EngineError::SessionBusy);
-        }
-        let record = self.record()?;
-        let readers = self.shared.store.readers();
-        let mut messages = readers.messages(&self.id)?;
-        let index = messages.iter().position(|m| m.id == message_id).ok_or(EngineError::MessageNotFound)?;
-        if messages[index].role != Role::User {
-            return Err(EngineError::InvalidRewindTarget);
-        }
-        let files = match restore_files {
-            true => match readers.first_auto_checkpoint_after(&self.id, index as u64)? {
-                Some(before) => {
-                    let safety = taking(&record, CheckpointKind::Safety, None, None);
-                    Some(self.shared.checkpoints.restore(safety, &before.id)?)
-                }
-                None => None,
+    /// A manual checkpoint, taken on a worker; it may run beside a turn.
+    pub(super) fn checkpoint(&mut self, label: Option<String>, reply: Sender<Result<CheckpointRecord, EngineError>>) {
+        let (shared, id) = (Arc::clone(&self.shared), self.id.clone());
+        self.off_actor(
+            move || {
+                let record = owned_record(&shared, &id)?;
+                Ok(shared.checkpoints.take(taking(&record, CheckpointKind::Manual, label, None))?)
             },
-            false => None,
-        };
-        let now = crate::time::now_rfc3339();
-        let truncate = WriteOp::TruncateMessages {
-            session_id: self.id.clone(),
-            from_message_id: message_id.into(),
-            updated_at: now,
-        };
-        self.shared.store.write(vec![truncate])?;
-        let removed = (messages.len() - index) as u64;
-        messages.truncate(index);
-        let event = Event::SessionRewound {
-            session_id: self.id.clone(),
-            message_id: message_id.to_string(),
-            messages: messages.clone(),
-        };
-        self.shared.bus.publish_shared(Some(self.tenant.clone()), event);
-        self.shared.publish_summary(&self.record()?);
-        Ok(Rewound { removed, messages, files })
+            reply,
+        );
     }
 
-    pub(super) fn checkpoint(&self, label: Option<String>) -> Result<CheckpointRecord, EngineError> {
-        let record = self.record()?;
-        Ok(self.shared.checkpoints.take(taking(&record, CheckpointKind::Manual, label, None))?)
-    }
-
-    pub(super) fn restore(&self, checkpoint: &str) -> Result<Restored, EngineError> {
-        if self.turn.is_some() {
-            return Err(EngineError::SessionBusy);
+    /// Puts a checkpoint back on a worker; `session_busy` while a turn or another change of
+    /// files is under way, and no turn starts until it is done.
+    pub(super) fn restore(&mut self, checkpoint: String, reply: Sender<Result<Restored, EngineError>>) {
+        if self.turn.is_some() || self.changing_files > 0 {
+            let _ = reply.send(Err(EngineError::SessionBusy));
+            return;
         }
-        let record = self.record()?;
-        Ok(self.shared.checkpoints.restore(taking(&record, CheckpointKind::Safety, None, None), checkpoint)?)
+        let (shared, id) = (Arc::clone(&self.shared), self.id.clone());
+        self.changing_files += 1;
+        self.off_actor(
+            move || {
+                let record = owned_record(&shared, &id)?;
+                Ok(shared.checkpoints.restore(taking(&record, CheckpointKind::Safety, None, None), &checkpoint)?)
+            },
+            reply,
+        );
     }
+
+    /// A rewind, on a worker, under the same rule as a restore.
+    pub(super) fn rewind(
+        &mut self,
+        message_id: String,
+        restore_files: bool,
+        reply: Sender<Result<Rewound, EngineError>>,
+    ) {
+        if self.turn.is_some() || self.changing_files > 0 {
+            let _ = reply.send(Err(EngineError::SessionBusy));
+            return;
+        }
+        let (shared, id, tenant) = (Arc::clone(&self.shared), self.id.clone(), Arc::clone(&self.tenant));
+        self.changing_files += 1;
+        self.off_actor(move || rewind(&shared, &id, &tenant, &message_id, restore_files), reply);
+    }
+}
+
+/// The session's record, as its actor's worker reads it.
+fn owned_record(shared: &Shared, id: &str) -> Result<crate::domain::SessionRecord, EngineError> {
+    shared.store.readers().session(id)?.ok_or(EngineError::SessionNotFound)
+}
+
+/// Drops `message_id` and what follows it, first putting files back if asked (see
+/// `Engine::rewind`).
+fn rewind(
+    shared: &Shared,
+    id: &str,
+    tenant: &Arc<str>,
+    message_id: &str,
+    restore_files: bool,
+) -> Result<Rewound, EngineError> {
+    let record = owned_record(shared, id)?;
+    let readers = shared.store.readers();
+    let mut messages = readers.messages(id)?;
+    let index = messages.iter().position(|m| m.id == message_id).ok_or(EngineError::MessageNotFound)?;
+    if messages[index].role != Role::User {
+        return Err(EngineError::InvalidRewindTarget);
+    }
+    let files = match restore_files {
+        true => match readers.first_auto_checkpoint_after(id, index as u64)? {
+            Some(before) => {
+                let safety = taking(&record, CheckpointKind::Safety, None, None);
+                Some(shared.checkpoints.restore(safety, &before.id)?)
+            }
+            None => None,
+        },
+        false => None,
+    };
+    let now = crate::time::now_rfc3339();
+    let truncate =
+        WriteOp::TruncateMessages { session_id: id.to_string(), from_message_id: message_id.into(), updated_at: now };
+    shared.store.write(vec![truncate])?;
+    let removed = (messages.len() - index) as u64;
+    messages.truncate(index);
+    let event = Event::SessionRewound {
+        session_id: id.to_string(),
+        message_id: message_id.to_string(),
+        messages: messages.clone(),
+    };
+    shared.bus.publish_shared(Some(Arc::clone(tenant)), event);
+    shared.publish_summary(&owned_record(shared, id)?);
+    Ok(Rewound { removed, messages, files })
 }
 
 /// A checkpoint of `record`'s workspace, as it is now.

@@ -89,6 +89,18 @@ pub(super) enum TurnOutcome {
 pub(super) enum SessionMsg {
     Op(Op),
     Turn(TurnMsg),
+    /// A slow step ran on a worker (`SessionActor::off_actor`) and is done.
+    Done(Done),
+}
+
+/// What a worker reports back to its session's actor.
+pub(in crate::engine) enum Done {
+    /// A checkpoint, restore or rewind finished; its caller has its answer.
+    Files { changed: bool },
+    /// A BAE session's slow step (`bae/sandbox.rs`).
+    Bae(super::bae::runtime::BaeDone),
+    /// The step panicked (logged where it happened); its caller heard an internal error.
+    Panicked,
 }
 
 /// A turn running on its worker.
@@ -141,7 +153,7 @@ impl Registry {
                 // An actor whose thread died (a bug, logged where it happened): start another.
                 Err(unsent) => match unsent.0 {
                     SessionMsg::Op(op) => (op, BaeRuntime::default()),
-                    SessionMsg::Turn(_) => unreachable!("an op was sent"),
+                    SessionMsg::Turn(_) | SessionMsg::Done(_) => unreachable!("an op was sent"),
                 },
             },
             Some(Slot::Dormant(runtime)) => (op, *runtime),
@@ -169,7 +181,7 @@ impl Registry {
         match actors.get(id) {
             Some(Slot::Live(actor)) => actor.send(SessionMsg::Op(op)).map_err(|e| match e.0 {
                 SessionMsg::Op(op) => op,
-                SessionMsg::Turn(_) => unreachable!("an op was sent"),
+                SessionMsg::Turn(_) | SessionMsg::Done(_) => unreachable!("an op was sent"),
             }),
             _ => Err(op),
         }
@@ -225,6 +237,10 @@ pub(super) struct SessionActor {
     /// Deletes waiting for the turn to stop: the first deletes, the others find it gone.
     deleting: Vec<Sender<Result<(), EngineError>>>,
     deleted: bool,
+    /// Slow steps under way on workers; the actor stays until each has reported.
+    working: usize,
+    /// Of those, restores and rewinds: no turn starts and no delete happens meanwhile.
+    pub(super) changing_files: usize,
     /// What a BAE session keeps: drivers, the turn gate, a paused turn.
     pub(super) bae: BaeRuntime,
 }
@@ -246,6 +262,8 @@ impl SessionActor {
             approvals: HashMap::new(),
             deleting: Vec::new(),
             deleted: false,
+            working: 0,
+            changing_files: 0,
             bae: BaeRuntime::default(),
         }
     }
@@ -257,6 +275,7 @@ impl SessionActor {
             let handled = match self.inbox.recv() {
                 Ok(SessionMsg::Op(op)) => catch_unwind(AssertUnwindSafe(|| self.handle(op))),
                 Ok(SessionMsg::Turn(message)) => catch_unwind(AssertUnwindSafe(|| self.turn_said(message))),
+                Ok(SessionMsg::Done(done)) => catch_unwind(AssertUnwindSafe(|| self.done(done))),
                 Err(_) => break,
             };
             pending.add(self.approvals.len() as i64 - waiting);
@@ -264,7 +283,7 @@ impl SessionActor {
                 // Its reply channel is gone with the panic, so the caller gets an internal error.
                 log::error!("session {} panicked handling a message; it goes on", self.id);
             }
-            let idle = self.turn.is_none() && self.deleting.is_empty() && self.bae.is_idle();
+            let idle = self.turn.is_none() && self.deleting.is_empty() && self.working == 0 && self.bae.is_idle();
             if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox, &mut self.bae) {
                 break;
             }
@@ -297,24 +316,20 @@ impl SessionActor {
             Op::Patch { patch, reply } => {
                 let _ = reply.send(self.patch(patch));
             }
-            Op::Delete { reply } => match &self.turn {
-                Some(turn) => {
+            Op::Delete { reply } => {
+                if let Some(turn) = &self.turn {
                     turn.canceller.cancel(CancelReason::User);
-                    self.deleting.push(reply);
                 }
-                None => {
-                    let _ = reply.send(self.delete());
+                match self.turn.is_some() || self.changing_files > 0 {
+                    true => self.deleting.push(reply),
+                    false => {
+                        let _ = reply.send(self.delete());
+                    }
                 }
-            },
-            Op::Checkpoint { label, reply } => {
-                let _ = reply.send(self.checkpoint(label));
             }
-            Op::Restore { checkpoint, reply } => {
-                let _ = reply.send(self.restore(&checkpoint));
-            }
-            Op::Rewind { message_id, restore_files, reply } => {
-                let _ = reply.send(self.rewind(&message_id, restore_files));
-            }
+            Op::Checkpoint { label, reply } => self.checkpoint(label, reply),
+            Op::Restore { checkpoint, reply } => self.restore(checkpoint, reply),
+            Op::Rewind { message_id, restore_files, reply } => self.rewind(message_id, restore_files, reply),
             Op::Shutdown => {
                 if let Some(turn) = &self.turn {
                     turn.canceller.cancel(CancelReason::Shutdown);
@@ -343,10 +358,73 @@ impl SessionActor {
                     self.approvals.clear();
                     self.shared.sessions.turns.fetch_sub(1, Ordering::Relaxed);
                 }
-                for reply in std::mem::take(&mut self.deleting) {
-                    let _ = reply.send(self.delete());
-                }
+                self.answer_deletes();
                 self.bae_turn_ended(&run_id, paused);
+            }
+        }
+    }
+
+    fn done(&mut self, done: Done) {
+        self.working -= 1;
+        match done {
+            Done::Files { changed } => {
+                if changed {
+                    self.changing_files -= 1;
+                }
+                self.answer_deletes();
+            }
+            Done::Bae(done) => self.bae_done(done),
+            Done::Panicked => log::error!("session {}: a slow step panicked", self.id),
+        }
+    }
+
+    /// Deletes that waited for a turn or a change of files, once neither is under way.
+    fn answer_deletes(&mut self) {
+        if self.turn.is_some() || self.changing_files > 0 {
+            return;
+        }
+        for reply in std::mem::take(&mut self.deleting) {
+            let _ = reply.send(self.delete());
+        }
+    }
+
+    /// Runs `step` on a `kestrel-slow` worker, which answers `reply` and then tells this
+    /// actor it is done; a restore or rewind (counted in `changing_files`) holds turns off
+    /// until then.
+    pub(super) fn off_actor<T: Send + 'static>(
+        &mut self,
+        step: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+        reply: Sender<Result<T, EngineError>>,
+    ) {
+        let changed = self.changing_files > 0;
+        let started = self.work(move || {
+            let outcome =
+                catch_unwind(AssertUnwindSafe(step)).unwrap_or(Err(EngineError::Internal("a slow step panicked")));
+            let _ = reply.send(outcome);
+            Done::Files { changed }
+        });
+        // The job (and its reply) is gone with the refused start: the caller hears an
+        // internal error.
+        if !started && changed {
+            self.changing_files -= 1;
+        }
+    }
+
+    /// Runs `job` on a `kestrel-slow` worker and hands what it reports back to this actor,
+    /// which stays live until then; false when no worker could start.
+    pub(in crate::engine) fn work(&mut self, job: impl FnOnce() -> Done + Send + 'static) -> bool {
+        let tell = self.own_tx.clone();
+        match crate::workers::SLOW.spawn(move || {
+            let done = catch_unwind(AssertUnwindSafe(job)).unwrap_or(Done::Panicked);
+            let _ = tell.send(SessionMsg::Done(done));
+        }) {
+            Ok(()) => {
+                self.working += 1;
+                true
+            }
+            Err(error) => {
+                log::error!("session {}: no worker for a slow step: {error}", self.id);
+                false
             }
         }
     }
@@ -368,7 +446,7 @@ impl SessionActor {
         if self.deleted {
             return Err(EngineError::SessionNotFound);
         }
-        if self.turn.is_some() || !self.deleting.is_empty() {
+        if self.turn.is_some() || !self.deleting.is_empty() || self.changing_files > 0 {
             return Err(EngineError::SessionBusy);
         }
         if self.shared.sessions.stopping.load(Ordering::SeqCst) {
@@ -433,7 +511,7 @@ impl SessionActor {
     }
 
     fn patch(&self, patch: SessionPatch) -> Result<(), EngineError> {
-        if self.turn.is_some() || !self.deleting.is_empty() {
+        if self.turn.is_some() || !self.deleting.is_empty() || self.changing_files > 0 {
             return Err(EngineError::SessionBusy);
         }
         let now = crate::time::now_rfc3339();

@@ -16,7 +16,14 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use crossbeam_channel::Receiver;
+
 use super::{capture, detail, Driver, DriverError, Ending, Ran, Running, Script};
+
+/// Whether `cancel` has fired (a message, or its sender gone).
+fn cancelled(cancel: &Receiver<()>) -> bool {
+    !matches!(cancel.try_recv(), Err(crossbeam_channel::TryRecvError::Empty))
+}
 
 #[derive(Default)]
 pub struct Docker {
@@ -54,31 +61,36 @@ impl Docker {
         command
     }
 
-    fn run(&self, args: &[&str], timeout: Option<Duration>) -> Result<Ran, DriverError> {
+    fn run(&self, args: &[&str], timeout: Option<Duration>, cancel: &Receiver<()>) -> Result<Ran, DriverError> {
         let mut command = self.cli();
         command.args(args);
-        capture(command, timeout).map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))
+        capture(command, timeout, cancel)
+            .map_err(|e| DriverError(format!("cannot run {}: {e}", self.program.display())))
     }
 
-    fn checked(&self, args: &[&str]) -> Result<Ran, DriverError> {
-        let ran = self.run(args, None)?;
+    fn checked(&self, args: &[&str], cancel: &Receiver<()>) -> Result<Ran, DriverError> {
+        let ran = self.run(args, None, cancel)?;
         match ran.code {
             Some(0) => Ok(ran),
+            _ if cancelled(cancel) => Err(DriverError(format!("docker {} was cancelled", args[0]))),
             _ => Err(DriverError(detail(&ran.stderr, &ran.stdout))),
         }
     }
 }
 
 impl Driver for Docker {
-    fn ensure_image(&self, image: &str) -> Result<(), DriverError> {
-        if self.run(&["image", "inspect", image], None)?.code == Some(0) {
+    fn ensure_image(&self, image: &str, cancel: &Receiver<()>) -> Result<(), DriverError> {
+        if self.run(&["image", "inspect", image], None, cancel)?.code == Some(0) {
             return Ok(());
         }
-        self.checked(&["pull", image]).map(|_| ())
+        if cancelled(cancel) {
+            return Err(DriverError("docker image inspect was cancelled".into()));
+        }
+        self.checked(&["pull", image], cancel).map(|_| ())
     }
 
-    fn start(&self, image: &str) -> Result<Running, DriverError> {
-        let ran = self.checked(&["run", "-d", "--rm", image, "sleep", "infinity"])?;
+    fn start(&self, image: &str, cancel: &Receiver<()>) -> Result<Running, DriverError> {
+        let ran = self.checked(&["run", "-d", "--rm", image, "sleep", "infinity"], cancel)?;
         match ran.stdout.trim() {
             "" => Err(DriverError("docker run printed no container id".into())),
             id => Ok(Running::new(id, image)),
@@ -102,7 +114,8 @@ impl Driver for Docker {
             return;
         }
         // Killing the CLI leaves the command running in the container.
-        let _ = self.run(&["exec", &sandbox.id, "sh", "-c", KILL_MARKED, "sh", marker], Some(Duration::from_secs(30)));
+        let args = ["exec", &sandbox.id, "sh", "-c", KILL_MARKED, "sh", marker];
+        let _ = self.run(&args, Some(Duration::from_secs(30)), &crossbeam_channel::never());
     }
 
     fn isolated(&self) -> bool {
@@ -110,7 +123,7 @@ impl Driver for Docker {
     }
 
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError> {
-        let ran = self.run(&["stop", &sandbox.id], None)?;
+        let ran = self.run(&["stop", &sandbox.id], None, &crossbeam_channel::never())?;
         if ran.code == Some(0) || ran.stderr.to_ascii_lowercase().contains("no such container") {
             return Ok(());
         }
@@ -161,11 +174,12 @@ exit 2
     fn the_docker_driver_runs_bae_s_command_lines() {
         let dir = tempfile::tempdir().unwrap();
         let (docker, log) = fake_docker(dir.path());
-        docker.ensure_image("present:1").unwrap();
-        docker.ensure_image("alpine:3.19").unwrap();
-        let missing = docker.ensure_image("missing:1").unwrap_err();
+        let never = crossbeam_channel::never();
+        docker.ensure_image("present:1", &never).unwrap();
+        docker.ensure_image("alpine:3.19", &never).unwrap();
+        let missing = docker.ensure_image("missing:1", &never).unwrap_err();
         assert_eq!(missing.0, "Error response from daemon: manifest unknown");
-        let running = docker.start("alpine:3.19").unwrap();
+        let running = docker.start("alpine:3.19", &never).unwrap();
         assert_eq!(running, Running::new("c0ffee123", "alpine:3.19"));
         let limits = |ms| ExecLimits { timeout: Duration::from_millis(ms), output_cap: 1024 };
         let out = exec(&docker, &running, "echo out; echo err >&2; exit 3", limits(5000)).unwrap();

@@ -79,7 +79,7 @@ fn working_bwrap(mounts: Vec<OsString>) -> Option<Bwrap> {
     let mut probe = Command::new("bwrap");
     probe.args(&mounts);
     probe.args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-all", "--die-with-parent", "true"]);
-    match capture(probe, Some(Duration::from_secs(10))) {
+    match capture(probe, Some(Duration::from_secs(10)), &crossbeam_channel::never()) {
         Ok(ran) if ran.code == Some(0) => Some(Bwrap { program: PathBuf::from("bwrap"), mounts }),
         _ => None,
     }
@@ -124,11 +124,11 @@ fn mounts(root: &Path, hidden: &[PathBuf]) -> std::io::Result<Vec<OsString>> {
 }
 
 impl Driver for Local {
-    fn ensure_image(&self, _image: &str) -> Result<(), DriverError> {
+    fn ensure_image(&self, _image: &str, _cancel: &crossbeam_channel::Receiver<()>) -> Result<(), DriverError> {
         Ok(())
     }
 
-    fn start(&self, image: &str) -> Result<Running, DriverError> {
+    fn start(&self, image: &str, _cancel: &crossbeam_channel::Receiver<()>) -> Result<Running, DriverError> {
         let id = format!("lsb_{}", uuid::Uuid::new_v4().simple());
         let made = std::fs::create_dir_all(&self.root).and_then(|()| {
             use std::os::unix::fs::DirBuilderExt;
@@ -196,7 +196,7 @@ mod tests {
     }
 
     fn exercise(driver: &Local) {
-        let sandbox = driver.start("alpine:3.19").unwrap();
+        let sandbox = driver.start("alpine:3.19", &crossbeam_channel::never()).unwrap();
         let out =
             exec(driver, &sandbox, "pwd; echo made > here.txt; echo oops >&2; exit 4", limits(Duration::from_secs(10)))
                 .unwrap();
@@ -229,7 +229,7 @@ mod tests {
     /// background, `setsid` and `nohup` included, ends with it and never holds it up; the
     /// server's environment stays out.
     fn contain(driver: &Local) {
-        let mut sandbox = driver.start("x").unwrap();
+        let mut sandbox = driver.start("x", &crossbeam_channel::never()).unwrap();
         sandbox.marker = Some(format!("ses_{}:{}", uuid::Uuid::new_v4().simple(), sandbox.id));
         let big =
             exec(driver, &sandbox, "head -c 3000000 /dev/zero | tr '\\0' x", limits(Duration::from_secs(20))).unwrap();
@@ -302,8 +302,8 @@ mod tests {
         }
         exercise(&driver);
         contain(&driver);
-        let sandbox = driver.start("x").unwrap();
-        let other = driver.start("x").unwrap();
+        let sandbox = driver.start("x", &crossbeam_channel::never()).unwrap();
+        let other = driver.start("x", &crossbeam_channel::never()).unwrap();
         std::fs::write(data.path().join("admin-key"), "the admin key").unwrap();
         let run = |command: &str| exec(&driver, &sandbox, command, limits(Duration::from_secs(10))).unwrap();
         // The host's files are read-only inside (the server runs as root here, so /etc is

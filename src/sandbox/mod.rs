@@ -91,9 +91,11 @@ pub struct ExecLimits {
 
 /// A sandbox driver.
 pub trait Driver: Send + Sync {
-    /// Makes sure `image` is present (pulling it if not).
-    fn ensure_image(&self, image: &str) -> Result<(), DriverError>;
-    fn start(&self, image: &str) -> Result<Running, DriverError>;
+    /// Makes sure `image` is present (pulling it if not). A message on `cancel`, or its
+    /// sender dropped, stops it (what it ran is killed) and it answers an error.
+    fn ensure_image(&self, image: &str, cancel: &Receiver<()>) -> Result<(), DriverError>;
+    /// Starts a sandbox from `image`, stopped by `cancel` as `ensure_image` is.
+    fn start(&self, image: &str, cancel: &Receiver<()>) -> Result<Running, DriverError>;
     fn stop(&self, sandbox: &Running) -> Result<(), DriverError>;
     /// The process that runs `script` in the sandbox, from a scrubbed environment. The caller
     /// spawns and supervises it.
@@ -176,10 +178,11 @@ pub(crate) struct Ran {
 
 /// Runs a driver's own CLI step (`docker pull`, `docker stop`) in a process group of its own,
 /// its output captured up to `DETAIL_CAP` bytes a stream; past `timeout` the group is killed.
-pub(crate) fn capture(command: Command, timeout: Option<Duration>) -> std::io::Result<Ran> {
+/// A message on `cancel` (or its sender dropped) kills it too.
+pub(crate) fn capture(command: Command, timeout: Option<Duration>, cancel: &Receiver<()>) -> std::io::Result<Ran> {
     // A pull may take long; "no timeout" is a day, not forever.
     let timeout = timeout.unwrap_or(Duration::from_secs(24 * 60 * 60));
-    let ran = supervise(command, None, timeout, &crossbeam_channel::never(), DETAIL_CAP, &|_| {})?;
+    let ran = supervise(command, None, timeout, cancel, DETAIL_CAP, &|_| {})?;
     let code = match ran.ending {
         Ending::Exited(code) => code,
         _ => None,

@@ -70,7 +70,7 @@ impl Images {
         let shared = Arc::clone(&states);
         let spawned = std::thread::Builder::new().name("kestrel-provision".into()).spawn(move || {
             for image in images {
-                let state = match driver.ensure_image(&image) {
+                let state = match driver.ensure_image(&image, &crossbeam_channel::never()) {
                     Ok(()) => {
                         log::info!("sandbox image {image:?} is available");
                         ImageState::Available
@@ -132,7 +132,7 @@ mod tests {
     }
 
     impl Driver for Gated {
-        fn ensure_image(&self, image: &str) -> Result<(), DriverError> {
+        fn ensure_image(&self, image: &str, _: &crossbeam_channel::Receiver<()>) -> Result<(), DriverError> {
             self.asked.lock().unwrap().push(image.to_string());
             let _ = self.go.recv();
             match image.starts_with("bad:") {
@@ -140,7 +140,7 @@ mod tests {
                 false => Ok(()),
             }
         }
-        fn start(&self, _: &str) -> Result<Running, DriverError> {
+        fn start(&self, _: &str, _: &crossbeam_channel::Receiver<()>) -> Result<Running, DriverError> {
             unreachable!()
         }
         fn stop(&self, _: &Running) -> Result<(), DriverError> {

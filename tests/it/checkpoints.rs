@@ -335,3 +335,44 @@ fn what_cannot_be_put_back_is_a_warning_and_the_rest_is_restored() {
     assert_eq!(fs::read_to_string(server.workspace.join("kept.txt")).unwrap(), "fine");
     assert_eq!(fs::read_to_string(server.workspace.join("lost.txt")).unwrap(), "changed", "left as it was");
 }
+
+#[test]
+fn while_a_checkpoint_walks_a_large_tree_approvals_and_cancel_answer_at_once() {
+    let server = TestServer::start_with(|config| {
+        config.agent.permissions.insert("run_command".into(), Permission::Ask);
+        config.checkpoints.max_files = 100_000;
+    });
+    // Every file a blob of its own, each synced: a walk of seconds.
+    fs::create_dir_all(server.workspace.join("many")).unwrap();
+    for n in 0..3000 {
+        fs::write(server.workspace.join(format!("many/f{n:05}")), format!("content {n}\n")).unwrap();
+    }
+    let session = server.create_session(json!({}));
+    let mut stream = server.events(&format!("/api/sessions/{session}/events"));
+    let line = tool_line("run_command", json!({ "command": "true" }));
+    assert_eq!(server.post(&format!("/api/sessions/{session}/messages"), json!({ "content": line })).status, 202);
+    let asked = stream.collect_until(|e| event_type(e) == "approval.requested");
+    let approval = asked.last().unwrap()["event"]["approval"]["id"].as_str().unwrap().to_string();
+
+    let (client, path) = (server.client(), format!("/api/sessions/{session}/checkpoints"));
+    let checkpoint = std::thread::spawn(move || client.post(&path, json!({ "label": "large" })));
+    let blobs = server.data_dir.join("blobs");
+    crate::support::wait_until("the walk to store blobs", || {
+        fs::read_dir(&blobs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|dir| fs::read_dir(dir.path()).is_ok_and(|mut d| d.next().is_some()))
+    });
+    let limit = std::time::Duration::from_millis(100);
+    let started = std::time::Instant::now();
+    let decided = server.post(&format!("/api/sessions/{session}/approvals/{approval}"), json!({ "approved": true }));
+    assert!(started.elapsed() < limit && decided.status == 200, "approval: {:?} {}", started.elapsed(), decided.text);
+    let started = std::time::Instant::now();
+    let cancelled = server.post(&format!("/api/sessions/{session}/cancel"), json!({}));
+    assert!(started.elapsed() < limit && cancelled.status == 200, "cancel: {:?} {}", started.elapsed(), cancelled.text);
+    assert!(!checkpoint.is_finished(), "the walk was still under way");
+    let taken = checkpoint.join().unwrap();
+    assert_eq!(taken.status, 201, "{}", taken.text);
+    assert!(taken.json["checkpoint"]["fileCount"].as_u64().unwrap() >= 3000, "{}", taken.text);
+}

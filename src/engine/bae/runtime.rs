@@ -91,6 +91,12 @@ pub enum BaeOp {
     },
 }
 
+/// What a BAE session's slow step reports to its actor when it is done.
+pub enum BaeDone {
+    /// A sandbox's image pull and start ended.
+    SandboxStarted(Result<crate::sandbox::Running, crate::sandbox::DriverError>),
+}
+
 /// `session.sendMessage`: the caller's key, the turn id it will follow, and its message.
 pub struct SendMessage {
     pub key: String,
@@ -154,6 +160,8 @@ pub(in crate::engine) struct BaeRuntime {
     pub(in crate::engine) auto_backoff_until: Option<Instant>,
     /// The session's one remote sandbox.
     pub(in crate::engine) sandbox: Option<crate::sandbox::Running>,
+    /// A sandbox start under way on a worker.
+    pub(in crate::engine) starting: Option<super::sandbox::Starting>,
     /// Whether a turn paused before a restart has been looked for (`recover_pause`).
     pub(super) recovered: bool,
 }
@@ -197,15 +205,20 @@ impl SessionActor {
             BaeOp::RegisterDriver { key, reply } => {
                 let _ = reply.send(self.register_driver(key));
             }
-            BaeOp::StartSandbox { key, image, reply } => {
-                let _ = reply.send(self.start_sandbox(&key, &image));
-            }
+            BaeOp::StartSandbox { key, image, reply } => self.start_sandbox(key, image, reply),
             BaeOp::StopSandbox { key, reply } => {
-                let outcome = match self.bae.drivers.contains(&key) {
-                    true => self.stop_sandbox(&key, "explicit"),
+                let job = match self.bae.drivers.contains(&key) {
+                    true => self.stop_sandbox(&key, "explicit").ok_or(RpcError::SandboxNotRunning),
                     false => Err(RpcError::NotDriver),
                 };
-                let _ = reply.send(outcome);
+                match job {
+                    Ok(job) => self.detach(move || {
+                        let _ = reply.send(job.run());
+                    }),
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                    }
+                }
             }
             BaeOp::SandboxHandle { key, reply } => {
                 let _ = reply.send(self.sandbox_handle(&key));
@@ -231,14 +244,19 @@ impl SessionActor {
             BaeOp::UpdateTools { key, tools, reply } => {
                 let _ = reply.send(self.update_tools(&key, tools));
             }
-            BaeOp::Close { reason, actor, reply } => {
-                let _ = reply.send(self.close_bae(reason, &actor));
-            }
-            BaeOp::Revoked { key, reply } => {
-                self.revoked(&key);
+            BaeOp::Close { reason, actor, reply } => self.close_bae(reason, &actor, move |closed| {
+                let _ = reply.send(closed);
+            }),
+            BaeOp::Revoked { key, reply } => self.revoked(&key, move || {
                 let _ = reply.send(());
-            }
+            }),
             BaeOp::Abandon { run_id } => self.abandon(&run_id),
+        }
+    }
+
+    pub(in crate::engine) fn bae_done(&mut self, done: BaeDone) {
+        match done {
+            BaeDone::SandboxStarted(started) => self.sandbox_started(started),
         }
     }
 
@@ -313,8 +331,16 @@ impl SessionActor {
         self.shared.store.write(vec![WriteOp::Bae(write)]).map_err(|_| RpcError::Internal)
     }
 
-    /// Closes an open session; whatever its state, its drivers, gate and waiters go.
-    fn close_bae(&mut self, reason: CloseReason, actor: &str) -> Result<(), BaeState> {
+    /// Closes an open session; whatever its state, its drivers, gate and waiters go at once,
+    /// and a sandbox start under way is cancelled. Its MCP connections and its sandbox are
+    /// closed on a worker, which then calls `then` with the outcome: the error is the state
+    /// the session was already in.
+    fn close_bae(
+        &mut self,
+        reason: CloseReason,
+        actor: &str,
+        then: impl FnOnce(Result<(), BaeState>) + Send + 'static,
+    ) {
         let state = self.bae_record().map(|r| r.state).unwrap_or(BaeState::Closed);
         let outcome = match state {
             BaeState::Open => {
@@ -335,26 +361,38 @@ impl SessionActor {
         if let Some(turn) = &self.turn {
             turn.canceller.cancel(CancelReason::User);
         }
-        self.shared.mcp.disconnect(&self.id);
         self.cancel_subagents_at_close();
-        if self.bae.sandbox.is_some() {
-            let creator = actor.to_string();
-            if let Err(error) = self.stop_sandbox(&creator, "session_close") {
-                log::warn!("session {}: its sandbox did not stop cleanly: {error:?}", self.id);
+        self.cancel_sandbox_start(actor);
+        let stop = self.stop_sandbox(actor, "session_close");
+        let (shared, id) = (Arc::clone(&self.shared), self.id.clone());
+        self.detach(move || {
+            shared.mcp.disconnect(&id);
+            if let Some(Err(error)) = stop.map(super::sandbox::StopJob::run) {
+                log::warn!("session {id}: its sandbox did not stop cleanly: {error:?}");
             }
-        }
+            then(outcome);
+        });
         self.bae.gate = Gate::Free;
         for waiter in std::mem::take(&mut self.bae.queue) {
             waiter.fail(RpcError::NotOpen(BaeState::Closed));
         }
-        outcome
     }
 
-    fn revoked(&mut self, key: &str) {
+    /// Runs `job` on a `kestrel-slow` worker with nothing to report back to the actor. If no
+    /// worker can start, the job is dropped, and with it the reply it would have sent: the
+    /// caller hears an internal error.
+    fn detach(&self, job: impl FnOnce() + Send + 'static) {
+        if let Err(error) = crate::workers::SLOW.spawn(job) {
+            log::error!("session {}: no worker for a slow step ({error})", self.id);
+        }
+    }
+
+    fn revoked(&mut self, key: &str, then: impl FnOnce() + Send + 'static) {
         let open = matches!(self.bae_record(), Ok(record) if record.state == BaeState::Open);
         let keys_left = self.shared.store.readers().bae_session_key_count(&self.id).unwrap_or(1);
-        if open && keys_left == 0 {
-            let _ = self.close_bae(CloseReason::ClientKeyRevoked, key);
+        match open && keys_left == 0 {
+            true => self.close_bae(CloseReason::ClientKeyRevoked, key, move |_| then()),
+            false => then(),
         }
     }
 }

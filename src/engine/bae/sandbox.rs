@@ -1,15 +1,18 @@
 //! A BAE session's one remote sandbox, as state of the session's actor: start (from an image
 //! in the session's own profile's `available_sandboxes`), stop, and the handle an exec uses.
-//! Starting and stopping run on the actor (one at a time per session); an exec runs on the
-//! caller's thread with the handle the actor gave it, so a long command never holds the
-//! session up. Close stops the sandbox (`reason: session_close`). A turn's auto-mode sandbox
+//! The actor checks and keeps the state; the image pull, the container start and the stop run
+//! on `kestrel-slow` workers, so a slow registry or engine never holds up the session's other
+//! operations (a close cancels a start under way). An exec runs on the caller's thread with
+//! the handle the actor gave it, so a long command never holds the session up. Close stops the sandbox (`reason: session_close`). A turn's auto-mode sandbox
 //! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
 
 use std::sync::Arc;
 
-use super::runtime::RpcError;
+use crossbeam_channel::Sender;
+
+use super::runtime::{BaeDone, RpcError};
 use crate::domain::{Event, ImageStatus};
-use crate::engine::session::SessionActor;
+use crate::engine::session::{Done, SessionActor};
 use crate::sandbox::{Driver, Running};
 use crate::store::BaeState;
 
@@ -64,6 +67,82 @@ impl crate::engine::Engine {
                 Err(RpcError::SandboxExecFailed(error.0))
             }
         }
+    }
+}
+
+/// Who waits for a start, and the caller's reply.
+pub(in crate::engine) type StartReply = Sender<Result<(Running, String), RpcError>>;
+
+/// A sandbox start under way on a worker.
+pub(in crate::engine) struct Starting {
+    key: String,
+    image: String,
+    reply: StartReply,
+    /// Dropped to cancel: the driver's command is killed.
+    _cancel: Sender<()>,
+}
+
+/// A sandbox's stop, for a worker: the driver's stop, then `stopped` (or the error) recorded.
+pub(in crate::engine) struct StopJob {
+    shared: Arc<crate::engine::Shared>,
+    key: String,
+    running: Running,
+    stopped: Event,
+    failed: Event,
+}
+
+impl StopJob {
+    pub(in crate::engine) fn run(self) -> Result<Running, RpcError> {
+        match self.shared.config.bae.sandbox.0.stop(&self.running) {
+            Ok(()) => {
+                publish_as(&self.shared, &self.key, self.stopped);
+                Ok(self.running)
+            }
+            Err(error) => {
+                publish_as(&self.shared, &self.key, with_detail(self.failed, &error.0));
+                Err(RpcError::SandboxStopFailed(error.0))
+            }
+        }
+    }
+}
+
+/// A sandbox nobody holds any more (its start outlived a close), stopped on a worker.
+fn stop_detached(shared: &Arc<crate::engine::Shared>, running: Running) {
+    let shared = Arc::clone(shared);
+    let stop = move || {
+        if let Err(error) = shared.config.bae.sandbox.0.stop(&running) {
+            log::warn!("sandbox {} started after its session closed did not stop: {error}", running.id);
+        }
+    };
+    if let Err(error) = crate::workers::SLOW.spawn(stop) {
+        log::error!("no worker to stop a sandbox: {error}");
+    }
+}
+
+/// Publishes a BAE event attributed to `actor`, from any thread, and waits for it to be durable.
+fn publish_as(shared: &crate::engine::Shared, actor: &str, event: Event) {
+    let origin = crate::bus::Origin { actor: Some(Arc::from(actor)), turn: None };
+    if shared.bus.publish_durable(Some(Arc::from(crate::store::BAE_TENANT)), origin, event).is_none() {
+        log::warn!("a sandbox event could not be recorded");
+    }
+}
+
+/// A `session.sandbox.error` event with its detail.
+fn with_detail(event: Event, text: &str) -> Event {
+    match event {
+        Event::RemoteSandbox { session_id, step, image, sandbox_id, reason, phase, unsandboxed, .. } => {
+            Event::RemoteSandbox {
+                session_id,
+                step,
+                image,
+                sandbox_id,
+                reason,
+                phase,
+                detail: Some(text.into()),
+                unsandboxed,
+            }
+        }
+        other => other,
     }
 }
 
@@ -126,8 +205,35 @@ impl SessionActor {
         }
     }
 
-    /// `session.startRemoteSandbox`: the sandbox and its `started_at`.
-    pub(in crate::engine) fn start_sandbox(&mut self, key: &str, image: &str) -> Result<(Running, String), RpcError> {
+    /// `session.startRemoteSandbox`: checks here, then the image pull and the container
+    /// start on a worker (`sandbox_started` finishes), so the session answers everything
+    /// else meanwhile. The reply is the sandbox and its `started_at`.
+    pub(in crate::engine) fn start_sandbox(&mut self, key: String, image: String, reply: StartReply) {
+        if let Err(error) = self.may_start_sandbox(&key, &image) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        if let Err(error) = self.publish_bae(&key, self.sandbox_event("start", &image, None)) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        let driver = Arc::clone(&self.shared.config.bae.sandbox.0);
+        let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
+        let pulled = image.clone();
+        let started = self.work(move || {
+            let started = driver.ensure_image(&pulled, &cancelled).and_then(|()| driver.start(&pulled, &cancelled));
+            Done::Bae(BaeDone::SandboxStarted(started))
+        });
+        match started {
+            true => self.bae.starting = Some(Starting { key, image, reply, _cancel: cancel }),
+            false => {
+                let _ = reply.send(Err(RpcError::Internal));
+            }
+        }
+    }
+
+    /// Who may start a sandbox from which image, in BAE's order of checks.
+    fn may_start_sandbox(&self, key: &str, image: &str) -> Result<(), RpcError> {
         if !self.bae.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
@@ -140,31 +246,64 @@ impl SessionActor {
         if !profile.available_sandboxes.iter().any(|allowed| allowed == image) {
             return Err(RpcError::SandboxImageNotAllowed(image.to_string()));
         }
-        if self.bae.sandbox.is_some() {
+        if self.bae.sandbox.is_some() || self.bae.starting.is_some() {
             return Err(RpcError::SandboxAlreadyRunning);
         }
-        self.publish_bae(key, self.sandbox_event("start", image, None))?;
-        let driver = &self.shared.config.bae.sandbox.0;
-        match driver.ensure_image(image).and_then(|()| driver.start(image)) {
+        Ok(())
+    }
+
+    /// A start's worker is done: the sandbox becomes the session's, or the start failed. A
+    /// start the session's close cancelled meanwhile was answered then; a sandbox it still
+    /// made is stopped.
+    pub(in crate::engine) fn sandbox_started(&mut self, started: Result<Running, crate::sandbox::DriverError>) {
+        let Some(Starting { key, image, reply, .. }) = self.bae.starting.take() else {
+            if let Ok(running) = started {
+                stop_detached(&self.shared, running);
+            }
+            return;
+        };
+        match started {
             Ok(mut running) => {
                 // Every process run in it is the session's, for the orphan sweep.
                 running.marker = Some(crate::tools::orphans::marker_value(&self.id, &running.id));
                 self.bae.sandbox = Some(running.clone());
-                self.publish_bae(key, self.sandbox_event("running", image, Some(&running.id)))?;
-                Ok((running, crate::time::now_rfc3339()))
+                let outcome = self.publish_bae(&key, self.sandbox_event("running", &image, Some(&running.id)));
+                let _ = reply.send(outcome.map(|()| (running, crate::time::now_rfc3339())));
             }
             Err(error) => {
-                let _ = self.publish_bae(key, self.sandbox_error(image, None, "start", &error.0));
-                Err(RpcError::SandboxStartFailed(error.0))
+                let _ = self.publish_bae(&key, self.sandbox_error(&image, None, "start", &error.0));
+                let _ = reply.send(Err(RpcError::SandboxStartFailed(error.0)));
             }
         }
     }
 
+    /// Close cancels a start under way: its command is killed and its caller answered.
+    pub(in crate::engine) fn cancel_sandbox_start(&mut self, actor: &str) {
+        let Some(Starting { image, reply, .. }) = self.bae.starting.take() else { return };
+        let why = "the session was closed before its sandbox started";
+        let _ = self.publish_bae(actor, self.sandbox_error(&image, None, "start", why));
+        let _ = reply.send(Err(RpcError::SandboxStartFailed(why.into())));
+    }
+
     /// `session.stopRemoteSandbox` (`reason: explicit`) and close (`session_close`): the handle
-    /// goes first, so a failed stop leaves no sandbox anything could still use.
-    pub(in crate::engine) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Result<Running, RpcError> {
-        let running = self.bae.sandbox.take().ok_or(RpcError::SandboxNotRunning)?;
-        let stop = match self.sandbox_event("stop", &running.image, Some(&running.id)) {
+    /// goes first, so a failed stop leaves no sandbox anything could still use, and `stop` is
+    /// recorded; the stop itself is the returned job's, to run on a worker. `None`: no
+    /// sandbox runs.
+    pub(in crate::engine) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Option<StopJob> {
+        let running = self.bae.sandbox.take()?;
+        let stop = self.with_reason(self.sandbox_event("stop", &running.image, Some(&running.id)), reason);
+        let _ = self.publish_bae(key, stop);
+        Some(StopJob {
+            shared: Arc::clone(&self.shared),
+            key: key.to_string(),
+            stopped: self.with_reason(self.sandbox_event("stopped", &running.image, Some(&running.id)), reason),
+            failed: self.sandbox_error(&running.image, Some(&running.id), "stop", ""),
+            running,
+        })
+    }
+
+    fn with_reason(&self, event: Event, reason: &str) -> Event {
+        match event {
             Event::RemoteSandbox { session_id, step, image, sandbox_id, unsandboxed, .. } => Event::RemoteSandbox {
                 session_id,
                 step,
@@ -176,33 +315,6 @@ impl SessionActor {
                 unsandboxed,
             },
             other => other,
-        };
-        let _ = self.publish_bae(key, stop.clone());
-        match self.shared.config.bae.sandbox.0.stop(&running) {
-            Ok(()) => {
-                let stopped = match stop {
-                    Event::RemoteSandbox { step: _, session_id, image, sandbox_id, reason, unsandboxed, .. } => {
-                        let step = "stopped".to_string();
-                        Event::RemoteSandbox {
-                            session_id,
-                            step,
-                            image,
-                            sandbox_id,
-                            reason,
-                            phase: None,
-                            detail: None,
-                            unsandboxed,
-                        }
-                    }
-                    other => other,
-                };
-                let _ = self.publish_bae(key, stopped);
-                Ok(running)
-            }
-            Err(error) => {
-                let _ = self.publish_bae(key, self.sandbox_error(&running.image, Some(&running.id), "stop", &error.0));
-                Err(RpcError::SandboxStopFailed(error.0))
-            }
         }
     }
 

@@ -392,3 +392,73 @@ pub fn processes_with(text: &str) -> usize {
         })
         .count()
 }
+
+/// A `docker` whose `run` hangs (a registry or engine that never answers); `image inspect`
+/// finds every image. Each call is recorded as `fake_docker`'s are.
+fn hanging_docker(dir: &std::path::Path) -> std::path::PathBuf {
+    let (log, program) = (dir.join("calls.log"), dir.join("docker"));
+    let script = format!(
+        "#!/bin/sh\nfor a in \"$@\"; do printf '[%s]' \"$a\" >> {log}; done; echo >> {log}\n\
+         case \"$1\" in image) exit 0 ;; run) sleep 30; echo late ;; stop) exit 0 ;; esac\nexit 2\n",
+        log = log.display()
+    );
+    std::fs::write(&program, script).unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    program
+}
+
+/// How long `f` took, and what it gave.
+fn timed<T>(f: impl FnOnce() -> T) -> (std::time::Duration, T) {
+    let started = std::time::Instant::now();
+    let value = f();
+    (started.elapsed(), value)
+}
+
+#[test]
+fn while_a_sandbox_start_hangs_the_session_answers_everything_else_and_close_cancels_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = hanging_docker(dir.path());
+    let bae = Bae::start_with(|config| {
+        config.bae.sandbox_driver = "docker".into();
+        config.bae.docker_cli = program.clone();
+    });
+    let body = json!({ "name": "hanging", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": ["slow:1"] });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    // The reply's head comes with its result, so the start waits on a thread of its own.
+    let (base, session, session_key) = (harness.base.clone(), harness.session_id.clone(), harness.session_key.clone());
+    let start = std::thread::spawn(move || {
+        let body = json!({ "jsonrpc": "2.0", "id": 99, "method": "session.startRemoteSandbox", "params": { "image": "slow:1" } });
+        super::support::Frames::post(&base, &session, &session_key, &body.to_string()).until_terminal()
+    });
+    crate::support::wait_until("docker run to hang", || calls_made(dir.path()).iter().any(|c| c.starts_with("[run]")));
+
+    let limit = std::time::Duration::from_millis(100);
+    let (took, events) = timed(|| harness.get("/events?limit=200"));
+    assert!(took < limit && events.status == 200, "events: {took:?} {}", events.text);
+    let (took, participants) = timed(|| harness.get("/participants"));
+    assert!(took < limit && participants.status == 200, "participants: {took:?} {}", participants.text);
+    let (took, registered) = timed(|| harness.call("session.registerDriver", json!({})));
+    assert!(took < limit, "registerDriver: {took:?}");
+    assert_eq!(registered.last().unwrap()["result"]["registered"], true, "{registered:?}");
+    let (took, cancelled) = timed(|| harness.call("session.cancelSubagent", json!({ "subagent_id": "sba_none" })));
+    assert!(took < limit, "cancelSubagent: {took:?}");
+    assert!(cancelled.last().unwrap()["error"].is_object(), "an unknown subagent: {cancelled:?}");
+    assert!(!start.is_finished(), "the start is still under way");
+
+    let (took, closed) = timed(|| harness.close());
+    assert!(took < limit && closed.status == 200, "close: {took:?} {}", closed.text);
+    let answer = start.join().unwrap();
+    let error = &answer.last().unwrap()["error"];
+    assert_eq!(error["code"], -32012, "the cancelled start failed (sandbox_start_failed): {answer:?}");
+    assert!(error["message"].as_str().unwrap().contains("closed before its sandbox started"), "{error}");
+    assert!(
+        !std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x0030"))
+                && std::fs::read_to_string(p.path().join("stat")).is_ok_and(|s| !s.contains(") Z "))),
+        "the hung docker run was killed"
+    );
+}

@@ -19,7 +19,7 @@ use crate::engine::tools::ToolRegistry;
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{HttpConfig, HttpServer};
 use crate::plugins::Plugins;
-use crate::providers::{EchoProvider, ModelRegistry};
+use crate::providers::{Echo, ModelRegistry};
 use crate::store::{Store, StoreError, WriteOp, WriterHandle};
 use crate::tools::workspace::{Protected, WorkspacePolicy};
 use crate::tools::ToolSettings;
@@ -327,7 +327,7 @@ impl Server {
         };
         let workspace = workspace.canonicalize().map_err(|e| StartError::Workspace(workspace.clone(), e))?;
 
-        let echo = EchoProvider {
+        let echo = Echo {
             delay: Duration::from_millis(config.builtin.delay_ms),
             context_window: config.builtin.context_window,
             pricing: config.builtin.pricing.clone(),

@@ -349,6 +349,9 @@ impl ProviderEntry {
         let base = self.base_url.as_deref().unwrap_or(default_base).trim_end_matches('/');
         let mut provider = ProviderConfig::new(self.provider, format!("{base}/v1"));
         provider.api_key_template = self.auth_token.clone();
+        // BAE makes one attempt per provider: a provider of its own config file keeps that
+        // (those of Kestrel's `[providers]` retry, in both doors).
+        provider.max_retries = 0;
         provider.models = vec![ModelConfig {
             max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
             ..ModelConfig::named(&self.model)

@@ -231,8 +231,11 @@ pub enum Event {
 #[serde(from = "StoredProviderRequest")]
 pub struct ProviderRequest {
     pub session_id: String,
-    /// Index in the turn's provider chain: 0 the primary, then each fallback.
+    /// The attempt's number in its call, from 0 (every retry and fallback counts).
     pub attempt: u32,
+    /// Whether it goes to a provider after the chain's first; `None` in events logged before
+    /// retries, where every attempt after the first was a fallback.
+    pub fallback: Option<bool>,
     /// The wire format (`anthropic`, `openai`, `builtin`).
     pub provider: String,
     pub base_url: Option<String>,
@@ -251,6 +254,8 @@ pub struct ProviderRequest {
 struct StoredProviderRequest {
     session_id: String,
     attempt: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fallback: Option<bool>,
     provider: String,
     base_url: Option<String>,
     model: String,
@@ -270,6 +275,7 @@ impl From<StoredProviderRequest> for ProviderRequest {
         ProviderRequest {
             session_id: stored.session_id,
             attempt: stored.attempt,
+            fallback: stored.fallback,
             provider: stored.provider,
             base_url: stored.base_url,
             model: stored.model,
@@ -287,9 +293,13 @@ impl Serialize for ProviderRequest {
         use serde::ser::SerializeStruct;
         let stored = self.stored.min(self.messages.len());
         let ids: Vec<&str> = self.messages[..stored].iter().map(|m| m.id.as_str()).collect();
-        let mut fields = serializer.serialize_struct("ProviderRequest", 9)?;
+        let mut fields = serializer.serialize_struct("ProviderRequest", 10)?;
         fields.serialize_field("session_id", &self.session_id)?;
         fields.serialize_field("attempt", &self.attempt)?;
+        match self.fallback {
+            Some(fallback) => fields.serialize_field("fallback", &fallback)?,
+            None => fields.skip_field("fallback")?,
+        }
         fields.serialize_field("provider", &self.provider)?;
         fields.serialize_field("base_url", &self.base_url)?;
         fields.serialize_field("model", &self.model)?;
@@ -327,6 +337,9 @@ impl ProviderRequest {
 pub struct ProviderResponse {
     pub session_id: String,
     pub attempt: u32,
+    /// As `ProviderRequest::fallback`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<bool>,
     pub provider: String,
     pub ok: bool,
     /// The HTTP status, when a response arrived.

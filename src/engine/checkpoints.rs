@@ -100,6 +100,7 @@ impl SessionActor {
     pub(super) fn checkpoint(&mut self, label: Option<String>, reply: Sender<Result<CheckpointRecord, EngineError>>) {
         let (shared, id) = (Arc::clone(&self.shared), self.id.clone());
         self.off_actor(
+            false,
             move || {
                 let record = owned_record(&shared, &id)?;
                 Ok(shared.checkpoints.take(taking(&record, CheckpointKind::Manual, label, None))?)
@@ -116,8 +117,8 @@ impl SessionActor {
             return;
         }
         let (shared, id) = (Arc::clone(&self.shared), self.id.clone());
-        self.changing_files += 1;
         self.off_actor(
+            true,
             move || {
                 let record = owned_record(&shared, &id)?;
                 Ok(shared.checkpoints.restore(taking(&record, CheckpointKind::Safety, None, None), &checkpoint)?)
@@ -138,8 +139,7 @@ impl SessionActor {
             return;
         }
         let (shared, id, tenant) = (Arc::clone(&self.shared), self.id.clone(), Arc::clone(&self.tenant));
-        self.changing_files += 1;
-        self.off_actor(move || rewind(&shared, &id, &tenant, &message_id, restore_files), reply);
+        self.off_actor(true, move || rewind(&shared, &id, &tenant, &message_id, restore_files), reply);
     }
 }
 

@@ -20,7 +20,7 @@ use serde_json::json;
 use super::run::{is_interrupted_partial, Run};
 use super::EngineError;
 use crate::domain::{Event, Message, NoticeLevel, Role, SessionRecord, Usage};
-use crate::providers::Provider;
+use crate::providers::{Route, Watch};
 use crate::store::WriteOp;
 
 /// A message a compaction replaced.
@@ -70,7 +70,7 @@ fn split(messages: &[Message], keep: usize) -> Option<usize> {
 
 impl Run {
     /// Compacts the session's history first if the next call would not fit (see the module doc).
-    pub(super) fn fit_context(&self, provider: &dyn Provider, session: &SessionRecord) -> Result<(), EngineError> {
+    pub(super) fn fit_context(&self, route: &Route, session: &SessionRecord) -> Result<(), EngineError> {
         let Some(window) =
             self.shared.models.infos().find(|m| m.id == session.summary.model).and_then(|m| m.context_window)
         else {
@@ -82,9 +82,9 @@ impl Run {
             return Ok(());
         }
         let Some(at) = split(&history, self.shared.config.compaction_keep_turns) else { return Ok(()) };
-        let summarizer = super::compaction::Summarizer::Provider(provider);
         match self.summarize_messages(
-            summarizer,
+            route,
+            &mut Unseen,
             &history[..at],
             super::compaction::DEFAULT_PROMPT,
             session.system_prompt.as_deref(),
@@ -123,6 +123,15 @@ impl Run {
             tokens_after: after,
         });
         Ok(())
+    }
+}
+
+/// A summary streamed as the session's answers are, and shown to nobody.
+struct Unseen;
+
+impl Watch for Unseen {
+    fn streamed(&self) -> bool {
+        true
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::bae::compaction::CompactionJob;
-use super::bae::turn::{BaeTurn, Link, PausedTurn};
+use super::bae::turn::{BaeTurn, PausedTurn};
 use super::calls::Repair;
 use super::session::{SessionMsg, TurnMsg, TurnOutcome};
 use super::{EngineError, Shared};
@@ -19,7 +19,7 @@ use crate::cancel::{CancelReason, CancelToken};
 use crate::domain::{
     Block, DeltaChannel, Event, Message, Role, RunOutcome, SessionRecord, SessionStatus, ToolCall, Usage,
 };
-use crate::providers::{CompletionRequest, Delta, Provider, ProviderError};
+use crate::providers::{CallFailed, CompletionRequest, Delta, Route, Watch};
 use crate::store::{SessionPatch, WriteOp};
 
 pub(super) struct Run {
@@ -72,11 +72,38 @@ pub(super) enum Step {
     Failed,
 }
 
-/// The model a turn asks.
-pub(super) enum Model {
-    Kestrel(Arc<dyn Provider>),
-    /// The provider chain: primary, then each fallback that resolves.
-    Bae(Vec<Link>),
+/// A Kestrel answer as it streams: each piece published as a `message.delta` of `message_id`,
+/// and what was streamed kept, should the answer be cut short.
+struct Streaming<'r> {
+    run: &'r Run,
+    message_id: String,
+    text: String,
+    reasoning: String,
+}
+
+impl Watch for Streaming<'_> {
+    fn streamed(&self) -> bool {
+        true
+    }
+
+    fn delta(&mut self, delta: Delta<'_>) {
+        let (channel, piece) = match delta {
+            Delta::Text(piece) => {
+                self.text.push_str(piece);
+                (DeltaChannel::Text, piece)
+            }
+            Delta::Reasoning(piece) => {
+                self.reasoning.push_str(piece);
+                (DeltaChannel::Reasoning, piece)
+            }
+        };
+        self.run.publish(Event::MessageDelta {
+            session_id: self.run.session_id.clone(),
+            message_id: self.message_id.clone(),
+            channel,
+            delta: piece.to_string(),
+        });
+    }
 }
 
 impl Run {
@@ -191,17 +218,17 @@ impl Run {
     }
 
     /// The model to ask; `None` when a BAE profile's provider does not resolve (recorded).
-    fn model(&self, session: &SessionRecord) -> Result<Option<Model>, EngineError> {
+    fn model(&self, session: &SessionRecord) -> Result<Option<Route>, EngineError> {
         match &self.plan {
-            Plan::Bae(turn) => Ok(self.bae_chain(&turn.primary, &turn.fallbacks).map(Model::Bae)),
+            Plan::Bae(turn) => Ok(self.bae_chain(&turn.primary, &turn.fallbacks)),
             Plan::Compaction(_) => Err(EngineError::Internal("a compaction has no turn loop")),
             Plan::Kestrel => {
-                let provider = self
+                let route = self
                     .shared
                     .models
-                    .resolve(&session.summary.model)
+                    .route(&session.summary.model)
                     .ok_or_else(|| EngineError::InvalidModel(session.summary.model.clone()))?;
-                Ok(Some(Model::Kestrel(provider)))
+                Ok(Some(route))
             }
         }
     }
@@ -222,18 +249,17 @@ impl Run {
 
     fn ask_model(
         &self,
-        model: &Model,
+        route: &Route,
         session: &SessionRecord,
         usage: &mut Usage,
         tail: &[Message],
     ) -> Result<Step, EngineError> {
-        match (model, &self.plan) {
-            (Model::Bae(chain), Plan::Bae(turn)) => self.ask_chain(turn, chain, usage, tail),
-            (Model::Kestrel(provider), _) => {
-                self.fit_context(provider.as_ref(), session)?;
-                self.call_model(provider.as_ref(), session, usage)
+        match &self.plan {
+            Plan::Bae(turn) => self.ask_chain(turn, route, usage, tail),
+            _ => {
+                self.fit_context(route, session)?;
+                self.call_model(route, session, usage)
             }
-            (Model::Bae(_), _) => Err(EngineError::Internal("a provider chain outside a BAE turn")),
         }
     }
 
@@ -261,19 +287,8 @@ impl Run {
         }
     }
 
-    /// What `usage` of model `model_id` cost, when the model declares prices.
-    fn price(&self, model_id: &str, usage: &Usage) -> Option<crate::domain::Cost> {
-        let pricing = self.shared.models.model_named(model_id)?.pricing.as_ref()?;
-        Some(pricing.cost(usage))
-    }
-
-    /// One provider call, streamed to the bus; the answer is stored before it completes.
-    fn call_model(
-        &self,
-        provider: &dyn Provider,
-        session: &SessionRecord,
-        usage: &mut Usage,
-    ) -> Result<Step, EngineError> {
+    /// One model call, streamed to the bus; the answer is stored before it completes.
+    fn call_model(&self, route: &Route, session: &SessionRecord, usage: &mut Usage) -> Result<Step, EngineError> {
         // Neither what a compaction replaced nor an answer a shutdown cut short (kept for people
         // to see; the model answers again as if it had never started, see `repair_transcript`).
         let history = super::context::visible(self.shared.store.readers().messages(&self.session_id)?);
@@ -283,42 +298,12 @@ impl Run {
         let mut message = Message::new(Role::Assistant);
         message.model = Some(session.summary.model.clone());
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
-
-        let mut streamed_text = String::new();
-        let mut streamed_reasoning = String::new();
-        let called = std::time::Instant::now();
-        let mut first_output = None;
-        let mut on_delta = |delta: Delta<'_>| {
-            first_output.get_or_insert_with(|| called.elapsed());
-            let (channel, piece) = match delta {
-                Delta::Text(piece) => {
-                    streamed_text.push_str(piece);
-                    (DeltaChannel::Text, piece)
-                }
-                Delta::Reasoning(piece) => {
-                    streamed_reasoning.push_str(piece);
-                    (DeltaChannel::Reasoning, piece)
-                }
-            };
-            self.publish(Event::MessageDelta {
-                session_id: self.session_id.clone(),
-                message_id: message.id.clone(),
-                channel,
-                delta: piece.to_string(),
-            });
-        };
-        let mut outcome = provider.complete(&request, &mut on_delta, &self.cancel);
-        if let Ok(completion) = &mut outcome {
-            completion.usage.cost = self.price(&session.summary.model, &completion.usage);
-        }
-        let (completed, outcome_label) = match &outcome {
-            Ok(completion) => (Some(&completion.usage), "ok"),
-            Err(ProviderError::Cancelled) => (None, "cancelled"),
-            Err(ProviderError::Failed(_)) => (None, "error"),
-        };
-        crate::metrics::get().provider_call(&session.summary.model, outcome_label, completed, first_output);
+        let mut streaming =
+            Streaming { run: self, message_id: message.id.clone(), text: String::new(), reasoning: String::new() };
+        let outcome = route.call(&request, &mut streaming, &self.cancel);
         let step = match outcome {
-            Ok(completion) => {
+            Ok(answered) => {
+                let completion = answered.completion;
                 usage.add(&completion.usage);
                 message.blocks = answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
                 if let Some(finish) = &completion.finish {
@@ -332,11 +317,11 @@ impl Run {
                 }
                 Step::Answered(Box::new(message.clone()))
             }
-            Err(ProviderError::Cancelled) => {
+            Err(CallFailed::Cancelled) => {
                 // What the user already saw is kept, marked as cut short; the calls it may have
                 // named are not. A shutdown's cut also marks it interrupted, so a resume answers
                 // again instead of taking it for a finished answer.
-                message.blocks = answer_blocks(streamed_reasoning, streamed_text, Vec::new());
+                message.blocks = answer_blocks(streaming.reasoning, streaming.text, Vec::new());
                 let meta = message.meta.get_or_insert_with(Map::new);
                 meta.insert("partial".into(), Value::Bool(true));
                 if self.cancel.reason() == Some(CancelReason::Shutdown) {
@@ -344,7 +329,7 @@ impl Run {
                 }
                 Step::Cancelled
             }
-            Err(ProviderError::Failed(error)) => return Err(EngineError::Provider(error)),
+            Err(CallFailed::Failed { message, .. }) => return Err(EngineError::Provider(message)),
         };
         self.append(message)?;
         Ok(step)

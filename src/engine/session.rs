@@ -389,14 +389,18 @@ impl SessionActor {
     }
 
     /// Runs `step` on a `kestrel-slow` worker, which answers `reply` and then tells this
-    /// actor it is done; a restore or rewind (counted in `changing_files`) holds turns off
+    /// actor it is done; a step that `changes` files (a restore, a rewind) holds turns off
     /// until then.
     pub(super) fn off_actor<T: Send + 'static>(
         &mut self,
+        changes: bool,
         step: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
         reply: Sender<Result<T, EngineError>>,
     ) {
-        let changed = self.changing_files > 0;
+        let changed = changes;
+        if changed {
+            self.changing_files += 1;
+        }
         let started = self.work(move || {
             let outcome =
                 catch_unwind(AssertUnwindSafe(step)).unwrap_or(Err(EngineError::Internal("a slow step panicked")));

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::bus::BusConfig;
-use crate::providers::EchoProvider;
+use crate::providers::Echo;
 
 fn engine(data: &Path) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
     engine_with(data, ToolRegistry::new(HashMap::new(), 1000))
@@ -17,7 +17,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None, None] },
     )
     .unwrap();
-    let echo = EchoProvider { delay: Duration::ZERO, context_window: 1_000_000, pricing: None };
+    let echo = Echo { delay: Duration::ZERO, context_window: 1_000_000, pricing: None };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
     let bae = super::bae::BaeSettings {

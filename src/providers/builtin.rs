@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::{Completion, CompletionRequest, Delta, Finish, Provider, ProviderError};
+use serde_json::json;
+
+use super::transport::CallError;
+use super::{Answer, Attempt, Completion, Delta, Finish};
 use crate::cancel::CancelToken;
 use crate::domain::{new_id, Message, ModelInfo, Role, ToolCall, Usage};
 
 pub const ECHO_MODEL_ID: &str = "builtin/echo";
 
-pub struct EchoProvider {
+pub struct Echo {
     /// Pause before each streamed word.
     pub delay: Duration,
     /// The `contextWindow` it reports (`[builtin] context_window`).
@@ -36,17 +39,37 @@ pub(super) fn echo_model_info(context_window: u64, pricing: Option<crate::domain
     }
 }
 
-impl Provider for EchoProvider {
-    fn target(&self) -> super::Target {
-        super::Target { wire: "builtin", base_url: None, model: "echo".into(), max_tokens: None }
+impl super::Wire for Echo {
+    fn name(&self) -> &'static str {
+        "builtin"
     }
 
-    fn complete(
+    /// Answers here, with no server; a whole answer's body is written in the Messages shape,
+    /// so a reader of `provider.response` sees a familiar answer.
+    fn attempt(
         &self,
-        request: &CompletionRequest<'_>,
+        attempt: &Attempt<'_>,
         on_delta: &mut dyn FnMut(Delta<'_>),
         cancel: &CancelToken,
-    ) -> Result<Completion, ProviderError> {
+    ) -> Result<Answer, CallError> {
+        let completion = self.answer(attempt, on_delta, cancel)?;
+        let body = (!attempt.streamed).then(|| messages_body(&attempt.model.name, &completion));
+        Ok(Answer { completion, body })
+    }
+
+    fn cut_at_limit(&self) -> &'static str {
+        "stop_reason max_tokens"
+    }
+}
+
+impl Echo {
+    fn answer(
+        &self,
+        attempt: &Attempt<'_>,
+        on_delta: &mut dyn FnMut(Delta<'_>),
+        cancel: &CancelToken,
+    ) -> Result<Completion, CallError> {
+        let request = attempt.request;
         let plan = plan_answer(request.messages);
         let finish = if plan.tool_calls.is_empty() { Finish::Stop } else { Finish::ToolCalls };
         let mut completion = Completion { tool_calls: plan.tool_calls, finish: Some(finish), ..Completion::default() };
@@ -76,17 +99,36 @@ impl Provider for EchoProvider {
         };
         Ok(completion)
     }
-}
 
-impl EchoProvider {
-    fn pause(&self, cancel: &CancelToken) -> Result<(), ProviderError> {
+    fn pause(&self, cancel: &CancelToken) -> Result<(), CallError> {
         let cancelled = if self.delay.is_zero() { cancel.is_cancelled() } else { cancel.wait(self.delay) };
         if cancelled {
-            Err(ProviderError::Cancelled)
+            Err(CallError::Cancelled)
         } else {
             Ok(())
         }
     }
+}
+
+/// An answer in the Messages shape.
+fn messages_body(model: &str, completion: &Completion) -> serde_json::Value {
+    let mut content = Vec::new();
+    if !completion.text.is_empty() {
+        content.push(json!({ "type": "text", "text": completion.text }));
+    }
+    for call in &completion.tool_calls {
+        content.push(json!({ "type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments }));
+    }
+    let stop = if completion.tool_calls.is_empty() { "end_turn" } else { "tool_use" };
+    json!({
+        "id": new_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "usage": { "input_tokens": completion.usage.input_tokens, "output_tokens": completion.usage.output_tokens },
+    })
 }
 
 struct Plan {

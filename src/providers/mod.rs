@@ -1,32 +1,96 @@
-//! Model providers: one trait, one implementation per wire format, and the model registry.
+//! Model providers: one path every model call of either door takes, and one trait a wire
+//! format implements.
 //!
-//! Runs on a run's worker thread: `complete` blocks until the model has answered, calling
-//! `on_delta` for each streamed piece. It must return promptly (within a second) once the
+//! A call runs on its turn's worker thread and blocks until the model has answered (streamed
+//! pieces go to the caller as they come). It returns promptly (within a second) once the
 //! `CancelToken` is cancelled. Only this module may import `ureq`.
 //!
-//! - `sse.rs`: the one SSE parser both wire formats use.
-//! - `openai.rs`, `anthropic.rs`: request bodies and stream decoders, one file per wire format.
-//! - `transport.rs`: one streamed HTTP call, interruptible by cancel and by silence.
-//! - `route.rs`: a model's route: the provider, its retries, then its fallbacks.
-//! - `builtin.rs`: `builtin/echo`.
+//! - `call.rs`: the one path: a route of candidates (a model's provider, its fallbacks, a BAE
+//!   profile's chain), retries with backoff and `Retry-After`, metrics, cost, and what each
+//!   attempt was, for a door that records attempts.
+//! - `anthropic.rs`, `openai.rs`, `builtin.rs`: the wire formats, each one `Wire`.
+//! - `http.rs`: a configured provider's endpoint and one HTTP attempt (streamed or whole).
+//! - `transport.rs`: the HTTP call itself, interruptible by cancel and by silence.
+//! - `sse.rs`: the one SSE parser both HTTP wire formats use.
 
 mod anthropic;
 mod builtin;
-mod exchange;
+mod call;
+mod http;
 mod openai;
-mod route;
 mod sse;
 mod transport;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use crate::cancel::CancelToken;
-use crate::config::Config;
+use crate::config::{Config, ModelConfig};
 use crate::domain::{Message, ModelInfo, ToolCall, ToolSchema, Usage};
 
-pub use builtin::{EchoProvider, ECHO_MODEL_ID};
-pub use exchange::{Exchanged, Refused, Target};
+pub use builtin::{Echo, ECHO_MODEL_ID};
+pub use call::{Answered, CallFailed, Route, Watch};
+pub use http::{Endpoint, KeyError};
+pub use transport::{CallError, Refusal};
+
+/// A model wire format: how one attempt is sent and its answer read. Each is one file
+/// (`anthropic.rs`, `openai.rs`, `builtin.rs`); `call.rs` does everything around an attempt.
+pub trait Wire: Send + Sync {
+    /// Its name, as events and the admin API show it: `anthropic`, `openai`, `builtin`.
+    fn name(&self) -> &'static str;
+    /// The `max_tokens` sent for a model that sets `configured` (some wires require one).
+    fn max_tokens(&self, configured: Option<u32>) -> Option<u32> {
+        configured
+    }
+    /// One attempt: streamed (each piece to `on_delta` as it comes) or whole (the answer's
+    /// body kept as it came). `endpoint` is the configured provider; a wire with no server
+    /// has none.
+    fn attempt(
+        &self,
+        attempt: &Attempt<'_>,
+        on_delta: &mut dyn FnMut(Delta<'_>),
+        cancel: &CancelToken,
+    ) -> Result<Answer, CallError>;
+    /// How its answers say they were cut at the token limit, for people.
+    fn cut_at_limit(&self) -> &'static str;
+}
+
+/// The wire a configured provider speaks.
+fn wire_of(wire: crate::config::Wire) -> Arc<dyn Wire> {
+    match wire {
+        crate::config::Wire::Anthropic => Arc::new(anthropic::Anthropic),
+        crate::config::Wire::Openai => Arc::new(openai::OpenAi),
+    }
+}
+
+/// One attempt's inputs.
+pub struct Attempt<'a> {
+    pub request: &'a CompletionRequest<'a>,
+    pub model: &'a ModelConfig,
+    pub endpoint: Option<&'a Endpoint>,
+    pub streamed: bool,
+}
+
+/// What one attempt got: the answer, and its body as the provider sent it (whole answers;
+/// a wire with no server writes one in the Messages shape).
+pub struct Answer {
+    pub completion: Completion,
+    pub body: Option<Value>,
+}
+
+/// What an attempt is made against, as events and the admin API show it (never a key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The wire format: `anthropic`, `openai` or `builtin`.
+    pub wire: &'static str,
+    /// The provider's base URL before the version segment, as BAE shows it.
+    pub base_url: Option<String>,
+    /// The model name sent upstream.
+    pub model: String,
+    pub max_tokens: Option<u32>,
+}
 
 /// Everything a provider needs for one call. The model is the one the provider was resolved
 /// for.
@@ -88,56 +152,9 @@ pub struct Completion {
     pub finish: Option<Finish>,
 }
 
-#[derive(Debug)]
-pub enum ProviderError {
-    /// The token was cancelled; whatever was streamed so far is all there is.
-    Cancelled,
-    /// The provider answered with an error, or the stream broke. The message never contains
-    /// a key or a header.
-    Failed(String),
-}
-
-impl std::fmt::Display for ProviderError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ProviderError::Cancelled => write!(f, "cancelled"),
-            ProviderError::Failed(message) => write!(f, "{message}"),
-        }
-    }
-}
-
-impl std::error::Error for ProviderError {}
-
-pub trait Provider: Send + Sync {
-    fn complete(
-        &self,
-        request: &CompletionRequest<'_>,
-        on_delta: &mut dyn FnMut(Delta<'_>),
-        cancel: &CancelToken,
-    ) -> Result<Completion, ProviderError>;
-
-    /// What an attempt is made against. Providers with no wire of their own are `builtin`.
-    fn target(&self) -> Target {
-        Target { wire: "builtin", base_url: None, model: String::new(), max_tokens: None }
-    }
-
-    /// One non-streamed attempt, with the answer's body as the provider sent it. A provider
-    /// with no wire of its own answers through `complete`, its body in the Messages shape.
-    fn exchange(&self, request: &CompletionRequest<'_>, cancel: &CancelToken) -> Result<Exchanged, Refused> {
-        match self.complete(request, &mut |_| {}, cancel) {
-            Ok(completion) => {
-                let body = exchange::messages_body(&self.target().model, &completion);
-                Ok(Exchanged { completion, body })
-            }
-            Err(ProviderError::Cancelled) => Err(Refused { cancelled: true, ..Refused::new(None, "cancelled", None) }),
-            Err(ProviderError::Failed(why)) => Err(Refused::new(None, why, None)),
-        }
-    }
-}
-
-/// What a wire decoder has assembled so far; also tells whether output has started.
+/// What a wire decoder has assembled so far.
 #[derive(Default)]
-struct StreamState {
+pub(crate) struct StreamState {
     text: String,
     reasoning: String,
     tool_calls: Vec<ToolCall>,
@@ -197,7 +214,7 @@ impl std::error::Error for SetupError {}
 
 struct RegisteredModel {
     info: ModelInfo,
-    provider: Arc<dyn Provider>,
+    route: Route,
 }
 
 /// Every model the server can run, by id (`<provider>/<name>`). Built at start, then read-only.
@@ -209,29 +226,30 @@ pub struct ModelRegistry {
 
 impl ModelRegistry {
     /// A registry holding only the built-in `builtin/echo`.
-    pub fn with_builtin(echo: EchoProvider) -> ModelRegistry {
+    pub fn with_builtin(echo: Echo) -> ModelRegistry {
         let mut registry =
             ModelRegistry { models: Vec::new(), by_id: HashMap::new(), default_model: ECHO_MODEL_ID.to_string() };
-        registry.register(builtin::echo_model_info(echo.context_window, echo.pricing.clone()), Arc::new(echo));
+        let info = builtin::echo_model_info(echo.context_window, echo.pricing.clone());
+        registry.register(info, Route::builtin(Arc::new(echo)));
         registry
     }
 
     /// `builtin/echo` plus every model of every configured provider.
     pub fn from_config(
         config: &Config,
-        echo: EchoProvider,
+        echo: Echo,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ModelRegistry, SetupError> {
         let mut registry = ModelRegistry::with_builtin(echo);
-        for (info, provider) in route::build(&config.providers, env)? {
-            registry.register(info, provider);
+        for (info, route) in call::build(&config.providers, env)? {
+            registry.register(info, route);
         }
         Ok(registry)
     }
 
-    pub fn register(&mut self, info: ModelInfo, provider: Arc<dyn Provider>) {
+    pub fn register(&mut self, info: ModelInfo, route: Route) {
         self.by_id.insert(info.id.clone(), self.models.len());
-        self.models.push(RegisteredModel { info, provider });
+        self.models.push(RegisteredModel { info, route });
     }
 
     /// Makes `id` the default if it is registered; returns whether it was.
@@ -263,8 +281,13 @@ impl ModelRegistry {
         }
     }
 
-    /// The provider that runs a model.
-    pub fn resolve(&self, id: &str) -> Option<Arc<dyn Provider>> {
-        Some(Arc::clone(&self.models[*self.by_id.get(id)?].provider))
+    /// The route a model's calls take: its provider, then its provider's fallbacks.
+    pub fn route(&self, id: &str) -> Option<Route> {
+        Some(self.models[*self.by_id.get(id)?].route.clone())
+    }
+
+    /// The route a named model (`model_named`) takes.
+    pub fn route_named(&self, name: &str) -> Option<Route> {
+        self.route(&self.model_named(name)?.id)
     }
 }

@@ -10,18 +10,52 @@ use serde::Deserialize;
 
 use serde_json::{json, Map, Value};
 
+use super::http::{Decoder, Exchange};
 use super::sse::SseEvent;
-use super::transport::CallError;
-use super::{CompletionRequest, Delta, Finish, StreamState};
+use super::transport::{CallError, Refusal};
+use super::{Answer, Attempt, Completion, CompletionRequest, Delta, Finish, StreamState};
+use crate::cancel::CancelToken;
 use crate::domain::{new_id, Block, Message, Role, ToolCall, ToolResult, Usage};
 
-/// The request body for one call.
-pub(super) fn request_body(
-    request: &CompletionRequest<'_>,
-    model: &str,
-    max_tokens: Option<u32>,
-    tools: bool,
-) -> Value {
+/// The Chat Completions API.
+pub struct OpenAi;
+
+impl super::Wire for OpenAi {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn attempt(
+        &self,
+        attempt: &Attempt<'_>,
+        on_delta: &mut dyn FnMut(Delta<'_>),
+        cancel: &CancelToken,
+    ) -> Result<Answer, CallError> {
+        let endpoint = attempt.endpoint.ok_or_else(|| Refusal::fatal("an OpenAI model has no endpoint"))?;
+        let model = attempt.model;
+        let mut body = request_body(attempt.request, &model.name, model.max_tokens, model.supports_tools);
+        if attempt.streamed {
+            body["stream"] = Value::Bool(true);
+            body["stream_options"] = json!({ "include_usage": true });
+        }
+        let exchange = Exchange {
+            path: "/chat/completions",
+            headers: Vec::new(),
+            key_header: ("Authorization", "Bearer "),
+            body,
+            decoder: Box::<OpenAiStream>::default(),
+            read: whole_answer,
+        };
+        endpoint.attempt(exchange, attempt.streamed, on_delta, cancel)
+    }
+
+    fn cut_at_limit(&self) -> &'static str {
+        "finish_reason length"
+    }
+}
+
+/// The request body for one call (streaming is the caller's to ask for).
+fn request_body(request: &CompletionRequest<'_>, model: &str, max_tokens: Option<u32>, tools: bool) -> Value {
     let mut messages = Vec::new();
     if let Some(prompt) = request.system_prompt {
         messages.push(json!({ "role": "system", "content": prompt }));
@@ -32,12 +66,7 @@ pub(super) fn request_body(
             None => messages.extend(message(each)),
         }
     }
-    let mut body = json!({
-        "model": model,
-        "stream": true,
-        "stream_options": { "include_usage": true },
-        "messages": messages,
-    });
+    let mut body = json!({ "model": model, "messages": messages });
     if tools && !request.tools.is_empty() {
         let tools: Vec<Value> = request
             .distinct_tools()
@@ -185,18 +214,14 @@ struct PartialCall {
 
 /// Assembles a streamed answer from `chat.completion.chunk` events.
 #[derive(Default)]
-pub(super) struct OpenAiStream {
+struct OpenAiStream {
     state: StreamState,
     calls: BTreeMap<u64, PartialCall>,
 }
 
-impl OpenAiStream {
+impl Decoder for OpenAiStream {
     /// Handles one SSE event; returns false once the stream is done (`[DONE]`).
-    pub(super) fn on_event(
-        &mut self,
-        event: &SseEvent,
-        on_delta: &mut dyn FnMut(Delta<'_>),
-    ) -> Result<bool, CallError> {
+    fn on_event(&mut self, event: &SseEvent, on_delta: &mut dyn FnMut(Delta<'_>)) -> Result<bool, Refusal> {
         let data = event.data.trim();
         if data == "[DONE]" {
             return Ok(false);
@@ -205,10 +230,10 @@ impl OpenAiStream {
             return Ok(true);
         }
         let chunk: Chunk<'_> = serde_json::from_str(data)
-            .map_err(|e| CallError::Fatal(format!("the provider sent a chunk that is not JSON: {e}")))?;
+            .map_err(|e| Refusal::fatal(format!("the provider sent a chunk that is not JSON: {e}")))?;
         if let Some(error) = chunk.error {
             let message = error.get("message").and_then(Value::as_str).unwrap_or("unknown error");
-            return Err(CallError::Transient { message: format!("stream error: {message}"), retry_after: None });
+            return Err(Refusal::transient(format!("stream error: {message}")));
         }
         if let Some(usage) = chunk.usage.filter(|u| u.is_object()) {
             self.state.usage = Some(usage_from(&usage));
@@ -230,17 +255,26 @@ impl OpenAiStream {
             }
         }
         if let Some(reason) = choice.finish_reason {
-            self.state.finish = Some(match reason.as_ref() {
-                "stop" => Finish::Stop,
-                "length" => Finish::Length,
-                "tool_calls" | "function_call" => Finish::ToolCalls,
-                "content_filter" => Finish::ContentFilter,
-                other => Finish::Other(other.to_string()),
-            });
+            self.state.finish = Some(finish_reason(&reason));
         }
         Ok(true)
     }
 
+    fn finish(self: Box<Self>) -> StreamState {
+        let this = *self;
+        let mut state = this.state;
+        state.tool_calls = this
+            .calls
+            .into_values()
+            .map(|call| {
+                ToolCall::new(call.id.unwrap_or_else(|| new_id("call")), call.name, parse_arguments(&call.arguments))
+            })
+            .collect();
+        state
+    }
+}
+
+impl OpenAiStream {
     /// A tool call arrives in pieces keyed by index: id and name once, arguments in parts.
     fn add_call_piece(&mut self, piece: &Value) {
         let index = piece.get("index").and_then(Value::as_u64).unwrap_or(0);
@@ -257,18 +291,48 @@ impl OpenAiStream {
             }
         }
     }
+}
 
-    pub(super) fn finish(self) -> StreamState {
-        let mut state = self.state;
-        state.tool_calls = self
-            .calls
-            .into_values()
-            .map(|call| {
-                ToolCall::new(call.id.unwrap_or_else(|| new_id("call")), call.name, parse_arguments(&call.arguments))
-            })
-            .collect();
-        state
+/// Why a Chat Completions answer stopped.
+fn finish_reason(reason: &str) -> Finish {
+    match reason {
+        "stop" => Finish::Stop,
+        "length" => Finish::Length,
+        "tool_calls" | "function_call" => Finish::ToolCalls,
+        "content_filter" => Finish::ContentFilter,
+        other => Finish::Other(other.to_string()),
     }
+}
+
+/// A whole Chat Completions answer: `choices[0].message` (required), its text and tool calls
+/// (each with a `function.name` and arguments that are a JSON object, as BAE requires).
+fn whole_answer(body: &Value) -> Result<Completion, Refusal> {
+    let message =
+        body.pointer("/choices/0/message").ok_or_else(|| Refusal::fatal("the response has no choices[0].message"))?;
+    let mut completion = Completion {
+        text: message.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+        ..Completion::default()
+    };
+    for call in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        let name = call
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Refusal::fatal("a tool call has no function.name"))?;
+        let arguments = call.pointer("/function/arguments").and_then(Value::as_str).unwrap_or("");
+        let input = if arguments.trim().is_empty() {
+            Map::new()
+        } else {
+            match serde_json::from_str::<Value>(arguments) {
+                Ok(Value::Object(map)) => map,
+                _ => return Err(Refusal::fatal(format!("the arguments of tool call {name} are not a JSON object"))),
+            }
+        };
+        let id = call.get("id").and_then(Value::as_str).unwrap_or("").to_string();
+        completion.tool_calls.push(ToolCall::new(id, name, input));
+    }
+    completion.usage = body.get("usage").map(usage_from).unwrap_or_default();
+    completion.finish = body.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(finish_reason);
+    Ok(completion)
 }
 
 /// Tool arguments as an object. Arguments that are not a JSON object are kept under `_raw`,
@@ -298,5 +362,25 @@ fn usage_from(usage: &Value) -> Usage {
         cached_input_tokens: number("/prompt_tokens_details/cached_tokens"),
         reasoning_tokens: number("/completion_tokens_details/reasoning_tokens"),
         cost: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_whole_answer_needs_a_message_named_calls_and_object_arguments() {
+        let body = json!({"choices": [{"message": {"content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{\"a\":1}"}}]}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2}});
+        let completion = whole_answer(&body).unwrap();
+        assert_eq!(completion.tool_calls[0].arguments["a"], 1);
+        assert_eq!((completion.usage.input_tokens, completion.usage.total_tokens), (5, 7));
+        assert!(!whole_answer(&json!({"choices": []})).unwrap_err().retryable);
+        let unnamed = json!({"choices": [{"message": {"tool_calls": [{"function": {"arguments": "{}"}}]}}]});
+        assert_eq!(whole_answer(&unnamed).unwrap_err().error, "a tool call has no function.name");
+        let bad = json!({"choices": [{"message": {"tool_calls": [{"function": {"name": "t", "arguments": "[1]"}}]}}]});
+        assert!(whole_answer(&bad).is_err());
     }
 }

@@ -16,17 +16,52 @@ use crossbeam_channel::{bounded, select, Receiver};
 
 use crate::cancel::CancelToken;
 
-/// Why a call failed, with what the retry logic needs to decide.
+/// Why an attempt failed.
 #[derive(Debug)]
-pub(super) enum CallError {
+pub enum CallError {
     Cancelled,
-    /// Worth retrying before output started: 429, 408, 5xx, connection errors, timeouts.
-    Transient {
-        message: String,
-        retry_after: Option<Duration>,
-    },
-    /// Not worth retrying against the same provider (400, 401, 404, a malformed stream).
-    Fatal(String),
+    Refused(Refusal),
+}
+
+/// A failed attempt, with what the retry logic needs to decide and what a record of it shows:
+/// never a key or a header.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// The HTTP status, when a response arrived.
+    pub status: Option<u16>,
+    /// What went wrong, in a sentence.
+    pub error: String,
+    /// The response body's text, when there was one.
+    pub body: Option<String>,
+    /// How long the provider asked to be left alone.
+    pub retry_after: Option<Duration>,
+    /// Worth retrying before output started: 429, 408, 409, 5xx, connection errors, timeouts.
+    /// Not: 400, 401, 404, a malformed answer.
+    pub retryable: bool,
+}
+
+impl Refusal {
+    /// A failure worth retrying, with no response to show.
+    pub fn transient(error: impl Into<String>) -> Refusal {
+        Refusal { status: None, error: error.into(), body: None, retry_after: None, retryable: true }
+    }
+
+    /// A failure not worth retrying against the same provider.
+    pub fn fatal(error: impl Into<String>) -> Refusal {
+        Refusal { retryable: false, ..Refusal::transient(error) }
+    }
+
+    /// A non-2xx status, with its body and hint.
+    fn status(status: u16, error: String, body: String, retry_after: Option<Duration>) -> Refusal {
+        let retryable = status == 408 || status == 409 || status == 429 || status >= 500;
+        Refusal { status: Some(status), error, body: Some(body), retry_after, retryable }
+    }
+}
+
+impl From<Refusal> for CallError {
+    fn from(refusal: Refusal) -> Self {
+        CallError::Refused(refusal)
+    }
 }
 
 pub(super) struct HttpCall {
@@ -63,13 +98,9 @@ pub(super) fn stream(
         match piece {
             Piece::Head { status: 200..=299, .. } => {}
             Piece::Head { status, retry_after, error_body } => {
-                let message = format!("HTTP {status}: {}", error_message(error_body.as_deref().unwrap_or("")));
-                let transient = status == 408 || status == 409 || status == 429 || status >= 500;
-                return Err(if transient {
-                    CallError::Transient { message, retry_after }
-                } else {
-                    CallError::Fatal(message)
-                });
+                let body = error_body.unwrap_or_default();
+                let message = format!("HTTP {status}: {}", error_message(&body));
+                return Err(Refusal::status(status, message, body, retry_after).into());
             }
             Piece::Bytes(bytes) => {
                 if !on_bytes(&bytes)? {
@@ -77,54 +108,36 @@ pub(super) fn stream(
                 }
             }
             Piece::End => return Ok(()),
-            Piece::Failed(message) => return Err(CallError::Transient { message, retry_after: None }),
+            Piece::Failed(message) => return Err(Refusal::transient(message).into()),
         }
     }
 }
 
-/// A whole answer, or why there is none.
-pub(super) enum Fetched {
-    /// A response arrived: its status and body (error bodies are cut at 64 KiB).
-    Answer {
-        status: u16,
-        body: Vec<u8>,
-    },
-    Cancelled,
-    /// No response: the connection failed or timed out.
-    Failed(String),
-}
-
-/// Sends the call and reads the whole answer, at most `limit` bytes of it.
+/// Sends the call and reads the whole 2xx answer, at most `limit` bytes of it. A non-2xx
+/// answer is refused as BAE words it: `provider returned HTTP <n>`, with its raw body.
 pub(super) fn fetch(
     agent: &ureq::Agent,
     call: HttpCall,
     cancel: &CancelToken,
     deadline: Instant,
     limit: u64,
-) -> Fetched {
-    let pieces = match spawn_reader(agent.clone(), call) {
-        Ok(pieces) => pieces,
-        Err(error) => return Fetched::Failed(format!("{error:?}")),
-    };
+) -> Result<Vec<u8>, CallError> {
+    let pieces = spawn_reader(agent.clone(), call)?;
     let idle = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let mut status = 0;
     let mut body = Vec::new();
     loop {
-        match next_piece(&pieces, cancel, idle, deadline) {
-            Err(CallError::Cancelled) => return Fetched::Cancelled,
-            Err(CallError::Transient { message, .. }) | Err(CallError::Fatal(message)) => {
-                return Fetched::Failed(message)
+        match next_piece(&pieces, cancel, idle, deadline)? {
+            Piece::Head { status, error_body: Some(text), retry_after } => {
+                let error = format!("provider returned HTTP {status}");
+                return Err(Refusal::status(status, error, text, retry_after).into());
             }
-            Ok(Piece::Head { status: code, error_body: Some(text), .. }) => {
-                return Fetched::Answer { status: code, body: text.into_bytes() }
+            Piece::Head { .. } => {}
+            Piece::Bytes(bytes) if body.len() as u64 + bytes.len() as u64 > limit => {
+                return Err(Refusal::fatal(format!("the answer is larger than {limit} bytes")).into())
             }
-            Ok(Piece::Head { status: code, .. }) => status = code,
-            Ok(Piece::Bytes(bytes)) if body.len() as u64 + bytes.len() as u64 > limit => {
-                return Fetched::Failed(format!("the answer is larger than {limit} bytes"))
-            }
-            Ok(Piece::Bytes(bytes)) => body.extend_from_slice(&bytes),
-            Ok(Piece::End) => return Fetched::Answer { status, body },
-            Ok(Piece::Failed(message)) => return Fetched::Failed(message),
+            Piece::Bytes(bytes) => body.extend_from_slice(&bytes),
+            Piece::End => return Ok(body),
+            Piece::Failed(message) => return Err(Refusal::transient(message).into()),
         }
     }
 }
@@ -137,26 +150,19 @@ fn next_piece(
 ) -> Result<Piece, CallError> {
     let now = Instant::now();
     if now >= deadline {
-        return Err(CallError::Transient {
-            message: "the request took longer than its timeout".into(),
-            retry_after: None,
-        });
+        return Err(Refusal::transient("the request took longer than its timeout").into());
     }
     let wait = idle.min(deadline - now);
     select! {
-        recv(pieces) -> piece => piece.map_err(|_| CallError::Transient {
-            message: "the connection to the provider ended unexpectedly".into(),
-            retry_after: None,
-        }),
+        recv(pieces) -> piece => {
+            piece.map_err(|_| Refusal::transient("the connection to the provider ended unexpectedly").into())
+        }
         recv(cancel.receiver()) -> _ => Err(CallError::Cancelled),
-        default(wait) => Err(CallError::Transient {
-            message: if Instant::now() >= deadline {
-                "the request took longer than its timeout".into()
-            } else {
-                format!("the provider sent nothing for {} s", idle.as_secs_f64())
-            },
-            retry_after: None,
-        }),
+        default(wait) => Err(Refusal::transient(if Instant::now() >= deadline {
+            "the request took longer than its timeout".to_string()
+        } else {
+            format!("the provider sent nothing for {} s", idle.as_secs_f64())
+        }).into()),
     }
 }
 
@@ -199,7 +205,7 @@ fn spawn_reader(agent: ureq::Agent, call: HttpCall) -> Result<Receiver<Piece>, C
             }
         }
     });
-    spawned.map_err(|error| CallError::Fatal(format!("cannot start a reader thread: {error}")))?;
+    spawned.map_err(|error| Refusal::fatal(format!("cannot start a reader thread: {error}")))?;
     Ok(pieces)
 }
 

@@ -290,18 +290,19 @@ fn tool_result_payload(result: &ToolResult, by: &Dispatch) -> Value {
     Value::Object(payload)
 }
 
-fn kind(attempt: u32) -> &'static str {
-    if attempt == 0 {
-        "primary"
-    } else {
-        "fallback"
+/// `primary` or `fallback`: a retry of the primary is `primary` (BAE makes no retries; in
+/// its logs every attempt after the first was a fallback).
+fn kind(attempt: u32, fallback: Option<bool>) -> &'static str {
+    match fallback.unwrap_or(attempt > 0) {
+        false => "primary",
+        true => "fallback",
     }
 }
 
 fn provider_request(request: &ProviderRequest) -> Value {
     json!({
         "attempt": request.attempt,
-        "kind": kind(request.attempt),
+        "kind": kind(request.attempt, request.fallback),
         "provider": request.provider,
         "base_url": request.base_url,
         "model": request.model,
@@ -318,7 +319,7 @@ pub fn tool(tool: &ToolSchema) -> Value {
 }
 
 fn provider_response(response: &ProviderResponse) -> Value {
-    let base = json!({ "attempt": response.attempt, "kind": kind(response.attempt), "provider": response.provider });
+    let base = json!({ "attempt": response.attempt, "kind": kind(response.attempt, response.fallback), "provider": response.provider });
     let mut payload = base.as_object().cloned().unwrap_or_default();
     if response.ok {
         payload.insert("ok".into(), json!(true));

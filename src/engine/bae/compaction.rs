@@ -17,7 +17,6 @@ use serde_json::{Map, Value};
 use super::merge::ABANDONED_RESULT;
 use super::turn::{effective_history, PausedTurn, HISTORY_START};
 use crate::domain::{Block, CompactionCompleted, CompactionTrigger, Dispatch, Event, Message, Role, ToolResult, Usage};
-use crate::engine::compaction::Summarizer;
 use crate::engine::run::Run;
 use crate::engine::session::{SessionMsg, TurnMsg};
 use crate::engine::EngineError;
@@ -78,9 +77,10 @@ impl Run {
         let chain = self
             .resolve_chain(primary, fallbacks)
             .map_err(|d| EngineError::Compaction(format!("provider_config: {d}")))?;
+        let mut recorded = super::turn::Recorded { run: self, stored: 0, fault_first: false };
         let written = self
-            .summarize_messages(Summarizer::Chain(&chain), &history, prompt, None)
-            .map_err(EngineError::Compaction)?;
+            .summarize_messages(&chain, &mut recorded, &history, prompt, None)
+            .map_err(|why| EngineError::Compaction(why.to_string()))?;
         usage.add(&written.usage);
         let preamble = flagged(Message::text_of(Role::User, PREAMBLE), "compaction_preamble", true);
         let summary = Message::text_of(Role::Assistant, written.text);

@@ -245,7 +245,7 @@ impl Engine {
             names.entry(info.provider.clone()).or_insert_with(|| info.id.clone());
             names.insert(info.id.clone(), info.id.clone());
         }
-        names.into_iter().filter_map(|(name, id)| Some((name, models.resolve(&id)?.target()))).collect()
+        names.into_iter().filter_map(|(name, id)| Some((name, models.route(&id)?.target()))).collect()
     }
 
     fn bae_write(&self, write: BaeWrite) -> Result<(), BaeError> {

@@ -213,7 +213,7 @@ impl Engine {
     }
 
     fn target_of(&self, model: &str) -> Option<Target> {
-        self.shared.models.resolve(model).map(|provider| provider.target())
+        self.shared.models.route(model).map(|route| route.target())
     }
 
     /// A new session key for `client` on `session_id`: its record and the minted key.

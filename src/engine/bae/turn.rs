@@ -15,7 +15,7 @@ use crate::domain::{
 };
 use crate::engine::run::{Run, Step, Stop};
 use crate::engine::EngineError;
-use crate::providers::{CompletionRequest, Provider, Target};
+use crate::providers::{CallFailed, CompletionRequest, Refusal, Route, Target, Watch};
 use crate::store::{BaeState, BaeWrite, WriteOp};
 
 /// What the turn loop needs to run a BAE client's turn.
@@ -54,20 +54,6 @@ impl BaeTurn {
             None
         }
     }
-}
-
-/// How a walk of the provider chain ended.
-pub(in crate::engine) enum Attempted<'c> {
-    /// A provider answered; its target is what the answer came from.
-    Answer(Box<crate::providers::Exchanged>, &'c Target),
-    AllFailed,
-    Cancelled,
-}
-
-/// One provider of the chain: the name the profile used, and what it resolved to.
-pub(in crate::engine) struct Link {
-    pub provider: Arc<dyn Provider>,
-    pub target: Target,
 }
 
 /// A turn paused for the client: the tool calls it waits on, in order, and what the server
@@ -147,28 +133,24 @@ impl Run {
 
     /// The profile's providers: the primary (which must resolve, else a `provider_config`
     /// fault ends the turn), then each fallback that resolves (the others are logged).
-    pub(in crate::engine) fn bae_chain(&self, primary: &str, fallbacks: &[String]) -> Option<Vec<Link>> {
+    pub(in crate::engine) fn bae_chain(&self, primary: &str, fallbacks: &[String]) -> Option<Route> {
         match self.resolve_chain(primary, fallbacks) {
             Ok(chain) => Some(chain),
             Err(detail) => {
-                self.fault(Fault::ProviderConfig { detail });
+                self.fault(Fault::ProviderConfig { detail: detail.to_string() });
                 None
             }
         }
     }
 
-    /// The provider chain of a profile, or why its primary does not resolve.
-    pub(in crate::engine) fn resolve_chain(&self, primary: &str, fallbacks: &[String]) -> Result<Vec<Link>, String> {
-        let link = |name: &str| {
-            let info = self.shared.models.model_named(name)?;
-            let provider = self.shared.models.resolve(&info.id)?;
-            Some(Link { target: provider.target(), provider })
-        };
-        let first = link(primary).ok_or_else(|| format!("provider {primary:?} is not configured"))?;
-        let mut chain = vec![first];
+    /// The route of a profile's chain: its primary's (with that provider's own fallbacks),
+    /// then each fallback's that resolves.
+    pub(in crate::engine) fn resolve_chain(&self, primary: &str, fallbacks: &[String]) -> Result<Route, Unconfigured> {
+        let models = &self.shared.models;
+        let mut chain = models.route_named(primary).ok_or_else(|| Unconfigured(primary.to_string()))?;
         for name in fallbacks {
-            match link(name) {
-                Some(fallback) => chain.push(fallback),
+            match models.route_named(name) {
+                Some(fallback) => chain = chain.then(&fallback),
                 None => {
                     log::error!("session {}: fallback provider {name:?} is not configured; skipped", self.session_id)
                 }
@@ -177,12 +159,12 @@ impl Run {
         Ok(chain)
     }
 
-    /// One model call: each provider of the chain in turn until one answers. A failing
-    /// primary and a chain that all fails are recorded as faults.
+    /// One model call through the chain, each attempt recorded. A failing first attempt and
+    /// a chain that all fails are recorded as faults.
     pub(in crate::engine) fn ask_chain(
         &self,
         turn: &BaeTurn,
-        chain: &[Link],
+        chain: &Route,
         usage: &mut Usage,
         tail: &[Message],
     ) -> Result<Step, EngineError> {
@@ -195,103 +177,32 @@ impl Run {
         // the log keeps them by id.
         let stored = history.len();
         history.extend_from_slice(tail);
-        let first_failed = |provider: &str, detail: String| {
-            self.fault(Fault::ProviderCallFailed { provider: provider.to_string(), detail });
-        };
         // The status tool is offered while the session tracks a subagent, which can change
         // from one model call to the next.
         let mut tools = std::borrow::Cow::Borrowed(&turn.tools);
         if self.shared.subagents.tracks(&self.session_id) {
             tools.to_mut().push(super::subagent::status_tool());
         }
-        match self.attempt_chain(chain, (&history, stored), &tools, first_failed) {
-            Attempted::Answer(exchanged, target) => {
-                usage.add(&exchanged.completion.usage);
-                let completion = exchanged.completion;
+        let request = CompletionRequest { system_prompt: None, messages: &history, tools: &tools };
+        let mut recorded = Recorded { run: self, stored, fault_first: true };
+        match chain.call(&request, &mut recorded, &self.cancel) {
+            Ok(answered) => {
+                usage.add(&answered.completion.usage);
+                let completion = answered.completion;
                 let mut answer = Message::new(Role::Assistant);
-                answer.model = Some(target.model.clone());
+                answer.model = Some(answered.target.model.clone());
                 answer.blocks =
                     crate::engine::run::answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
                 let meta = answer.meta.get_or_insert_with(Default::default);
                 meta.insert("usage".into(), json!(completion.usage));
                 Ok(Step::Answered(Box::new(answer)))
             }
-            Attempted::Cancelled => Ok(Step::Cancelled),
-            Attempted::AllFailed => {
-                self.fault(Fault::AllProvidersFailed { attempts: chain.len() as u32 });
+            Err(CallFailed::Cancelled) => Ok(Step::Cancelled),
+            Err(CallFailed::Failed { attempts, .. }) => {
+                self.fault(Fault::AllProvidersFailed { attempts });
                 Ok(Step::Failed)
             }
         }
-    }
-
-    /// Tries each provider of the chain once, recording every attempt, until one answers.
-    pub(in crate::engine) fn attempt_chain<'c>(
-        &self,
-        chain: &'c [Link],
-        (history, stored): (&[Message], usize),
-        tools: &[ToolSchema],
-        mut first_failed: impl FnMut(&str, String),
-    ) -> Attempted<'c> {
-        let request = CompletionRequest { system_prompt: None, messages: history, tools };
-        for (attempt, link) in chain.iter().enumerate() {
-            let attempt = attempt as u32;
-            self.publish(Event::ProviderRequest(Box::new(ProviderRequest {
-                session_id: self.session_id.clone(),
-                attempt,
-                provider: link.target.wire.to_string(),
-                base_url: link.target.base_url.clone(),
-                model: link.target.model.clone(),
-                max_tokens: link.target.max_tokens,
-                messages: history.to_vec(),
-                tools: tools.to_vec(),
-                stored,
-                unresolved: false,
-            })));
-            let response = |ok, status, error, body| {
-                let provider = link.target.wire.to_string();
-                let session_id = self.session_id.clone();
-                Event::ProviderResponse(Box::new(ProviderResponse {
-                    session_id,
-                    attempt,
-                    provider,
-                    ok,
-                    status,
-                    error,
-                    body,
-                }))
-            };
-            let exchanged = link.provider.exchange(&request, &self.cancel);
-            let label = format!("{}/{}", link.target.wire, link.target.model);
-            let (usage, outcome) = match &exchanged {
-                Ok(exchanged) => (Some(&exchanged.completion.usage), "ok"),
-                Err(refused) if refused.cancelled => (None, "cancelled"),
-                Err(_) => (None, "error"),
-            };
-            crate::metrics::get().provider_call(&label, outcome, usage, None);
-            if attempt > 0 {
-                crate::metrics::get().provider_fallback(link.target.wire, &link.target.model);
-            }
-            match exchanged {
-                Ok(exchanged) => {
-                    // It goes out with what the turn makes of the answer, in one commit.
-                    self.hold(response(true, Some(200), None, Some(exchanged.body.clone())));
-                    return Attempted::Answer(Box::new(exchanged), &link.target);
-                }
-                Err(refused) if refused.cancelled => return Attempted::Cancelled,
-                Err(refused) => {
-                    self.publish(response(
-                        false,
-                        refused.status,
-                        Some(refused.error.clone()),
-                        refused.body.map(Value::String),
-                    ));
-                    if attempt == 0 {
-                        first_failed(link.target.wire, refused.error);
-                    }
-                }
-            }
-        }
-        Attempted::AllFailed
     }
 
     /// Stores the final answer (`server.message.send`), then compacts if the session asks to.
@@ -429,6 +340,84 @@ impl Run {
                 log::debug!("session {}: not moved to error: {error}", self.session_id);
             }
         }
+    }
+}
+
+/// A profile's primary provider that is not configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::engine) struct Unconfigured(pub String);
+
+impl std::fmt::Display for Unconfigured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "provider {:?} is not configured", self.0)
+    }
+}
+
+/// A BAE call as BAE records it: each attempt's `provider.request` (the history sent, its
+/// first `stored` messages the session's) and `provider.response`, a whole answer's held to
+/// commit with what the turn makes of it; with `fault_first`, a failing first attempt is also
+/// recorded as `provider_call_failed`.
+pub(in crate::engine) struct Recorded<'r> {
+    pub run: &'r Run,
+    pub stored: usize,
+    pub fault_first: bool,
+}
+
+impl Recorded<'_> {
+    fn response(&self, attempt: u32, target: &Target, fallback: bool) -> ProviderResponse {
+        ProviderResponse {
+            session_id: self.run.session_id.clone(),
+            attempt,
+            fallback: Some(fallback),
+            provider: target.wire.to_string(),
+            ok: true,
+            status: Some(200),
+            error: None,
+            body: None,
+        }
+    }
+}
+
+impl Watch for Recorded<'_> {
+    fn streamed(&self) -> bool {
+        false
+    }
+
+    fn attempting(&mut self, attempt: u32, target: &Target, fallback: bool, request: &CompletionRequest<'_>) {
+        self.run.publish(Event::ProviderRequest(Box::new(ProviderRequest {
+            session_id: self.run.session_id.clone(),
+            attempt,
+            fallback: Some(fallback),
+            provider: target.wire.to_string(),
+            base_url: target.base_url.clone(),
+            model: target.model.clone(),
+            max_tokens: target.max_tokens,
+            messages: request.messages.to_vec(),
+            tools: request.tools.to_vec(),
+            stored: self.stored,
+            unresolved: false,
+        })));
+    }
+
+    fn refused(&mut self, attempt: u32, target: &Target, fallback: bool, refusal: &Refusal) {
+        let response = ProviderResponse {
+            ok: false,
+            status: refusal.status,
+            error: Some(refusal.error.clone()),
+            body: refusal.body.clone().map(Value::String),
+            ..self.response(attempt, target, fallback)
+        };
+        self.run.publish(Event::ProviderResponse(Box::new(response)));
+        if attempt == 0 && self.fault_first {
+            let fault = Fault::ProviderCallFailed { provider: target.wire.to_string(), detail: refusal.error.clone() };
+            self.run.fault(fault);
+        }
+    }
+
+    fn answered(&mut self, attempt: u32, target: &Target, fallback: bool, body: Option<&Value>) {
+        // It goes out with what the turn makes of the answer, in one commit.
+        let response = ProviderResponse { body: body.cloned(), ..self.response(attempt, target, fallback) };
+        self.run.hold(Event::ProviderResponse(Box::new(response)));
     }
 }
 

@@ -94,7 +94,8 @@ fn a_failed_compaction_leaves_the_history_as_it_was() {
     bae.fake.script([anthropic::text_answer("one")]);
     harness.send_message(json!("first"));
     let cases = [
-        (Reply::error(500, "down"), "compaction failed: all 1 providers failed"),
+        // The fake is a Kestrel provider: a 500 is tried three times (two retries).
+        (Reply::error(500, "down"), "compaction failed: all 3 providers failed"),
         (
             anthropic::answer(json!([{ "type": "text", "text": "cut" }]), "max_tokens", 1, 1),
             "compaction failed: summary truncated: stop_reason max_tokens",

@@ -12,6 +12,14 @@ use crate::fake_provider::FakeProvider;
 use crate::support::{Response, TestServer, WAIT};
 use kestrel::config::{ModelConfig, ProviderConfig, Wire};
 
+/// The fake as a Kestrel provider: Anthropic's wire, model `claude-x`, retries at once.
+fn fake_provider(base_url: String) -> ProviderConfig {
+    let mut provider = ProviderConfig::new(Wire::Anthropic, base_url);
+    provider.models = vec![ModelConfig::named("claude-x")];
+    provider.retry_base_delay_ms = 1;
+    provider
+}
+
 /// A server with the fake provider configured as `fake` (model `fake/claude-x`), its admin
 /// key, and a profile helper.
 pub struct Bae {
@@ -30,9 +38,7 @@ impl Bae {
         let fake = FakeProvider::start();
         let base_url = fake.base_url.clone();
         let server = TestServer::start_with(|config| {
-            let mut provider = ProviderConfig::new(Wire::Anthropic, base_url);
-            provider.models = vec![ModelConfig::named("claude-x")];
-            config.providers.insert("fake".into(), provider);
+            config.providers.insert("fake".into(), fake_provider(base_url));
             adjust(config);
         });
         let admin = format!("http://{}", server.server.as_ref().unwrap().admin_addr().expect("an admin API"));
@@ -50,9 +56,7 @@ impl Bae {
     pub fn restart_with(&mut self, adjust: impl FnOnce(&mut kestrel::Config)) {
         let base_url = self.fake.base_url.clone();
         self.server.restart(|config| {
-            let mut provider = ProviderConfig::new(Wire::Anthropic, base_url);
-            provider.models = vec![ModelConfig::named("claude-x")];
-            config.providers.insert("fake".into(), provider);
+            config.providers.insert("fake".into(), fake_provider(base_url));
             adjust(config);
         });
         let admin = self.server.server.as_ref().unwrap().admin_addr().expect("an admin API");

@@ -168,6 +168,9 @@ fn tool_results_with_no_paused_turn_are_refused_and_nothing_is_recorded() {
 #[test]
 fn a_failing_primary_falls_back_and_all_failing_ends_the_session() {
     let bae = Bae::start_with(|config| {
+        // One attempt per provider, as BAE makes (a provider of BAE's own config file never
+        // retries; this one is Kestrel's, told not to).
+        config.providers.get_mut("fake").unwrap().max_retries = 0;
         let mut backup =
             kestrel::config::ProviderConfig::new(kestrel::config::Wire::Anthropic, "http://127.0.0.1:9/v1".to_string());
         backup.models = vec![kestrel::config::ModelConfig::named("claude-y")];
@@ -312,4 +315,68 @@ fn messages_are_capped_and_the_history_is_logged_once_not_per_turn() {
     assert_eq!(messages.len(), 11, "five turns of two messages and the new one");
     assert_eq!(messages[0]["content"].as_str().map(str::len), Some(150_000), "{}", messages[0]);
     assert_eq!(messages[10]["content"], "two words");
+}
+
+#[test]
+fn a_kestrel_provider_s_failures_are_retried_in_a_bae_turn_and_each_attempt_is_recorded() {
+    let bae = Bae::start();
+    let (_, key) = bae.key_for("main", &[]);
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    bae.fake.script([Reply::error(503, "busy"), Reply::error(429, "slow down"), anthropic::text_answer("third time")]);
+    let frames = harness.send_message(json!("hi"));
+    let result = &last(&frames)["result"];
+    assert_eq!(result["message"]["content"][0]["text"], "third time");
+    let events = result["events"].as_array().unwrap();
+    assert_eq!(
+        types(events),
+        [
+            "client.message.send",
+            "provider.request",
+            "provider.response",
+            "session.error",
+            "provider.request",
+            "provider.response",
+            "provider.request",
+            "provider.response",
+            "server.message.send"
+        ]
+    );
+    let attempts: Vec<(u64, &str)> = events
+        .iter()
+        .filter(|e| e["event_type"] == "provider.request")
+        .map(|e| (e["payload"]["attempt"].as_u64().unwrap(), e["payload"]["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(attempts, [(0, "primary"), (1, "primary"), (2, "primary")], "retries of the primary stay primary");
+    assert_eq!(events[5]["payload"]["status"], 429);
+    assert_eq!(events[3]["payload"]["reason"], "provider_call_failed", "the first failure, once");
+    assert_eq!(bae.fake.requests().len(), 3);
+}
+
+#[test]
+fn a_kestrel_provider_s_own_fallbacks_serve_a_bae_turn() {
+    let spare = crate::fake_provider::FakeProvider::start();
+    let spare_url = spare.base_url.clone();
+    let bae = Bae::start_with(move |config| {
+        let mut backup = kestrel::config::ProviderConfig::new(kestrel::config::Wire::Anthropic, spare_url);
+        backup.models = vec![kestrel::config::ModelConfig::named("claude-x")];
+        config.providers.insert("spare".into(), backup);
+        let fake = config.providers.get_mut("fake").unwrap();
+        fake.max_retries = 0;
+        fake.fallbacks = vec!["spare".into()];
+    });
+    let (_, key) = bae.key_for("main", &[]);
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    bae.fake.script([Reply::error(500, "down")]);
+    spare.script([anthropic::text_answer("from the spare")]);
+    let frames = harness.send_message(json!("hi"));
+    let result = &last(&frames)["result"];
+    assert_eq!(result["message"]["content"][0]["text"], "from the spare");
+    let requests: Vec<&Value> =
+        result["events"].as_array().unwrap().iter().filter(|e| e["event_type"] == "provider.request").collect();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        (requests[1]["payload"]["attempt"].as_u64(), requests[1]["payload"]["kind"].as_str()),
+        (Some(1), Some("fallback"))
+    );
+    assert_eq!(spare.requests().len(), 1, "the provider's configured fallback was asked");
 }

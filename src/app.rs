@@ -20,7 +20,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::http::{HttpConfig, HttpServer};
 use crate::plugins::Plugins;
 use crate::providers::{Echo, ModelRegistry};
-use crate::store::{Store, StoreError, WriteOp, WriterHandle};
+use crate::store::{Store, StoreError, WriterHandle};
 use crate::tools::workspace::{Protected, WorkspacePolicy};
 use crate::tools::ToolSettings;
 
@@ -358,8 +358,12 @@ impl Server {
         }
         // Runs that were in flight when the last process died cannot still be running, and
         // neither may the commands they started.
-        store.write(vec![WriteOp::InterruptRunning { updated_at: crate::time::now_rfc3339() }])?;
+        // One process per data dir: its node id is the data dir's.
         let node = crate::tools::orphans::node_marker(&config.server.data_dir);
+        let interrupted = store.recover(&node)?;
+        if !interrupted.is_empty() {
+            log::info!("{} session(s) whose turn the last process left running are interrupted", interrupted.len());
+        }
         // MCP servers' configured headers are credentials: the log masks their values.
         crate::logging::mask_headers(mcp_servers(&config).flat_map(|server| server.headers.keys().map(String::as_str)));
         sweep_commands(&store, &node, "left by the previous run of this data dir");
@@ -410,6 +414,7 @@ impl Server {
                 compaction_keep_turns: config.agent.compaction_keep_turns.max(1),
                 checkpoints: config.checkpoints.clone(),
                 data_dir: config.server.data_dir.clone(),
+                node: node.clone(),
             },
         );
 

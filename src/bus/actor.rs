@@ -8,34 +8,35 @@ use std::sync::Arc;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use super::*;
-use crate::store::{LoggedEvent, Store, StoreError, WriteOp};
+use crate::store::{Committed, LoggedEvent, Store, StoreError, WriteOp};
+
+/// A published event with its time, waiting for the log to give it its seq.
+struct Stamped {
+    at: String,
+    tenant: Option<Arc<str>>,
+    origin: Origin,
+    event: Arc<Event>,
+    /// How the log keeps it (its `seq` set by the log); `None`: not kept (a delta).
+    logged: Option<LoggedEvent>,
+}
 
 /// An event whose publisher waits for its commit, or that carries writes of its own.
 struct Ack {
     to: Option<Sender<u64>>,
-    seq: u64,
+    /// Its place in the batch.
+    index: usize,
     writes: Vec<WriteOp>,
     /// How many writes it had, once they are moved into a batch's ops.
     count: usize,
 }
 
-/// A batch whose log write has been sent: fanned out once it commits.
+/// A batch whose log append has been sent: fanned out once it commits.
 struct InFlight {
-    batch: Vec<Arc<Envelope>>,
+    batch: Vec<Stamped>,
     acks: Vec<Ack>,
-    /// The commit's outcome; `None`: nothing to write (only deltas).
-    commit: Option<Receiver<Result<(), StoreError>>>,
-    /// When its events carry writes: the events and the writes, to log apart on failure.
-    events: Option<(Vec<LoggedEvent>, Vec<WriteOp>)>,
-}
-
-impl Ack {
-    /// Tells the publisher its event is committed.
-    fn confirm(self) {
-        if let Some(to) = self.to {
-            let _ = to.send(self.seq);
-        }
-    }
+    commit: Receiver<Result<Committed, StoreError>>,
+    /// The events' own writes, to write apart should the batch fail.
+    writes: Option<Vec<WriteOp>>,
 }
 
 struct Subscriber {
@@ -48,15 +49,12 @@ struct Subscriber {
 pub(super) struct BusActor {
     store: Store,
     config: BusConfig,
-    next_seq: u64,
-    ceiling: u64,
-    pending_ceiling: Option<(u64, Receiver<Result<(), StoreError>>)>,
+    /// The last seq the log gave this bus's events.
+    last_seq: u64,
     next_subscriber_id: u64,
     /// A sender into our own inbox, handed to each `Subscription` so its drop can unsubscribe.
     own_tx: Sender<BusMsg>,
     ring: VecDeque<Arc<Envelope>>,
-    /// Stamped events not yet in the log; written before their batch is fanned out.
-    unlogged: Vec<LoggedEvent>,
     /// Events of this batch that carry writes or have a publisher waiting for the commit.
     acks: Vec<Ack>,
     subscribers: Vec<Subscriber>,
@@ -64,25 +62,21 @@ pub(super) struct BusActor {
 }
 
 impl BusActor {
-    /// The actor of a bus whose first seq is `first_seq`, with the block up to `first_seq +
-    /// SEQ_BLOCK - 1` reserved.
+    /// The actor of a bus whose log's last seq is `last_seq`.
     pub(super) fn new(
         store: Store,
         config: BusConfig,
-        first_seq: u64,
+        last_seq: u64,
         own_tx: Sender<BusMsg>,
         subscriber_gauge: Arc<AtomicUsize>,
     ) -> BusActor {
         BusActor {
             store,
             config,
-            next_seq: first_seq,
-            ceiling: first_seq + SEQ_BLOCK - 1,
-            pending_ceiling: None,
+            last_seq,
             next_subscriber_id: 0,
             own_tx,
             ring: VecDeque::with_capacity(config.replay_capacity.min(1 << 16)),
-            unlogged: Vec::new(),
             acks: Vec::new(),
             subscribers: Vec::new(),
             subscriber_gauge,
@@ -134,7 +128,7 @@ impl BusActor {
         self.drain(&mut in_flight);
         self.subscribers.clear();
         self.subscriber_gauge.store(0, Ordering::Relaxed);
-        log::debug!("bus stopped at seq {}", self.next_seq);
+        log::debug!("bus stopped at seq {}", self.last_seq);
     }
 
     /// The next message, fanning out batches as their commits arrive meanwhile. `None`: the
@@ -142,13 +136,8 @@ impl BusActor {
     fn wait(&mut self, inbox: &Receiver<BusMsg>, in_flight: &mut VecDeque<InFlight>) -> Option<BusMsg> {
         loop {
             let Some(front) = in_flight.front() else { return inbox.recv().ok() };
-            let Some(commit) = &front.commit else {
-                let done = in_flight.pop_front().expect("a front batch");
-                self.complete(done, Ok(()));
-                continue;
-            };
             crossbeam_channel::select! {
-                recv(commit) -> outcome => {
+                recv(front.commit) -> outcome => {
                     let done = in_flight.pop_front().expect("a front batch");
                     self.complete(done, outcome.unwrap_or(Err(StoreError::Closed)));
                 }
@@ -160,148 +149,150 @@ impl BusActor {
     /// Waits for every batch in flight and fans each out.
     fn drain(&mut self, in_flight: &mut VecDeque<InFlight>) {
         while let Some(done) = in_flight.pop_front() {
-            let outcome = match &done.commit {
-                Some(commit) => commit.recv().unwrap_or(Err(StoreError::Closed)),
-                None => Ok(()),
-            };
+            let outcome = done.commit.recv().unwrap_or(Err(StoreError::Closed));
             self.complete(done, outcome);
         }
     }
 
-    fn take_publish(&mut self, batch: &mut Vec<Arc<Envelope>>, publication: Publication) {
+    fn take_publish(&mut self, batch: &mut Vec<Stamped>, publication: Publication) {
         let Publication { tenant, origin, before, event, writes, logged, committed } = publication;
         for event in before {
-            if let Some(envelope) = self.stamp(tenant.clone(), origin.clone(), Box::new(event), true) {
-                batch.push(envelope);
+            if let Some(stamped) = self.stamp(tenant.clone(), origin.clone(), Box::new(event), true) {
+                batch.push(stamped);
             }
         }
-        let Some(envelope) = self.stamp(tenant, origin, event, logged) else { return };
+        let Some(stamped) = self.stamp(tenant, origin, event, logged) else { return };
         if committed.is_some() || !writes.is_empty() {
             let count = writes.len();
-            self.acks.push(Ack { to: committed, seq: envelope.seq, writes, count });
+            self.acks.push(Ack { to: committed, index: batch.len(), writes, count });
         }
-        batch.push(envelope);
+        batch.push(stamped);
     }
 
-    /// Gives an event its seq and time, keeps it in the ring, and queues it for the log unless
-    /// it is a delta or unlogged. Frames are built later, by the streams, once per format.
-    fn stamp(
-        &mut self,
-        tenant: Option<Arc<str>>,
-        origin: Origin,
-        event: Box<Event>,
-        logged: bool,
-    ) -> Option<Arc<Envelope>> {
-        let body = match !logged || event.is_transient() {
+    /// Gives an event its time and, unless it is a delta or unlogged, the form the log keeps.
+    /// Frames are built later, by the streams, once per format.
+    fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Box<Event>, logged: bool) -> Option<Stamped> {
+        let at = crate::time::now_rfc3339();
+        let logged = match !logged || event.is_transient() {
             true => None,
             false => match serde_json::to_string(&*event) {
-                Ok(body) => Some(body),
+                Ok(body) => Some(LoggedEvent {
+                    seq: 0,
+                    tenant: tenant.as_deref().map(str::to_string),
+                    session_id: event.session_id().map(str::to_string),
+                    actor: origin.actor.as_deref().map(str::to_string),
+                    kind: event.kind().to_string(),
+                    at: at.clone(),
+                    body,
+                }),
                 Err(error) => {
                     log::error!("an event could not be serialized: {error}");
                     return None;
                 }
             },
         };
-        let seq = self.take_seq();
-        let at = crate::time::now_rfc3339();
-        let event = Arc::<Event>::from(event);
-        if let Some(body) = body {
-            self.unlogged.push(LoggedEvent {
-                seq,
-                tenant: tenant.as_deref().map(str::to_string),
-                session_id: event.session_id().map(str::to_string),
-                actor: origin.actor.as_deref().map(str::to_string),
-                kind: event.kind().to_string(),
-                at: at.clone(),
-                body,
-            });
-        }
-        let envelope = Arc::new(Envelope::new(seq, at, tenant, origin, event));
-        if self.ring.len() == self.config.replay_capacity {
-            self.ring.pop_front();
-        }
-        if self.config.replay_capacity > 0 {
-            self.ring.push_back(Arc::clone(&envelope));
-        }
-        Some(envelope)
+        Some(Stamped { at, tenant, origin, event: Arc::from(event), logged })
     }
 
-    /// Sends a batch's events (and its events' own writes) to the log without waiting: the
-    /// batch is fanned out once they commit, so nothing but a delta is streamed before it is
-    /// durable. Publishers never wait on this.
-    fn flush(&mut self, batch: Vec<Arc<Envelope>>) -> InFlight {
+    /// Sends a batch to the log with its events' own writes, without waiting: the log gives
+    /// every entry its seq in the commit (a delta takes one and is not kept), and the batch is
+    /// fanned out once it commits, so nothing but a delta is streamed before it is durable.
+    /// Publishers never wait on this.
+    fn flush(&mut self, batch: Vec<Stamped>) -> InFlight {
         let mut acks = std::mem::take(&mut self.acks);
-        let events = std::mem::take(&mut self.unlogged);
-        let with_writes = acks.iter().any(|ack| !ack.writes.is_empty());
-        if events.is_empty() && !with_writes {
-            return InFlight { batch, acks, commit: None, events: None };
-        }
-        let keep = self.config.log_capacity;
         let mut ops: Vec<WriteOp> = acks.iter_mut().flat_map(|ack| std::mem::take(&mut ack.writes)).collect();
-        // Kept to log apart what did commit, should the writes fail.
-        let kept = with_writes.then(|| (events.clone(), ops.clone()));
-        ops.push(WriteOp::AppendEvents { events, keep });
+        // Kept to write apart what did commit, should the batch fail.
+        let writes = (!ops.is_empty()).then(|| ops.clone());
+        ops.push(self.append(&batch));
         let commit = match self.store.write_pending(ops) {
-            Ok(commit) => Some(commit),
+            Ok(commit) => commit,
             Err(_) => {
                 let (closed, failed) = bounded(1);
                 let _ = closed.send(Err(StoreError::Closed));
-                Some(failed)
+                failed
             }
         };
-        InFlight { batch, acks, commit, events: kept }
+        InFlight { batch, acks, commit, writes }
     }
 
-    /// A batch's commit is known: confirm and fan out. If it carried writes and failed, each
-    /// event's writes are tried alone and the events whose writes failed are dropped.
-    /// Publishers are told after the fan-out: an event they wait for has been streamed too.
-    fn complete(&mut self, done: InFlight, outcome: Result<(), StoreError>) {
-        let InFlight { mut batch, acks, events, .. } = done;
-        let confirmed = match (outcome, events) {
-            (Ok(()), _) => acks,
-            (Err(error), Some((events, writes))) => {
-                let (held, failed) = self.log_apart(acks, events, writes, &error);
-                batch.retain(|envelope| !failed.contains(&envelope.seq));
-                held
-            }
-            // Streaming anyway: live clients keep their events; a replay will miss these.
-            // Whoever waits for a commit learns it failed (its sender is dropped).
-            (Err(error), None) => {
-                log::error!("events could not be logged: {error}");
-                Vec::new()
+    /// The log append of `batch`.
+    fn append(&self, batch: &[Stamped]) -> WriteOp {
+        let entries = batch.iter().map(|stamped| stamped.logged.clone()).collect();
+        WriteOp::AppendLog { entries, floor: self.last_seq, keep: self.config.log_capacity }
+    }
+
+    /// A batch's commit is known: give its entries their seqs, fan out, confirm. If it carried
+    /// writes and failed, each event's writes are tried alone and the events whose writes
+    /// failed are dropped; the rest are appended again. Publishers are told after the fan-out:
+    /// an event they wait for has been streamed too.
+    fn complete(&mut self, done: InFlight, outcome: Result<Committed, StoreError>) {
+        let InFlight { mut batch, mut acks, writes, .. } = done;
+        let first = match outcome {
+            Ok(committed) => committed.first_seq,
+            Err(error) => {
+                let failed = match writes {
+                    Some(writes) => self.write_apart(&mut acks, writes, &error),
+                    None => Vec::new(),
+                };
+                keep_survivors(&mut batch, &mut acks, &failed);
+                self.append_again(&batch)
             }
         };
-        self.fan_out(&mut batch);
-        confirmed.into_iter().for_each(Ack::confirm);
-    }
-
-    /// After a failed batch: each event's writes alone, then the events whose writes held.
-    /// Returns the acks to confirm and the seqs of events whose writes failed.
-    fn log_apart(
-        &self,
-        acks: Vec<Ack>,
-        mut events: Vec<LoggedEvent>,
-        writes: Vec<WriteOp>,
-        error: &StoreError,
-    ) -> (Vec<Ack>, Vec<u64>) {
-        log::warn!("a batch of events could not be logged ({error}); logging them apart");
-        let mut writes = writes.into_iter();
-        let mut failed = Vec::new();
-        let mut held = Vec::new();
+        let first = first.unwrap_or(self.last_seq + 1);
+        let mut envelopes = Vec::with_capacity(batch.len());
+        for (offset, stamped) in batch.into_iter().enumerate() {
+            let Stamped { at, tenant, origin, event, .. } = stamped;
+            let envelope = Arc::new(Envelope::new(first + offset as u64, at, tenant, origin, event));
+            if self.config.replay_capacity > 0 {
+                if self.ring.len() == self.config.replay_capacity {
+                    self.ring.pop_front();
+                }
+                self.ring.push_back(Arc::clone(&envelope));
+            }
+            envelopes.push(envelope);
+        }
+        if let Some(last) = envelopes.last() {
+            self.last_seq = self.last_seq.max(last.seq);
+        }
+        self.fan_out(&mut envelopes);
         for ack in acks {
-            let own: Vec<WriteOp> = writes.by_ref().take(ack.count).collect();
-            match own.is_empty() || self.store.write(own).is_ok() {
-                true => held.push(ack),
-                false => failed.push(ack.seq),
+            if let Some(to) = ack.to {
+                let _ = to.send(first + ack.index as u64);
             }
         }
-        events.retain(|event| !failed.contains(&event.seq));
-        let keep = self.config.log_capacity;
-        match self.store.write(vec![WriteOp::AppendEvents { events, keep }]) {
-            Ok(()) => (held, failed),
+    }
+
+    /// After a failed batch: each event's writes alone. The places of the events whose
+    /// writes failed.
+    fn write_apart(&self, acks: &mut [Ack], writes: Vec<WriteOp>, error: &StoreError) -> Vec<usize> {
+        log::warn!("a batch of events could not be logged ({error}); writing their changes apart");
+        let mut writes = writes.into_iter();
+        let mut failed = Vec::new();
+        for ack in acks.iter() {
+            let own: Vec<WriteOp> = writes.by_ref().take(ack.count).collect();
+            if !own.is_empty() && self.store.write(own).is_err() {
+                failed.push(ack.index);
+            }
+        }
+        failed
+    }
+
+    /// Appends what is left of a failed batch on its own; its first seq. When even that
+    /// fails (the store is failing), the batch is streamed anyway, above the last seq known:
+    /// live clients keep their events, a replay will miss these.
+    fn append_again(&self, batch: &[Stamped]) -> Option<u64> {
+        if batch.is_empty() {
+            return None;
+        }
+        let appended = self
+            .store
+            .write_pending(vec![self.append(batch)])
+            .and_then(|commit| commit.recv().unwrap_or(Err(StoreError::Closed)));
+        match appended {
+            Ok(committed) => committed.first_seq,
             Err(error) => {
                 log::error!("events could not be logged: {error}");
-                (Vec::new(), failed)
+                None
             }
         }
     }
@@ -362,7 +353,7 @@ impl BusActor {
                 let start = self.ring.partition_point(|envelope| envelope.seq <= after);
                 let ring = self.ring.range(start..).filter(|envelope| filter.matches(envelope)).cloned().collect();
                 // Older than the ring (evicted, or from before a restart): from the log.
-                let oldest = self.ring.front().map_or(self.next_seq, |envelope| envelope.seq);
+                let oldest = self.ring.front().map_or(self.last_seq + 1, |envelope| envelope.seq);
                 let log = (after + 1 < oldest).then(|| LogReplay {
                     store: self.store.clone(),
                     filter: filter.clone(),
@@ -384,34 +375,28 @@ impl BusActor {
             self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
         }
     }
+}
 
-    /// Hands out the next seq, keeping the stored ceiling ahead of it.
-    fn take_seq(&mut self) -> u64 {
-        if let Some((new_ceiling, outcome)) = &self.pending_ceiling {
-            // Only block on the store when the current block is used up, which a healthy
-            // writer never lets happen: the request went out half a block ago.
-            let result = if self.next_seq > self.ceiling { outcome.recv().ok() } else { outcome.try_recv().ok() };
-            match result {
-                Some(Ok(())) => {
-                    self.ceiling = *new_ceiling;
-                    self.pending_ceiling = None;
-                }
-                Some(Err(error)) => {
-                    log::error!("could not reserve event seqs: {error}");
-                    self.pending_ceiling = None;
-                }
-                None => {}
-            }
-        }
-        if self.pending_ceiling.is_none() && self.next_seq + SEQ_BLOCK / 2 > self.ceiling {
-            let new_ceiling = self.ceiling + SEQ_BLOCK;
-            match self.store.write_pending(vec![WriteOp::SetSeqCeiling(new_ceiling)]) {
-                Ok(outcome) => self.pending_ceiling = Some((new_ceiling, outcome)),
-                Err(error) => log::error!("could not reserve event seqs: {error}"),
-            }
-        }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        seq
+/// Drops from `batch` the events at `failed` places (their writes did not hold), and the acks
+/// of those; the other acks' places follow their events.
+fn keep_survivors(batch: &mut Vec<Stamped>, acks: &mut Vec<Ack>, failed: &[usize]) {
+    if failed.is_empty() {
+        return;
     }
+    let mut kept = Vec::with_capacity(batch.len());
+    let mut moved = vec![None; batch.len()];
+    for (index, stamped) in std::mem::take(batch).into_iter().enumerate() {
+        if !failed.contains(&index) {
+            moved[index] = Some(kept.len());
+            kept.push(stamped);
+        }
+    }
+    *batch = kept;
+    acks.retain_mut(|ack| match moved[ack.index] {
+        Some(index) => {
+            ack.index = index;
+            true
+        }
+        None => false,
+    });
 }

@@ -1,7 +1,7 @@
 //! The event bus actor: stamps every event with a `seq`, keeps a replay ring, fans out.
 //!
-//! Runs on the `kestrel-bus` thread and owns three things no other thread touches: the next
-//! `seq`, the ring of the last `replay_capacity` envelopes, and the subscriber list.
+//! Runs on the `kestrel-bus` thread and owns three things no other thread touches: the last
+//! `seq` its log gave, the ring of the last `replay_capacity` envelopes, and the subscriber list.
 //!
 //! Channels:
 //! - The inbox is bounded (`INBOX`); publishers block when it is full, which slows runs, never
@@ -18,9 +18,10 @@
 //! that is most of the cost. A subscribe or unsubscribe in the middle of a burst ends the
 //! batch first, so order is kept.
 //!
-//! Seqs survive restarts without a write per event: the bus reserves seqs in blocks of
-//! `SEQ_BLOCK` by raising a ceiling in the store, asking for the next block when half of the
-//! current one is used, and starts above the stored ceiling on boot.
+//! Seqs come from the log: each batch goes to the store as one append, whose commit gives
+//! every entry its seq (a delta takes one and is not kept), so seq order is commit order
+//! however many processes share the store (`store::Seqs`). The batch is fanned out once that
+//! commit is known. A batch of deltas alone commits without a sync.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,7 +35,6 @@ use crate::store::{EventQuery, LoggedEvent, Store, StoreError, WriteOp};
 const INBOX: usize = 16_384;
 /// Events stamped and fanned out together at most.
 const MAX_BATCH: usize = 512;
-const SEQ_BLOCK: u64 = 100_000;
 
 /// An event as it was published: its seq and time, whom it is for, and the event itself, with
 /// a frame per wire format built by the first stream of that format that sends it.
@@ -390,12 +390,10 @@ pub struct BusConfig {
 impl Bus {
     /// Starts the bus thread, continuing the seq above what the store says was handed out.
     pub fn start(store: Store, config: BusConfig) -> Result<(Bus, BusHandle), StoreError> {
-        let first_seq = store.readers().seq_ceiling()? + 1;
-        let ceiling = first_seq + SEQ_BLOCK - 1;
-        store.write(vec![WriteOp::SetSeqCeiling(ceiling)])?;
+        let last_seq = store.last_seq()?;
         let (bus_tx, inbox) = bounded(INBOX);
         let subscribers = Arc::new(AtomicUsize::new(0));
-        let actor = BusActor::new(store, config, first_seq, bus_tx.clone(), Arc::clone(&subscribers));
+        let actor = BusActor::new(store, config, last_seq, bus_tx.clone(), Arc::clone(&subscribers));
         let thread = std::thread::Builder::new()
             .name("kestrel-bus".into())
             .spawn(move || actor.run(inbox))

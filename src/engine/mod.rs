@@ -132,6 +132,8 @@ pub struct EngineConfig {
     /// Workspace snapshots, and the data dir their blobs live under.
     pub checkpoints: crate::checkpoints::CheckpointConfig,
     pub data_dir: std::path::PathBuf,
+    /// This process's id among the nodes sharing the store: what its turn claims name.
+    pub node: String,
 }
 
 pub struct NewSession {

@@ -20,7 +20,7 @@ use crate::domain::{
     Block, DeltaChannel, Event, Message, Role, RunOutcome, SessionRecord, SessionStatus, ToolCall, Usage,
 };
 use crate::providers::{CallFailed, CompletionRequest, Delta, Route, Watch};
-use crate::store::{SessionPatch, WriteOp};
+use crate::store::WriteOp;
 
 pub(super) struct Run {
     pub shared: Arc<Shared>,
@@ -357,11 +357,11 @@ impl Run {
         };
         // A BAE session's state is its own (`bae_sessions.state`); the status is Kestrel's.
         if self.is_kestrel() {
-            let patch = SessionPatch { status: Some(status), ..SessionPatch::default() };
-            let write = self.shared.store.write(vec![WriteOp::UpdateSession {
-                id: self.session_id.clone(),
-                patch,
-                updated_at: crate::time::now_rfc3339(),
+            let write = self.shared.store.write(vec![WriteOp::ReleaseTurn {
+                session_id: self.session_id.clone(),
+                run_id: self.run_id.clone(),
+                status,
+                at: crate::time::now_rfc3339(),
             }]);
             if let Err(error) = write {
                 log::error!("run {}: could not store the final status: {error}", self.run_id);

@@ -28,7 +28,7 @@ use super::idempotency::{Created, Idempotent};
 use super::{run, EngineError, Shared};
 use crate::cancel::{CancelReason, Canceller};
 use crate::domain::{new_id, Event, Message, SessionRecord, SessionStatus};
-use crate::store::{CheckpointRecord, SessionPatch, WriteOp};
+use crate::store::{CheckpointRecord, SessionPatch, StoreError, TurnClaim, WriteOp};
 
 /// What a front door can ask of a session.
 pub(super) enum Op {
@@ -458,13 +458,25 @@ impl SessionActor {
         }
         let run_id = new_id("run");
         let now = crate::time::now_rfc3339();
-        let running = SessionPatch { status: Some(SessionStatus::Running), ..SessionPatch::default() };
-        let mut ops = vec![WriteOp::UpdateSession { id: self.id.clone(), patch: running, updated_at: now.clone() }];
+        let mut ops = Vec::new();
         if let Some(user) = &user {
-            ops.push(WriteOp::AppendMessage { session_id: self.id.clone(), message: user.clone(), updated_at: now });
+            ops.push(WriteOp::AppendMessage {
+                session_id: self.id.clone(),
+                message: user.clone(),
+                updated_at: now.clone(),
+            });
         }
         ops.extend(idempotent.map(|i| i.record(Created::Run(&run_id))));
-        self.shared.store.write(ops)?;
+        let claim = TurnClaim {
+            session_id: self.id.clone(),
+            run_id: run_id.clone(),
+            node: self.shared.config.node.clone(),
+            at: now,
+        };
+        match self.shared.store.claim_turn(&claim, ops) {
+            Err(StoreError::Busy) => return Err(EngineError::SessionBusy),
+            other => other?,
+        }
         match self.spawn_run(run_id.clone(), user, run::Plan::Kestrel) {
             Ok(()) => Ok(run_id),
             Err(error) => Err(self.no_worker(&run_id, &error)),
@@ -497,12 +509,11 @@ impl SessionActor {
     /// with no run. It becomes `error`, so a retry is a `POST /resume` away.
     fn no_worker(&self, run_id: &str, error: &std::io::Error) -> EngineError {
         log::error!("cannot start a worker for run {run_id}: {error}");
-        let failed = SessionPatch { status: Some(SessionStatus::Error), ..SessionPatch::default() };
-        let now = crate::time::now_rfc3339();
-        match self.shared.store.write(vec![WriteOp::UpdateSession {
-            id: self.id.clone(),
-            patch: failed,
-            updated_at: now,
+        match self.shared.store.write(vec![WriteOp::ReleaseTurn {
+            session_id: self.id.clone(),
+            run_id: run_id.to_string(),
+            status: SessionStatus::Error,
+            at: crate::time::now_rfc3339(),
         }]) {
             Ok(()) => {
                 if let Ok(record) = self.record() {

@@ -44,6 +44,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         compaction_keep_turns: 2,
         checkpoints,
         data_dir: data.to_path_buf(),
+        node: "node-test".into(),
     };
     (Engine::new(store, bus, models, tools, config), writer, bus_handle)
 }

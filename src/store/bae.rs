@@ -8,7 +8,6 @@
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 use serde_json::{Map, Value};
 
-use super::reader::{logged_event, ReaderPool};
 use super::{LoggedEvent, StoreError};
 use crate::auth::keys::KeyRole;
 
@@ -447,16 +446,16 @@ fn page<T>(
     Ok(Page { items: items.into_iter().map(|(_, item)| item).collect(), next })
 }
 
-impl ReaderPool {
+impl super::contract::BaeReads for super::sqlite::Sqlite {
     /// An active (not deleted) profile.
-    pub fn bae_profile(&self, id: &str) -> Result<Option<ProfileRecord>, StoreError> {
+    fn bae_profile(&self, id: &str) -> Result<Option<ProfileRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!("SELECT {PROFILE_COLUMNS} FROM bae_profiles WHERE id = ?1 AND deleted_at IS NULL");
             Ok(conn.prepare_cached(&sql)?.query_row([id], profile_row).optional()?.map(|(_, p)| p))
         })
     }
 
-    pub fn bae_profiles(&self, after: u64, limit: usize) -> Result<Page<ProfileRecord>, StoreError> {
+    fn bae_profiles(&self, after: u64, limit: usize) -> Result<Page<ProfileRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!(
                 "SELECT {PROFILE_COLUMNS} FROM bae_profiles WHERE deleted_at IS NULL AND seq > ?1 AND ?3 IS NULL
@@ -467,7 +466,7 @@ impl ReaderPool {
     }
 
     /// The active key of `role` whose digest this is.
-    pub fn bae_key_by_digest(&self, role: KeyRole, digest: &str) -> Result<Option<KeyRecord>, StoreError> {
+    fn bae_key_by_digest(&self, role: KeyRole, digest: &str) -> Result<Option<KeyRecord>, StoreError> {
         self.with(|conn| {
             let sql =
                 format!("SELECT {KEY_COLUMNS} FROM bae_keys WHERE digest = ?1 AND role = ?2 AND deleted_at IS NULL");
@@ -479,7 +478,7 @@ impl ReaderPool {
         })
     }
 
-    pub fn bae_client_keys(&self, after: u64, limit: usize) -> Result<Page<KeyRecord>, StoreError> {
+    fn bae_client_keys(&self, after: u64, limit: usize) -> Result<Page<KeyRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!(
                 "SELECT {KEY_COLUMNS} FROM bae_keys WHERE role = 'client' AND deleted_at IS NULL AND seq > ?1
@@ -489,7 +488,7 @@ impl ReaderPool {
         })
     }
 
-    pub fn bae_admin_key_exists(&self) -> Result<bool, StoreError> {
+    fn bae_admin_key_exists(&self) -> Result<bool, StoreError> {
         self.with(|conn| {
             let found: Option<i64> = conn
                 .prepare_cached("SELECT 1 FROM bae_keys WHERE role = 'admin' AND deleted_at IS NULL LIMIT 1")?
@@ -500,7 +499,7 @@ impl ReaderPool {
     }
 
     /// Active session keys of a session.
-    pub fn bae_session_key_count(&self, session_id: &str) -> Result<u64, StoreError> {
+    fn bae_session_key_count(&self, session_id: &str) -> Result<u64, StoreError> {
         self.with(|conn| {
             let count: i64 = conn
                 .prepare_cached(
@@ -512,7 +511,7 @@ impl ReaderPool {
     }
 
     /// The sessions a client key holds (or held) session keys for.
-    pub fn bae_sessions_of_key(&self, client_id: &str) -> Result<Vec<String>, StoreError> {
+    fn bae_sessions_of_key(&self, client_id: &str) -> Result<Vec<String>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(
                 "SELECT DISTINCT session_id FROM bae_keys WHERE role = 'session' AND client_id = ?1 ORDER BY session_id",
@@ -526,14 +525,14 @@ impl ReaderPool {
         })
     }
 
-    pub fn bae_session(&self, id: &str) -> Result<Option<BaeSessionRecord>, StoreError> {
+    fn bae_session(&self, id: &str) -> Result<Option<BaeSessionRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!("SELECT {SESSION_COLUMNS} FROM bae_sessions WHERE id = ?1");
             Ok(conn.prepare_cached(&sql)?.query_row([id], session_row).optional()?.map(|(_, s)| s))
         })
     }
 
-    pub fn bae_sessions(
+    fn bae_sessions(
         &self,
         after: u64,
         limit: usize,
@@ -545,54 +544,6 @@ impl ReaderPool {
                  ORDER BY seq LIMIT ?2"
             );
             page(conn, &sql, after, limit, state.map(BaeState::as_str), session_row)
-        })
-    }
-
-    /// A page of a session's logged events whose type is one of `kinds`.
-    /// Whom the session's latest event of `kind` is attributed to.
-    pub fn bae_last_actor(&self, session_id: &str, kind: &str) -> Result<Option<String>, StoreError> {
-        self.with(|conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT actor FROM events WHERE session_id = ?1 AND type = ?2 ORDER BY seq DESC LIMIT 1",
-            )?;
-            Ok(statement.query_row(params![session_id, kind], |row| row.get(0)).optional()?.flatten())
-        })
-    }
-
-    pub fn bae_events(
-        &self,
-        session_id: &str,
-        kinds: &[&str],
-        after: u64,
-        limit: usize,
-    ) -> Result<EventPage, StoreError> {
-        self.with(|conn| {
-            let kinds = serde_json::to_string(kinds).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let mut statement = conn.prepare_cached(
-                "SELECT seq, tenant, session_id, type, at, body, actor FROM events
-                 WHERE session_id = ?1 AND seq > ?2 AND type IN (SELECT value FROM json_each(?3))
-                 ORDER BY seq LIMIT ?4",
-            )?;
-            let rows = statement.query_map(params![session_id, after as i64, kinds, limit as i64 + 1], logged_event)?;
-            let mut items = Vec::new();
-            for row in rows {
-                items.push(row?);
-            }
-            let more = items.len() > limit;
-            items.truncate(limit);
-            let next = if more { items.last().map(|event| event.seq) } else { None };
-            Ok(Page { items, next })
-        })
-    }
-
-    /// The session a logged event belongs to, if the event is in the log.
-    pub fn event_session(&self, seq: u64) -> Result<Option<String>, StoreError> {
-        self.with(|conn| {
-            let session: Option<Option<String>> = conn
-                .prepare_cached("SELECT session_id FROM events WHERE seq = ?1")?
-                .query_row([seq as i64], |row| row.get(0))
-                .optional()?;
-            Ok(session.flatten())
         })
     }
 }

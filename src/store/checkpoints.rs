@@ -3,7 +3,6 @@
 
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 
-use super::reader::ReaderPool;
 use super::StoreError;
 
 /// Why a checkpoint was taken.
@@ -116,9 +115,9 @@ fn record(row: &Row<'_>) -> rusqlite::Result<Result<CheckpointRecord, StoreError
     }))
 }
 
-impl ReaderPool {
+impl super::contract::CheckpointReads for super::sqlite::Sqlite {
     /// A session's checkpoints, oldest first.
-    pub fn checkpoints(&self, session_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
+    fn checkpoints(&self, session_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 ORDER BY seq");
             let mut statement = conn.prepare_cached(&sql)?;
@@ -132,7 +131,7 @@ impl ReaderPool {
     }
 
     /// One checkpoint of a session.
-    pub fn checkpoint(&self, session_id: &str, id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
+    fn checkpoint(&self, session_id: &str, id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND id = ?2");
             conn.prepare_cached(&sql)?.query_row(params![session_id, id], record).optional()?.transpose()
@@ -140,7 +139,7 @@ impl ReaderPool {
     }
 
     /// The automatic checkpoint taken during a run, if it took one.
-    pub fn checkpoint_of_run(&self, session_id: &str, run_id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
+    fn checkpoint_of_run(&self, session_id: &str, run_id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND run_id = ?2 AND kind = 'auto' ORDER BY seq LIMIT 1"
@@ -151,7 +150,7 @@ impl ReaderPool {
 
     /// The first automatic checkpoint taken once the session had more than `messages`
     /// messages: the files as they were before any run from that message on changed them.
-    pub fn first_auto_checkpoint_after(
+    fn first_auto_checkpoint_after(
         &self,
         session_id: &str,
         messages: u64,
@@ -166,7 +165,7 @@ impl ReaderPool {
     }
 
     /// What a checkpoint holds, by path.
-    pub fn checkpoint_entries(&self, id: &str) -> Result<Vec<CheckpointEntry>, StoreError> {
+    fn checkpoint_entries(&self, id: &str) -> Result<Vec<CheckpointEntry>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(
                 "SELECT e.path, e.digest, e.size, e.mode FROM checkpoint_entries e
@@ -185,7 +184,7 @@ impl ReaderPool {
     }
 
     /// Whether any checkpoint still refers to the blob with this digest.
-    pub fn blob_referenced(&self, digest: &str) -> Result<bool, StoreError> {
+    fn blob_referenced(&self, digest: &str) -> Result<bool, StoreError> {
         self.with(|conn| {
             let found: Option<i64> = conn
                 .prepare_cached("SELECT 1 FROM checkpoint_entries WHERE digest = ?1 LIMIT 1")?

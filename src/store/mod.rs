@@ -7,34 +7,39 @@
 
 mod bae;
 mod checkpoints;
+#[cfg(test)]
+pub mod conformance;
+mod contract;
 mod lock;
 mod migrate;
 mod reader;
+mod sqlite;
 mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver};
 
 use crate::domain::{Message, SessionRecord, SessionStatus, ToolCall};
 
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord};
-pub use reader::{EventQuery, ReaderPool};
+pub use contract::{
+    Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, Reads, Recovery, Reply, Seqs, SessionReads,
+    TurnClaim, Writes,
+};
+pub use reader::EventQuery;
+pub use sqlite::Sqlite;
 pub use writer::WriterHandle;
-
-/// Capacity of the writer's inbox. When it is full, senders block: a burst of writes slows the
-/// runs that make them instead of growing memory without bound.
-const WRITER_INBOX: usize = 8192;
 
 /// The database file's name inside the data dir.
 pub const DB_FILE: &str = "kestrel.db";
 
 #[derive(Debug)]
 pub enum StoreError {
-    /// SQLite refused a statement or a commit.
-    Sqlite(String),
+    /// The backend refused a statement or a commit.
+    Backend(String),
     /// The data dir could not be created or opened.
     Io(std::io::Error),
     /// The writer thread has stopped; the server is shutting down.
@@ -51,12 +56,15 @@ pub enum StoreError {
     NotFound,
     /// The profile still has this many active client keys.
     InUse(u64),
+    /// A turn already holds the session (a claim lost its compare-and-set).
+    Busy,
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Sqlite(message) => write!(f, "sqlite: {message}"),
+            StoreError::Backend(message) => write!(f, "store: {message}"),
+            StoreError::Busy => write!(f, "a turn holds the session"),
             StoreError::Io(error) => write!(f, "data dir: {error}"),
             StoreError::Closed => write!(f, "the store is closed"),
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
@@ -90,7 +98,7 @@ impl From<rusqlite::Error> for StoreError {
                 _ => {}
             }
         }
-        StoreError::Sqlite(error.to_string())
+        StoreError::Backend(error.to_string())
     }
 }
 
@@ -124,9 +132,20 @@ pub enum WriteOp {
         message: Message,
         updated_at: String,
     },
-    /// Every session stored as `running` becomes `interrupted` (run once at boot).
-    InterruptRunning {
-        updated_at: String,
+    /// Claims the session's turn (`Claims::claim_turn`): fails the batch with `Busy` if a
+    /// turn holds it.
+    ClaimTurn(TurnClaim),
+    /// Ends the turn `run_id` holds with `status`; nothing if another run holds the session.
+    ReleaseTurn {
+        session_id: String,
+        run_id: String,
+        status: SessionStatus,
+        at: String,
+    },
+    /// Ends, as `interrupted`, the turns `node` held and those no node owns (`Recovery`).
+    RecoverTurns {
+        node: String,
+        at: String,
     },
     /// Records that a tool call is about to execute. Committed before the tool runs, so a call
     /// without this mark provably never ran. The mark keeps the call and whom its turn acted
@@ -142,14 +161,15 @@ pub enum WriteOp {
         session_id: String,
         call_id: String,
     },
-    /// Raises the highest event seq the bus may hand out.
-    SetSeqCeiling(u64),
     /// The answer to a request sent with an Idempotency-Key; also drops expired answers.
     RecordIdempotent(IdempotentAnswer),
-    /// Appends events to the log, dropping those more than `keep` seqs older than the last
-    /// (a BAE session's events are its permanent history and are never dropped).
-    AppendEvents {
-        events: Vec<LoggedEvent>,
+    /// Appends a batch to the event log: each entry takes the next seq (above `floor` and
+    /// every seq committed before, see `Seqs`), a logged one (`Some`, its `seq` ignored) is
+    /// kept, and events more than `keep` seqs older than the last are dropped (never a BAE
+    /// session's: that is its history). At most one per batch.
+    AppendLog {
+        entries: Vec<Option<LoggedEvent>>,
+        floor: u64,
         keep: u64,
     },
     /// A change to the BAE client API's own tables.
@@ -215,18 +235,15 @@ pub struct IdempotentAnswer {
     pub created_ms: i64,
 }
 
-type Reply = Sender<Result<(), StoreError>>;
-
 enum WriterMsg {
     Write { ops: Vec<WriteOp>, reply: Option<Reply> },
     Shutdown,
 }
 
-/// A cheap, cloneable handle: the writer's inbox plus the reader pool.
+/// A cheap, cloneable handle on the store's backend.
 #[derive(Clone)]
 pub struct Store {
-    writer_tx: Sender<WriterMsg>,
-    readers: Arc<ReaderPool>,
+    backend: Arc<dyn Backend>,
 }
 
 /// The data dir, made if missing, readable only by its owner (0700): every tenant's
@@ -251,13 +268,19 @@ fn private_file(path: &Path, create: bool) -> std::io::Result<()> {
 }
 
 impl Store {
-    /// Writes queued for the writer thread and not yet taken.
-    pub fn queue_depth(&self) -> usize {
-        self.writer_tx.len()
+    /// A handle on `backend`.
+    pub fn new(backend: Arc<dyn Backend>) -> Store {
+        Store { backend }
     }
 
-    /// Locks `data_dir` for this process, opens (creating if needed) the database in it,
-    /// applies migrations and starts the writer thread. The returned handle stops the writer; the app does that last.
+    /// Batches queued for the backend and not yet taken.
+    pub fn queue_depth(&self) -> usize {
+        self.backend.queue_depth()
+    }
+
+    /// Locks `data_dir` for this process, opens (creating if needed) the SQLite database in
+    /// it, applies migrations and starts the writer thread. The returned handle stops the
+    /// writer; the app does that last.
     pub fn open(data_dir: &Path) -> Result<(Store, WriterHandle), StoreError> {
         make_private(data_dir).map_err(StoreError::Io)?;
         let lock = lock::DataDirLock::acquire(data_dir)?;
@@ -265,31 +288,43 @@ impl Store {
         for file in [DB_FILE, "kestrel.db-wal", "kestrel.db-shm"] {
             private_file(&data_dir.join(file), file == DB_FILE).map_err(StoreError::Io)?;
         }
-        let (writer_tx, inbox) = bounded(WRITER_INBOX);
-        let writer = writer::Writer::open(&path)?;
-        let handle = writer.spawn(inbox, writer_tx.clone(), lock)?;
-        let readers = Arc::new(ReaderPool::new(path));
-        Ok((Store { writer_tx, readers }, handle))
+        let (backend, handle) = Sqlite::open(&path, Some(lock))?;
+        Ok((Store::new(Arc::new(backend)), handle))
     }
 
     /// Commits `ops` in one transaction and returns once it is durable.
     pub fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        self.write_pending(ops)?.recv().unwrap_or(Err(StoreError::Closed))
+        self.write_pending(ops)?.recv().unwrap_or(Err(StoreError::Closed)).map(|_| ())
     }
 
     /// Queues `ops` and returns a receiver for the commit's outcome without waiting for it.
-    pub fn write_pending(&self, ops: Vec<WriteOp>) -> Result<Receiver<Result<(), StoreError>>, StoreError> {
+    pub fn write_pending(&self, ops: Vec<WriteOp>) -> Result<Receiver<Result<Committed, StoreError>>, StoreError> {
         let (reply, outcome) = bounded(1);
-        self.writer_tx.send(WriterMsg::Write { ops, reply: Some(reply) }).map_err(|_| StoreError::Closed)?;
+        self.backend.submit(ops, Some(reply))?;
         Ok(outcome)
     }
 
-    /// Queues `ops` with nobody waiting; a failure is logged by the writer.
+    /// Queues `ops` with nobody waiting; a failure is logged by the backend.
     pub fn write_detached(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        self.writer_tx.send(WriterMsg::Write { ops, reply: None }).map_err(|_| StoreError::Closed)
+        self.backend.submit(ops, None)
     }
 
-    pub fn readers(&self) -> &ReaderPool {
-        &self.readers
+    pub fn readers(&self) -> &dyn Reads {
+        &*self.backend
+    }
+
+    /// The highest event seq allocated so far.
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        self.backend.last_seq()
+    }
+
+    /// Claims a session's turn (see `Claims`).
+    pub fn claim_turn(&self, claim: &TurnClaim, with: Vec<WriteOp>) -> Result<(), StoreError> {
+        self.backend.claim_turn(claim, with)
+    }
+
+    /// Ends what `node` left running (see `Recovery`).
+    pub fn recover(&self, node: &str) -> Result<Vec<String>, StoreError> {
+        self.backend.recover(node, &crate::time::now_rfc3339())
     }
 }

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
-use super::{IdempotentAnswer, LoggedEvent, StoreError, UnsettledCall, IDEMPOTENCY_TTL_MS};
+use super::contract::{LogReads, SessionReads};
+use super::{IdempotentAnswer, LoggedEvent, Page, StoreError, UnsettledCall, IDEMPOTENCY_TTL_MS};
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
@@ -44,8 +45,10 @@ impl ReaderPool {
         }
         result
     }
+}
 
-    pub fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+impl SessionReads for super::sqlite::Sqlite {
+    fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
         self.with(|conn| {
             let record = conn
                 .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"))?
@@ -56,7 +59,7 @@ impl ReaderPool {
     }
 
     /// A tenant's sessions, most recently updated first.
-    pub fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
+    fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(&format!(
                 "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ?1 ORDER BY updated_at DESC, rowid DESC"
@@ -70,7 +73,7 @@ impl ReaderPool {
         })
     }
 
-    pub fn messages(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
+    fn messages(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
         self.with(|conn| {
             let mut statement =
                 conn.prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY rowid")?;
@@ -85,7 +88,7 @@ impl ReaderPool {
     }
 
     /// The session's stored messages among `ids`, by id (ids it does not have are left out).
-    pub fn messages_by_id(
+    fn messages_by_id(
         &self,
         session_id: &str,
         ids: &[String],
@@ -106,7 +109,7 @@ impl ReaderPool {
     }
 
     /// The ids of the session's tool calls that were marked as started.
-    pub fn started_calls(&self, session_id: &str) -> Result<std::collections::HashSet<String>, StoreError> {
+    fn started_calls(&self, session_id: &str) -> Result<std::collections::HashSet<String>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached("SELECT call_id FROM tool_call_starts WHERE session_id = ?1")?;
             let rows = statement.query_map([session_id], |row| row.get::<_, String>(0))?;
@@ -120,7 +123,7 @@ impl ReaderPool {
 
     /// The calls of `tenant`'s sessions that were marked as started and never settled, oldest
     /// first: the session, whom its turn acted for, and the call.
-    pub fn unsettled_calls(&self, tenant: &str) -> Result<Vec<UnsettledCall>, StoreError> {
+    fn unsettled_calls(&self, tenant: &str) -> Result<Vec<UnsettledCall>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(
                 "SELECT s.session_id, s.actor, s.call FROM tool_call_starts s JOIN sessions ON sessions.id = s.session_id
@@ -141,7 +144,7 @@ impl ReaderPool {
     }
 
     /// The answer stored for a tenant's Idempotency-Key, unless it expired before `now_ms`.
-    pub fn idempotent(&self, tenant: &str, key: &str, now_ms: i64) -> Result<Option<IdempotentAnswer>, StoreError> {
+    fn idempotent(&self, tenant: &str, key: &str, now_ms: i64) -> Result<Option<IdempotentAnswer>, StoreError> {
         self.with(|conn| {
             let answer = conn
                 .prepare_cached(
@@ -163,9 +166,31 @@ impl ReaderPool {
         })
     }
 
+    /// How many sessions have each status.
+    fn sessions_by_status(&self) -> Result<Vec<(SessionStatus, u64)>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached("SELECT status, count(*) FROM sessions GROUP BY status")?;
+            let rows = statement.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)? as u64)))?;
+            let mut counts = Vec::new();
+            for row in rows {
+                let (status, count) = row?;
+                let status = SessionStatus::parse(&status)
+                    .ok_or_else(|| StoreError::Corrupt(format!("a session status {status:?}")))?;
+                counts.push((status, count));
+            }
+            Ok(counts)
+        })
+    }
+
+    fn session_count(&self) -> Result<u64, StoreError> {
+        self.with(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| row.get::<_, i64>(0))? as u64))
+    }
+}
+
+impl LogReads for super::sqlite::Sqlite {
     /// Logged events with `after < seq < before` that `query` admits, in seq order, at most
     /// `limit`.
-    pub fn events(&self, query: &EventQuery<'_>, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
+    fn events(&self, query: &EventQuery<'_>, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
         self.with(|conn| {
             let sql = match query.session {
                 Some(_) => {
@@ -192,25 +217,51 @@ impl ReaderPool {
         })
     }
 
-    /// How many sessions have each status.
-    pub fn sessions_by_status(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    fn bae_events(
+        &self,
+        session_id: &str,
+        kinds: &[&str],
+        after: u64,
+        limit: usize,
+    ) -> Result<Page<LoggedEvent>, StoreError> {
         self.with(|conn| {
-            let mut statement = conn.prepare_cached("SELECT status, count(*) FROM sessions GROUP BY status")?;
-            let rows = statement.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)? as u64)))?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            let kinds = serde_json::to_string(kinds).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let mut statement = conn.prepare_cached(
+                "SELECT seq, tenant, session_id, type, at, body, actor FROM events
+                 WHERE session_id = ?1 AND seq > ?2 AND type IN (SELECT value FROM json_each(?3))
+                 ORDER BY seq LIMIT ?4",
+            )?;
+            let rows = statement.query_map(params![session_id, after as i64, kinds, limit as i64 + 1], logged_event)?;
+            let mut items = Vec::new();
+            for row in rows {
+                items.push(row?);
+            }
+            let more = items.len() > limit;
+            items.truncate(limit);
+            let next = if more { items.last().map(|event| event.seq) } else { None };
+            Ok(Page { items, next })
         })
     }
 
-    pub fn session_count(&self) -> Result<u64, StoreError> {
-        self.with(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| row.get::<_, i64>(0))? as u64))
+    /// The session a logged event belongs to, if the event is in the log.
+    fn event_session(&self, seq: u64) -> Result<Option<String>, StoreError> {
+        self.with(|conn| {
+            let session: Option<Option<String>> = conn
+                .prepare_cached("SELECT session_id FROM events WHERE seq = ?1")?
+                .query_row([seq as i64], |row| row.get(0))
+                .optional()?;
+            Ok(session.flatten())
+        })
     }
 
-    /// The highest event seq ever reserved, 0 on a new database.
-    pub fn seq_ceiling(&self) -> Result<u64, StoreError> {
+    /// A page of a session's logged events whose type is one of `kinds`.
+    /// Whom the session's latest event of `kind` is attributed to.
+    fn bae_last_actor(&self, session_id: &str, kind: &str) -> Result<Option<String>, StoreError> {
         self.with(|conn| {
-            let value: Option<i64> =
-                conn.query_row("SELECT value FROM meta WHERE key = 'seq_ceiling'", [], |row| row.get(0)).optional()?;
-            Ok(value.unwrap_or(0) as u64)
+            let mut statement = conn.prepare_cached(
+                "SELECT actor FROM events WHERE session_id = ?1 AND type = ?2 ORDER BY seq DESC LIMIT 1",
+            )?;
+            Ok(statement.query_row(params![session_id, kind], |row| row.get(0)).optional()?.flatten())
         })
     }
 }

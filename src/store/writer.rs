@@ -11,8 +11,9 @@ use std::path::Path;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use rusqlite::{params, Connection, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
+use super::contract::{Committed, Reply};
 use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 
@@ -30,7 +31,7 @@ pub struct WriterHandle {
     writer_tx: Sender<WriterMsg>,
     thread: Option<JoinHandle<()>>,
     /// Released when the handle goes, after the writer's last commit.
-    _lock: DataDirLock,
+    _lock: Option<DataDirLock>,
 }
 
 impl WriterHandle {
@@ -61,7 +62,7 @@ impl Writer {
         self,
         inbox: Receiver<WriterMsg>,
         writer_tx: Sender<WriterMsg>,
-        lock: DataDirLock,
+        lock: Option<DataDirLock>,
     ) -> Result<WriterHandle, StoreError> {
         let thread = std::thread::Builder::new()
             .name("kestrel-store".into())
@@ -71,7 +72,7 @@ impl Writer {
     }
 
     fn run(mut self, inbox: Receiver<WriterMsg>) {
-        let mut batch: Vec<(Vec<WriteOp>, Option<super::Reply>)> = Vec::new();
+        let mut batch: Vec<(Vec<WriteOp>, Option<Reply>)> = Vec::new();
         loop {
             let mut stop = false;
             match inbox.recv() {
@@ -95,36 +96,23 @@ impl Writer {
         log::debug!("store writer stopped");
     }
 
-    fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<super::Reply>)>) {
-        let mut trimmed_below = self.trimmed_below;
+    fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<Reply>)>) {
         let metrics = crate::metrics::get();
         let operations: usize = batch.iter().map(|(ops, _)| ops.len()).sum();
         metrics.writer_batch.observe(operations as f64);
         let started = std::time::Instant::now();
-        let outcome = (|| -> Result<(), StoreError> {
-            let tx = self.conn.transaction()?;
-            for (ops, _) in batch.iter() {
-                apply_all(&tx, ops, &mut trimmed_below)?;
-            }
-            tx.commit()?;
-            Ok(())
-        })();
+        let outcome = self.transaction(batch.iter().map(|(ops, _)| ops.as_slice()));
         metrics.writer_commit.observe(started.elapsed().as_secs_f64());
-        if outcome.is_ok() {
-            self.trimmed_below = trimmed_below;
-        }
         match outcome {
-            Ok(()) => {
-                for (_, reply) in batch.drain(..) {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Ok(()));
-                    }
+            Ok(committed) => {
+                for ((_, reply), committed) in batch.drain(..).zip(committed) {
+                    respond(reply, Ok(committed));
                 }
             }
             Err(error) if batch.len() > 1 => {
                 log::warn!("batch of {} writes failed ({error}); retrying one by one", batch.len());
                 for (ops, reply) in batch.drain(..) {
-                    let result = self.commit_one(&ops);
+                    let result = self.transaction(std::iter::once(ops.as_slice())).map(|mut c| c.remove(0));
                     respond(reply, result);
                 }
             }
@@ -136,17 +124,89 @@ impl Writer {
         }
     }
 
-    fn commit_one(&mut self, ops: &[WriteOp]) -> Result<(), StoreError> {
+    /// Commits every message's ops in one transaction, which takes the write lock at its
+    /// start; what each message's log append was given. A transaction that only allocates
+    /// seqs (token deltas: nothing is kept) skips the sync: losing it to a power cut loses
+    /// nothing anyone could have read.
+    fn transaction<'a>(
+        &mut self,
+        messages: impl Iterator<Item = &'a [WriteOp]> + Clone,
+    ) -> Result<Vec<Committed>, StoreError> {
+        let only_seqs = messages
+            .clone()
+            .flatten()
+            .all(|op| matches!(op, WriteOp::AppendLog { entries, .. } if entries.iter().all(Option::is_none)));
+        if only_seqs {
+            self.conn.pragma_update(None, "synchronous", "OFF")?;
+        }
+        let outcome = self.commit(messages);
+        if only_seqs {
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
+        }
+        outcome
+    }
+
+    fn commit<'a>(&mut self, messages: impl Iterator<Item = &'a [WriteOp]>) -> Result<Vec<Committed>, StoreError> {
         let mut trimmed_below = self.trimmed_below;
-        let tx = self.conn.transaction()?;
-        apply_all(&tx, ops, &mut trimmed_below)?;
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut seqs = SeqCursor::default();
+        let mut committed = Vec::new();
+        for ops in messages {
+            let mut first_seq = None;
+            for op in ops {
+                if let Some(first) = apply(&tx, op, &mut trimmed_below, &mut seqs)? {
+                    first_seq = Some(first);
+                }
+            }
+            committed.push(Committed { first_seq });
+        }
+        seqs.store(&tx)?;
         tx.commit()?;
         self.trimmed_below = trimmed_below;
+        Ok(committed)
+    }
+}
+
+/// The log's seqs within one transaction: read from `meta.seq_last` on first use, written
+/// back once at the end.
+#[derive(Default)]
+struct SeqCursor {
+    last: Option<u64>,
+    changed: bool,
+}
+
+impl SeqCursor {
+    /// `count` consecutive seqs above `floor` and every seq allocated before; the first.
+    fn take(&mut self, tx: &Transaction<'_>, count: u64, floor: u64) -> Result<u64, StoreError> {
+        let last = match self.last {
+            Some(last) => last,
+            None => {
+                let stored: Option<i64> = tx
+                    .prepare_cached("SELECT value FROM meta WHERE key = 'seq_last'")?
+                    .query_row([], |row| row.get(0))
+                    .optional()?;
+                stored.unwrap_or(0) as u64
+            }
+        };
+        let first = last.max(floor) + 1;
+        self.last = Some(first + count - 1);
+        self.changed = true;
+        Ok(first)
+    }
+
+    fn store(&self, tx: &Transaction<'_>) -> Result<(), StoreError> {
+        if let (true, Some(last)) = (self.changed, self.last) {
+            tx.prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('seq_last', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([last as i64])?;
+        }
         Ok(())
     }
 }
 
-fn respond(reply: Option<super::Reply>, result: Result<(), StoreError>) {
+fn respond(reply: Option<Reply>, result: Result<Committed, StoreError>) {
     match reply {
         Some(reply) => {
             let _ = reply.send(result);
@@ -159,14 +219,13 @@ fn respond(reply: Option<super::Reply>, result: Result<(), StoreError>) {
     }
 }
 
-fn apply_all(tx: &Transaction<'_>, ops: &[WriteOp], trimmed_below: &mut Option<u64>) -> Result<(), StoreError> {
-    for op in ops {
-        apply(tx, op, trimmed_below)?;
-    }
-    Ok(())
-}
-
-fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) -> Result<(), StoreError> {
+/// Applies one op; a log append answers with its first seq.
+fn apply(
+    tx: &Transaction<'_>,
+    op: &WriteOp,
+    trimmed_below: &mut Option<u64>,
+    seqs: &mut SeqCursor,
+) -> Result<Option<u64>, StoreError> {
     match op {
         WriteOp::InsertSession(record) => {
             let s = &record.summary;
@@ -203,12 +262,37 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
                 .prepare_cached("UPDATE sessions SET message_count = message_count + 1, updated_at = ?2 WHERE id = ?1")?
                 .execute(params![session_id, updated_at])?;
             if changed == 0 {
-                return Err(StoreError::Sqlite(format!("no session {session_id}")));
+                return Err(StoreError::Backend(format!("no session {session_id}")));
             }
         }
-        WriteOp::InterruptRunning { updated_at } => {
-            tx.prepare_cached("UPDATE sessions SET status = 'interrupted', updated_at = ?1 WHERE status = 'running'")?
-                .execute([updated_at])?;
+        WriteOp::ClaimTurn(claim) => {
+            let claimed = tx
+                .prepare_cached(
+                    "UPDATE sessions SET status = ?4, run_id = ?2, node = ?3, updated_at = ?5
+                     WHERE id = ?1 AND status != ?4",
+                )?
+                .execute(params![claim.session_id, claim.run_id, claim.node, super::sqlite::running(), claim.at])?;
+            if claimed == 0 {
+                let exists: Option<i64> = tx
+                    .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")?
+                    .query_row([&claim.session_id], |r| r.get(0))
+                    .optional()?;
+                return Err(if exists.is_some() { StoreError::Busy } else { StoreError::MissingSession });
+            }
+        }
+        WriteOp::ReleaseTurn { session_id, run_id, status, at } => {
+            tx.prepare_cached(
+                "UPDATE sessions SET status = ?3, run_id = NULL, node = NULL, updated_at = ?4
+                 WHERE id = ?1 AND run_id IS ?2",
+            )?
+            .execute(params![session_id, run_id, status.as_str(), at])?;
+        }
+        WriteOp::RecoverTurns { node, at } => {
+            tx.prepare_cached(
+                "UPDATE sessions SET status = 'interrupted', run_id = NULL, node = NULL, updated_at = ?2
+                 WHERE status = ?3 AND (node = ?1 OR node IS NULL)",
+            )?
+            .execute(params![node, at, super::sqlite::running()])?;
         }
         WriteOp::MarkCallStarted { session_id, call, actor, at } => {
             let body = serde_json::to_string(call).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -223,7 +307,14 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
                 .execute(params![session_id, call_id])?;
         }
         WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
-        WriteOp::AppendEvents { events, keep } => append_events(tx, events, *keep, trimmed_below)?,
+        WriteOp::AppendLog { entries, floor, keep } => {
+            if entries.is_empty() {
+                return Ok(None);
+            }
+            let first = seqs.take(tx, entries.len() as u64, *floor)?;
+            append_events(tx, first, entries, *keep, trimmed_below)?;
+            return Ok(Some(first));
+        }
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
         WriteOp::InsertCheckpoint { record, entries } => super::checkpoints::insert(tx, record, entries)?,
         WriteOp::CompactHistory { session_id, summary, hidden, kept } => {
@@ -239,15 +330,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trimmed_below: &mut Option<u64>) ->
             tx.prepare_cached("UPDATE sessions SET message_count = message_count - ?2, updated_at = ?3 WHERE id = ?1")?
                 .execute(params![session_id, removed as i64, updated_at])?;
         }
-        WriteOp::SetSeqCeiling(ceiling) => {
-            tx.prepare_cached(
-                "INSERT INTO meta (key, value) VALUES ('seq_ceiling', ?1)
-                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
-            )?
-            .execute([*ceiling as i64])?;
-        }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Marks the replaced messages, then puts the summary before the kept ones by moving those
@@ -306,19 +390,21 @@ fn record_idempotent(tx: &Transaction<'_>, record: &super::IdempotentAnswer) -> 
     Ok(())
 }
 
+/// Inserts the kept entries, the batch's first entry at seq `first`.
 fn append_events(
     tx: &Transaction<'_>,
-    events: &[super::LoggedEvent],
+    first: u64,
+    entries: &[Option<super::LoggedEvent>],
     keep: u64,
     trimmed_below: &mut Option<u64>,
 ) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(
-        "INSERT OR REPLACE INTO events (seq, tenant, session_id, type, at, body, actor)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO events (seq, tenant, session_id, type, at, body, actor) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    for event in events {
+    for (offset, event) in entries.iter().enumerate() {
+        let Some(event) = event else { continue };
         insert.execute(params![
-            event.seq as i64,
+            (first + offset as u64) as i64,
             event.tenant,
             event.session_id,
             event.kind,
@@ -327,10 +413,10 @@ fn append_events(
             event.actor
         ])?;
     }
-    let Some(last) = events.last() else { return Ok(()) };
+    let last = first + entries.len() as u64 - 1;
     // The oldest go as new ones come, but never a BAE session's: that is its history. Only
     // the seqs not trimmed before are looked at, so this stays a range on the primary key.
-    let below = last.seq.saturating_sub(keep);
+    let below = last.saturating_sub(keep);
     let from = trimmed_below.unwrap_or(0);
     if below > from {
         tx.prepare_cached("DELETE FROM events WHERE seq >= ?1 AND seq < ?2 AND tenant IS NOT ?3")?.execute(params![
@@ -408,7 +494,7 @@ mod tests {
         let pending: Vec<_> = (0..200)
             .map(|i| store.write_pending(vec![append(if i == 100 { "missing" } else { "s1" })]).unwrap())
             .collect();
-        let outcomes: Vec<Result<(), StoreError>> = pending.into_iter().map(|rx| rx.recv().unwrap()).collect();
+        let outcomes: Vec<Result<_, StoreError>> = pending.into_iter().map(|rx| rx.recv().unwrap()).collect();
         assert!(outcomes[100].is_err());
         assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 199);
         let record = store.readers().session("s1").unwrap().unwrap();
@@ -430,14 +516,14 @@ mod tests {
     }
 
     #[test]
-    fn interrupt_running_and_a_reopen_keep_everything() {
+    fn recovery_and_a_reopen_keep_everything() {
         let dir = tempfile::tempdir().unwrap();
         let (store, writer) = Store::open(dir.path()).unwrap();
         store.write(vec![session("s1"), append("s1")]).unwrap();
         store.write_detached(vec![append("s1")]).unwrap();
         writer.shutdown(); // commits the detached write before stopping
         let (store, writer) = reopen(dir.path());
-        store.write(vec![WriteOp::InterruptRunning { updated_at: "2026-01-02T00:00:00.000Z".into() }]).unwrap();
+        assert_eq!(store.recover("node-a").unwrap(), ["s1"], "a running row no node owns is this node's");
         let record = store.readers().session("s1").unwrap().unwrap();
         assert_eq!(record.summary.status, SessionStatus::Interrupted);
         assert_eq!(record.summary.message_count, 2);

@@ -150,7 +150,7 @@ mod tests {
         assert!(!conflict.message.contains("UNIQUE"), "the store's words stay in the log");
         let gone = ApiError::from(EngineError::from(StoreError::MissingSession));
         assert_eq!((gone.status, gone.code), (404, "session_not_found"));
-        let full = ApiError::from(EngineError::Store(StoreError::Sqlite("database or disk is full".into())));
+        let full = ApiError::from(EngineError::Store(StoreError::Backend("database or disk is full".into())));
         assert_eq!((full.status, full.code), (500, "internal_error"));
     }
 }

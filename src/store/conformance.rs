@@ -1,0 +1,255 @@
+//! The store contract (`contract.rs`) as checks every backend must pass. `run_all` takes a
+//! way to open one more handle on the same store, standing for one more node; each check
+//! opens what it needs, several at once where the contract is about several nodes.
+//! `sqlite.rs` runs it on a SQLite file shared by several handles, each with its own writer
+//! connection, as several processes would have.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::{Backend, EventQuery, LoggedEvent, StoreError, TurnClaim, WriteOp};
+use crate::domain::{Message, Role, SessionRecord, SessionStatus, SessionSummary};
+
+/// An open handle and how to close it.
+pub type Opened = (Arc<dyn Backend>, Box<dyn FnOnce() + Send>);
+
+/// Opens one more handle (node) on the store under test.
+pub type Open<'a> = &'a (dyn Fn(&std::path::Path) -> Result<Opened, StoreError> + Sync);
+
+/// Every check, each on a store of its own under a temporary directory.
+pub fn run_all(open: Open<'_>) {
+    batches_commit_whole_or_not_at_all(open);
+    seqs_are_commit_ordered_however_many_nodes_write(open);
+    a_turn_claim_is_compare_and_set(open);
+    recovery_ends_only_what_its_node_held(open);
+}
+
+/// A store under a fresh directory, opened `nodes` times.
+fn nodes(open: Open<'_>, count: usize) -> (tempfile::TempDir, Vec<Opened>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("conformance.db");
+    let opened = (0..count).map(|_| open(&path).expect("the store opens")).collect();
+    (dir, opened)
+}
+
+fn close(nodes: Vec<Opened>) {
+    for (_, closer) in nodes {
+        closer();
+    }
+}
+
+fn write(backend: &dyn Backend, ops: Vec<WriteOp>) -> Result<super::Committed, StoreError> {
+    let (reply, outcome) = crossbeam_channel::bounded(1);
+    backend.submit(ops, Some(reply))?;
+    outcome.recv().unwrap_or(Err(StoreError::Closed))
+}
+
+fn session(id: &str, status: SessionStatus) -> WriteOp {
+    WriteOp::InsertSession(SessionRecord {
+        summary: SessionSummary {
+            id: id.into(),
+            title: "t".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            updated_at: "2026-01-01T00:00:00Z".into(),
+            status,
+            model: "builtin/echo".into(),
+            message_count: 0,
+            workspace: "/tmp".into(),
+        },
+        tenant: "t".into(),
+        system_prompt: None,
+    })
+}
+
+fn event(session: &str, kind: &str) -> LoggedEvent {
+    LoggedEvent {
+        seq: 0,
+        tenant: Some("t".into()),
+        session_id: Some(session.into()),
+        actor: None,
+        kind: kind.into(),
+        at: "2026-01-01T00:00:00Z".into(),
+        body: "{}".into(),
+    }
+}
+
+fn append(entries: Vec<Option<LoggedEvent>>) -> WriteOp {
+    WriteOp::AppendLog { entries, floor: 0, keep: i64::MAX as u64 }
+}
+
+/// Every logged event, in seq order.
+fn all_events(backend: &dyn Backend) -> Vec<LoggedEvent> {
+    let query = EventQuery { after: 0, before: i64::MAX as u64, tenant: "t", session: None };
+    backend.events(&query, 1_000_000).expect("the log reads")
+}
+
+/// A batch whose last op fails leaves nothing of its others; a whole one is read back.
+pub fn batches_commit_whole_or_not_at_all(open: Open<'_>) {
+    let (_dir, opened) = nodes(open, 1);
+    let backend = &*opened[0].0;
+    let message = Message::text_of(Role::User, "hello");
+    let whole = vec![
+        session("s1", SessionStatus::Idle),
+        WriteOp::AppendMessage { session_id: "s1".into(), message, updated_at: "now".into() },
+        append(vec![Some(event("s1", "message.completed"))]),
+    ];
+    let committed = write(backend, whole).expect("a whole batch commits");
+    assert!(committed.first_seq.is_some(), "a log append says where its seqs start");
+    let broken = vec![
+        session("s2", SessionStatus::Idle),
+        append(vec![Some(event("s2", "session.updated"))]),
+        WriteOp::AppendMessage {
+            session_id: "missing".into(),
+            message: Message::text_of(Role::User, "lost"),
+            updated_at: "now".into(),
+        },
+    ];
+    let refused = write(backend, broken);
+    assert!(matches!(refused, Err(StoreError::MissingSession)), "{refused:?}");
+    assert!(backend.session("s2").expect("reads").is_none(), "nothing of a failed batch is kept");
+    assert_eq!(all_events(backend).len(), 1, "nor its events");
+    assert_eq!(backend.messages("s1").expect("reads").len(), 1);
+    assert_eq!(backend.last_seq().expect("reads"), committed.first_seq.unwrap_or(0));
+    close(opened);
+}
+
+/// Several nodes append batches of kept and unkept entries at once while a reader follows the
+/// log with a cursor: every batch gets consecutive seqs no other batch shares, and no event
+/// ever commits behind the reader's cursor (it never saw N+1 before N).
+pub fn seqs_are_commit_ordered_however_many_nodes_write(open: Open<'_>) {
+    const NODES: usize = 3;
+    const WRITERS_PER_NODE: usize = 2;
+    const BATCHES: usize = 60;
+    let (_dir, opened) = nodes(open, NODES + 1);
+    write(&*opened[0].0, vec![session("s", SessionStatus::Idle)]).expect("a session");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (backend, stop) = (Arc::clone(&opened[NODES].0), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut cursor = 0;
+            loop {
+                let done = stop.load(std::sync::atomic::Ordering::SeqCst);
+                let query = EventQuery { after: cursor, before: i64::MAX as u64, tenant: "t", session: None };
+                for event in backend.events(&query, 100).expect("the log reads") {
+                    assert!(event.seq > cursor, "seqs read in order");
+                    cursor = event.seq;
+                    seen.push(event.seq);
+                }
+                if done {
+                    return seen;
+                }
+            }
+        })
+    };
+    let writers: Vec<_> = (0..NODES * WRITERS_PER_NODE)
+        .map(|index| {
+            let backend = Arc::clone(&opened[index % NODES].0);
+            std::thread::spawn(move || {
+                let mut ranges = Vec::new();
+                for batch in 0..BATCHES {
+                    let size = 1 + (index + batch) % 4;
+                    let entries: Vec<Option<LoggedEvent>> =
+                        (0..size).map(|n| (n % 2 == 0).then(|| event("s", "tool.started"))).collect();
+                    let committed = write(&*backend, vec![append(entries)]).expect("an append commits");
+                    let first = committed.first_seq.expect("a first seq");
+                    ranges.push((first, size as u64));
+                }
+                ranges
+            })
+        })
+        .collect();
+    let mut ranges: Vec<(u64, u64)> = writers.into_iter().flat_map(|w| w.join().expect("a writer")).collect();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = reader.join().expect("the reader");
+    ranges.sort();
+    for pair in ranges.windows(2) {
+        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "batches share no seq: {pair:?}");
+    }
+    let logged: Vec<u64> = all_events(&*opened[0].0).iter().map(|e| e.seq).collect();
+    let expected: BTreeSet<u64> =
+        ranges.iter().flat_map(|&(first, size)| (0..size).filter(|n| n % 2 == 0).map(move |n| first + n)).collect();
+    assert_eq!(logged.iter().copied().collect::<BTreeSet<_>>(), expected, "each kept entry at its seq");
+    assert_eq!(seen, logged, "the reader's cursor missed nothing: nothing committed behind it");
+    let last = ranges.last().map_or(0, |&(first, size)| first + size - 1);
+    assert_eq!(opened[0].0.last_seq().expect("reads"), last);
+    close(opened);
+}
+
+/// Of many nodes racing to claim one session's turn, one wins; a release by another run
+/// ends nothing; once released, the next claim wins.
+pub fn a_turn_claim_is_compare_and_set(open: Open<'_>) {
+    let (_dir, opened) = nodes(open, 2);
+    write(&*opened[0].0, vec![session("s", SessionStatus::Idle)]).expect("a session");
+    let claim = |node: usize, run: &str| TurnClaim {
+        session_id: "s".into(),
+        run_id: run.into(),
+        node: format!("node-{node}"),
+        at: "2026-01-01T00:00:00Z".into(),
+    };
+    let racers: Vec<_> = (0..8)
+        .map(|n| {
+            let (backend, claim) = (Arc::clone(&opened[n % 2].0), claim(n % 2, &format!("run-{n}")));
+            std::thread::spawn(move || backend.claim_turn(&claim, Vec::new()).map(|()| claim.run_id))
+        })
+        .collect();
+    let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().expect("a racer")).collect();
+    let winners: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    assert!(outcomes.iter().filter(|o| o.is_err()).all(|o| matches!(o, Err(StoreError::Busy))));
+    let backend = &*opened[0].0;
+    assert_eq!(backend.session("s").expect("reads").expect("the session").summary.status, SessionStatus::Running);
+    let release = |run: &str| WriteOp::ReleaseTurn {
+        session_id: "s".into(),
+        run_id: run.into(),
+        status: SessionStatus::Idle,
+        at: "later".into(),
+    };
+    write(backend, vec![release("someone-else")]).expect("a stale release commits, ending nothing");
+    assert!(matches!(backend.claim_turn(&claim(0, "late"), Vec::new()), Err(StoreError::Busy)));
+    write(backend, vec![release(winners[0])]).expect("the holder releases");
+    assert_eq!(backend.session("s").expect("reads").expect("the session").summary.status, SessionStatus::Idle);
+    let with = vec![WriteOp::AppendMessage {
+        session_id: "s".into(),
+        message: Message::text_of(Role::User, "next"),
+        updated_at: "now".into(),
+    }];
+    backend.claim_turn(&claim(1, "next"), with).expect("a free session is claimed, with its writes");
+    assert_eq!(backend.messages("s").expect("reads").len(), 1);
+    let refused = vec![WriteOp::AppendMessage {
+        session_id: "s".into(),
+        message: Message::text_of(Role::User, "lost"),
+        updated_at: "now".into(),
+    }];
+    assert!(matches!(backend.claim_turn(&claim(0, "again"), refused), Err(StoreError::Busy)));
+    assert_eq!(backend.messages("s").expect("reads").len(), 1, "a lost claim commits none of its writes");
+    let missing = TurnClaim { session_id: "gone".into(), ..claim(0, "x") };
+    assert!(matches!(backend.claim_turn(&missing, Vec::new()), Err(StoreError::MissingSession)));
+    close(opened);
+}
+
+/// A node's recovery ends its own turns and those of rows no node owns, not another node's.
+pub fn recovery_ends_only_what_its_node_held(open: Open<'_>) {
+    let (_dir, opened) = nodes(open, 2);
+    let (a, b) = (&*opened[0].0, &*opened[1].0);
+    let sessions = ["mine", "theirs", "unowned", "idle"]
+        .map(|id| session(id, if id == "unowned" { SessionStatus::Running } else { SessionStatus::Idle }));
+    write(a, sessions.into()).expect("sessions");
+    let claim = |id: &str, node: &str| TurnClaim {
+        session_id: id.into(),
+        run_id: format!("run-{id}"),
+        node: node.into(),
+        at: "2026-01-01T00:00:00Z".into(),
+    };
+    a.claim_turn(&claim("mine", "a"), Vec::new()).expect("a claims");
+    b.claim_turn(&claim("theirs", "b"), Vec::new()).expect("b claims");
+    let ended = a.recover("a", "2026-01-02T00:00:00Z").expect("a recovers");
+    assert_eq!(ended, ["mine", "unowned"]);
+    let status = |id: &str| a.session(id).expect("reads").expect("a session").summary.status;
+    assert_eq!(status("mine"), SessionStatus::Interrupted);
+    assert_eq!(status("unowned"), SessionStatus::Interrupted);
+    assert_eq!(status("theirs"), SessionStatus::Running, "another node's turn is left alone");
+    assert_eq!(status("idle"), SessionStatus::Idle);
+    a.claim_turn(&claim("mine", "a"), Vec::new()).expect("an interrupted session is claimed again");
+    close(opened);
+}

@@ -61,7 +61,7 @@ pub struct Envelope {
 pub enum Format {
     /// Kestrel's SSE frames (`api/kestrel/wire.rs`).
     KestrelSse = 0,
-    /// BAE's NDJSON frames (the next front door).
+    /// BAE's NDJSON frames (`api/bae/wire.rs`).
     BaeNdjson = 1,
     /// Kestrel's plugin stream: named SSE events (`plugins.changed`).
     KestrelPlugins = 2,

@@ -6,11 +6,12 @@
 //! reply channel; the turn's worker (`run.rs`, on its own `kestrel-run` thread) reports to the
 //! actor on the same inbox (`TurnMsg`): the approvals it waits on and, as its very last step,
 //! how the turn ended. The actor owns the active turn (so it alone decides `session_busy`), the
-//! pending approvals, and a delete waiting for the turn to stop. Later: a queue of turns, a
-//! turn paused for client tools, MCP connections, sandboxes.
+//! pending approvals, a delete waiting for the turn to stop, and what a BAE session keeps (its
+//! drivers, its turn gate and queue, a paused turn, its sandbox). Slow steps (a checkpoint's
+//! walk, a sandbox start) run on `kestrel-slow` workers that report back (`Done`), so the
+//! actor blocks only on its inbox and on the store.
 //!
-//! The registry (`Registry`) is the only map shared between threads: session id → the actor's
-//! inbox. Operations are sent while its lock is held (a send on an unbounded channel never
+//! The registry (`Registry`) maps session id → the actor's inbox. Operations are sent while its lock is held (a send on an unbounded channel never
 //! blocks), and an actor leaves the registry only under that lock and only with an empty
 //! inbox, so no operation is ever sent to an actor that has stopped reading.
 

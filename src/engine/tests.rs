@@ -170,3 +170,55 @@ fn deletes_that_arrive_together_during_a_turn_are_all_answered() {
     bus.shutdown();
     writer.shutdown();
 }
+
+/// A tool that, when it runs, reads whether the store holds its call's start mark.
+struct Probe(Arc<std::sync::OnceLock<Store>>, crossbeam_channel::Sender<bool>);
+
+impl tools::Tool for Probe {
+    fn schema(&self) -> crate::domain::ToolSchema {
+        crate::domain::ToolSchema {
+            name: "probe".into(),
+            description: "reports whether its start mark is durable".into(),
+            parameters: serde_json::json!({ "type": "object" }),
+            permission: None,
+            category: None,
+        }
+    }
+
+    fn default_permission(&self) -> tools::Permission {
+        tools::Permission::Auto
+    }
+
+    fn run(
+        &self,
+        _: &serde_json::Map<String, serde_json::Value>,
+        context: &tools::ToolContext<'_>,
+    ) -> Result<tools::ToolOutput, tools::ToolError> {
+        let store = self.0.get().expect("the store is set before any run");
+        let started = store.readers().started_calls(context.session_id).expect("the marks read");
+        let _ = self.1.send(started.contains(context.call_id));
+        Ok(tools::ToolOutput::success("probed", None))
+    }
+}
+
+#[test]
+fn a_tool_runs_only_once_its_start_mark_is_durable() {
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(std::sync::OnceLock::new());
+    let (marked_tx, marked) = crossbeam_channel::unbounded();
+    let mut registry = ToolRegistry::new(HashMap::new(), 1000);
+    registry.register(Box::new(Probe(Arc::clone(&store), marked_tx)));
+    let (engine, writer, bus) = engine_with(data.path(), registry);
+    let _ = store.set(engine.shared.store.clone());
+    let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
+    let id = engine.create_session("t", new, None).unwrap().summary.id;
+    let events = bus_subscription(&engine, &id);
+    let message = NewMessage { content: "/tool probe {}\n/tool probe {}".into(), images: Vec::new() };
+    engine.send_message("t", &id, message, None).unwrap();
+    wait_for(&events, "run.finished");
+    let seen: Vec<bool> = marked.try_iter().collect();
+    assert_eq!(seen, [true, true], "each call found its mark committed when it ran");
+    engine.shutdown(Duration::from_secs(1));
+    bus.shutdown();
+    writer.shutdown();
+}

@@ -15,6 +15,7 @@ mod hammer;
 mod hardening;
 mod http;
 mod idempotency;
+mod invariants;
 mod local_model;
 mod logs;
 mod markdown;

@@ -34,7 +34,8 @@ struct Ack {
 struct InFlight {
     batch: Vec<Stamped>,
     acks: Vec<Ack>,
-    commit: Receiver<Result<Committed, StoreError>>,
+    /// The commit's outcome; `None`: deltas alone, numbered here (see `flush`).
+    commit: Option<Receiver<Result<Committed, StoreError>>>,
     /// The events' own writes, to write apart should the batch fail.
     writes: Option<Vec<WriteOp>>,
 }
@@ -49,12 +50,19 @@ struct Subscriber {
 pub(super) struct BusActor {
     store: Store,
     config: BusConfig,
-    /// The last seq the log gave this bus's events.
+    /// The last seq handed out, to a logged event or a delta.
     last_seq: u64,
+    /// The last seq the store's counter is known to be past: deltas numbered here since
+    /// then are at most `DELTA_RUN` (see `flush`).
+    persisted: u64,
     next_subscriber_id: u64,
     /// A sender into our own inbox, handed to each `Subscription` so its drop can unsubscribe.
     own_tx: Sender<BusMsg>,
     ring: VecDeque<Arc<Envelope>>,
+    /// Deltas numbered here whose batches are still in flight.
+    in_flight_len: u64,
+    /// Batches sent to the log and not yet committed.
+    appending: usize,
     /// Events of this batch that carry writes or have a publisher waiting for the commit.
     acks: Vec<Ack>,
     subscribers: Vec<Subscriber>,
@@ -74,9 +82,12 @@ impl BusActor {
             store,
             config,
             last_seq,
+            persisted: last_seq,
             next_subscriber_id: 0,
             own_tx,
             ring: VecDeque::with_capacity(config.replay_capacity.min(1 << 16)),
+            in_flight_len: 0,
+            appending: 0,
             acks: Vec::new(),
             subscribers: Vec::new(),
             subscriber_gauge,
@@ -136,8 +147,13 @@ impl BusActor {
     fn wait(&mut self, inbox: &Receiver<BusMsg>, in_flight: &mut VecDeque<InFlight>) -> Option<BusMsg> {
         loop {
             let Some(front) = in_flight.front() else { return inbox.recv().ok() };
+            let Some(commit) = &front.commit else {
+                let done = in_flight.pop_front().expect("a front batch");
+                self.complete(done, Ok(Committed::default()));
+                continue;
+            };
             crossbeam_channel::select! {
-                recv(front.commit) -> outcome => {
+                recv(commit) -> outcome => {
                     let done = in_flight.pop_front().expect("a front batch");
                     self.complete(done, outcome.unwrap_or(Err(StoreError::Closed)));
                 }
@@ -149,7 +165,10 @@ impl BusActor {
     /// Waits for every batch in flight and fans each out.
     fn drain(&mut self, in_flight: &mut VecDeque<InFlight>) {
         while let Some(done) = in_flight.pop_front() {
-            let outcome = done.commit.recv().unwrap_or(Err(StoreError::Closed));
+            let outcome = match &done.commit {
+                Some(commit) => commit.recv().unwrap_or(Err(StoreError::Closed)),
+                None => Ok(Committed::default()),
+            };
             self.complete(done, outcome);
         }
     }
@@ -198,7 +217,20 @@ impl BusActor {
     /// every entry its seq in the commit (a delta takes one and is not kept), and the batch is
     /// fanned out once it commits, so nothing but a delta is streamed before it is durable.
     /// Publishers never wait on this.
+    ///
+    /// A batch of deltas alone is numbered here, after whatever is in flight, with no trip to
+    /// the store: the log's next allocation starts above it (`floor`). At most `DELTA_RUN` are
+    /// numbered so between two trips, and a start skips that many (`Bus::start`), so a seq a
+    /// delta had before a crash is never handed out again.
     fn flush(&mut self, batch: Vec<Stamped>) -> InFlight {
+        let deltas_only = self.acks.is_empty() && batch.iter().all(|stamped| stamped.logged.is_none());
+        let numbered = self.last_seq + self.in_flight_len + batch.len() as u64;
+        // Numbered here only when no append is in flight: its seqs, still unknown, come first.
+        if deltas_only && self.appending == 0 && numbered - self.persisted < DELTA_RUN {
+            self.in_flight_len += batch.len() as u64;
+            return InFlight { batch, acks: Vec::new(), commit: None, writes: None };
+        }
+        self.appending += 1;
         let mut acks = std::mem::take(&mut self.acks);
         let mut ops: Vec<WriteOp> = acks.iter_mut().flat_map(|ack| std::mem::take(&mut ack.writes)).collect();
         // Kept to write apart what did commit, should the batch fail.
@@ -212,13 +244,15 @@ impl BusActor {
                 failed
             }
         };
-        InFlight { batch, acks, commit, writes }
+        InFlight { batch, acks, commit: Some(commit), writes }
     }
 
     /// The log append of `batch`.
     fn append(&self, batch: &[Stamped]) -> WriteOp {
         let entries = batch.iter().map(|stamped| stamped.logged.clone()).collect();
-        WriteOp::AppendLog { entries, floor: self.last_seq, keep: self.config.log_capacity }
+        // Above whatever was numbered here, in flight ones included.
+        let floor = self.last_seq + self.in_flight_len;
+        WriteOp::AppendLog { entries, floor, keep: self.config.log_capacity }
     }
 
     /// A batch's commit is known: give its entries their seqs, fan out, confirm. If it carried
@@ -226,9 +260,18 @@ impl BusActor {
     /// failed are dropped; the rest are appended again. Publishers are told after the fan-out:
     /// an event they wait for has been streamed too.
     fn complete(&mut self, done: InFlight, outcome: Result<Committed, StoreError>) {
-        let InFlight { mut batch, mut acks, writes, .. } = done;
+        let InFlight { mut batch, mut acks, writes, commit } = done;
+        match commit {
+            None => self.in_flight_len -= batch.len() as u64,
+            Some(_) => self.appending -= 1,
+        }
         let first = match outcome {
-            Ok(committed) => committed.first_seq,
+            Ok(committed) => {
+                if let Some(first) = committed.first_seq {
+                    self.persisted = self.persisted.max(first + batch.len() as u64 - 1);
+                }
+                committed.first_seq
+            }
             Err(error) => {
                 let failed = match writes {
                     Some(writes) => self.write_apart(&mut acks, writes, &error),

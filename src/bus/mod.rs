@@ -21,7 +21,8 @@
 //! Seqs come from the log: each batch goes to the store as one append, whose commit gives
 //! every entry its seq (a delta takes one and is not kept), so seq order is commit order
 //! however many processes share the store (`store::Seqs`). The batch is fanned out once that
-//! commit is known. A batch of deltas alone commits without a sync.
+//! commit is known. A batch of deltas alone is numbered by the bus itself, above what is in
+//! flight, with no trip to the store: the next append starts above it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -33,6 +34,8 @@ use crate::domain::Event;
 use crate::store::{EventQuery, LoggedEvent, Store, StoreError, WriteOp};
 
 const INBOX: usize = 16_384;
+/// Deltas the bus numbers on its own between two trips to the store (see `BusActor::flush`).
+const DELTA_RUN: u64 = 100_000;
 /// Events stamped and fanned out together at most.
 const MAX_BATCH: usize = 512;
 
@@ -390,6 +393,9 @@ pub struct BusConfig {
 impl Bus {
     /// Starts the bus thread, continuing the seq above what the store says was handed out.
     pub fn start(store: Store, config: BusConfig) -> Result<(Bus, BusHandle), StoreError> {
+        // Past every seq a delta may have had before a crash: one entry allocated above them.
+        let skip = WriteOp::AppendLog { entries: vec![None], floor: store.last_seq()? + DELTA_RUN, keep: u64::MAX };
+        store.write(vec![skip])?;
         let last_seq = store.last_seq()?;
         let (bus_tx, inbox) = bounded(INBOX);
         let subscribers = Arc::new(AtomicUsize::new(0));

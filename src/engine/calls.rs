@@ -46,7 +46,7 @@ pub struct Decision {
 }
 
 /// What resume found in the transcript.
-pub(super) enum Repair {
+pub enum Repair {
     /// The transcript ends in a complete answer; nothing is left to do.
     Complete,
     /// Calls that provably never ran, to dispatch before the next model call.
@@ -61,7 +61,7 @@ enum CallEnd {
 impl Run {
     /// Runs `calls` in order. `Some(Stop::Cancelled)` when a cancel stopped them; the calls that
     /// did not run are then answered (on a user's cancel) so the transcript stays well formed.
-    pub(super) fn run_calls(&self, calls: &[ToolCall], session: &SessionRecord) -> Result<Option<Stop>, EngineError> {
+    pub(crate) fn run_calls(&self, calls: &[ToolCall], session: &SessionRecord) -> Result<Option<Stop>, EngineError> {
         let workspace =
             self.shared.config.workspaces.open(&self.tenant, std::path::Path::new(&session.summary.workspace));
         for (index, call) in calls.iter().enumerate() {
@@ -109,7 +109,7 @@ impl Run {
     }
 
     /// Commits the call's start mark; the tool may run once this returns.
-    pub(super) fn mark_started(&self, call: &ToolCall) -> Result<(), EngineError> {
+    pub(crate) fn mark_started(&self, call: &ToolCall) -> Result<(), EngineError> {
         self.shared.store.write(vec![WriteOp::MarkCallStarted {
             session_id: self.session_id.clone(),
             call: Box::new(call.clone()),
@@ -216,7 +216,7 @@ impl Run {
     }
 
     /// Settles every call without a recorded result before a resumed run continues.
-    pub(super) fn repair_transcript(&self) -> Result<Repair, EngineError> {
+    pub(crate) fn repair_transcript(&self) -> Result<Repair, EngineError> {
         let history = self.shared.store.readers().messages(&self.session_id)?;
         let started = self.shared.store.readers().started_calls(&self.session_id)?;
         let answered: HashSet<&str> =

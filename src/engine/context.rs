@@ -70,7 +70,7 @@ fn split(messages: &[Message], keep: usize) -> Option<usize> {
 
 impl Run {
     /// Compacts the session's history first if the next call would not fit (see the module doc).
-    pub(super) fn fit_context(&self, route: &Route, session: &SessionRecord) -> Result<(), EngineError> {
+    pub(crate) fn fit_context(&self, route: &Route, session: &SessionRecord) -> Result<(), EngineError> {
         let Some(window) =
             self.shared.models.infos().find(|m| m.id == session.summary.model).and_then(|m| m.context_window)
         else {

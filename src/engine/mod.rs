@@ -13,6 +13,7 @@ mod checkpoints;
 mod compaction;
 mod context;
 pub mod idempotency;
+pub mod plan;
 mod publish;
 mod run;
 mod session;
@@ -29,8 +30,10 @@ use crate::domain::{
 use crate::providers::ModelRegistry;
 use crate::store::{SessionPatch, Store, StoreError, WriteOp};
 use crate::tools::workspace::{PathError, Workspace, WorkspacePolicy, WorkspaceRefusal};
-pub use calls::Decision;
+pub use calls::{Decision, Repair};
 pub use idempotency::{Created, Idempotent, Lookup};
+pub use plan::{Lifecycle, Opening, SessionDoor, TurnPlan};
+pub use run::{Run, Step, Stop};
 use tools::ToolRegistry;
 
 #[derive(Debug)]
@@ -360,21 +363,23 @@ impl Engine {
         id: &str,
         message: NewMessage,
         idempotent: Option<Idempotent>,
+        plan: Box<dyn TurnPlan>,
     ) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         let NewMessage { content, images } = message;
         let mut message = Message::text_of(Role::User, content);
         message.blocks.extend(images.into_iter().map(Block::Image));
         let (message, idempotent) = (Box::new(message), idempotent.map(Box::new));
-        session::ask(&self.shared, &record, |reply| session::Op::Send { message, idempotent, reply })?
+        session::ask(&self.shared, &record, |reply| session::Op::Send { message, idempotent, plan, reply })?
     }
 
-    /// Re-enters the loop of an `interrupted` or `error` session from its stored transcript.
-    pub fn resume(&self, tenant: &str, id: &str) -> Result<String, EngineError> {
+    /// Re-enters the loop of an `interrupted` or `error` session from its stored transcript,
+    /// with `plan`.
+    pub fn resume(&self, tenant: &str, id: &str, plan: Box<dyn TurnPlan>) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
         match record.summary.status {
             SessionStatus::Interrupted | SessionStatus::Error => {
-                session::ask(&self.shared, &record, |reply| session::Op::Resume { reply })?
+                session::ask(&self.shared, &record, |reply| session::Op::Resume { plan, reply })?
             }
             status => Err(EngineError::NotResumable(status)),
         }

@@ -1,11 +1,11 @@
-//! How a turn publishes: every event attributed to the turn (and to its acting BAE client),
+//! How a turn publishes: every event attributed to the turn (and to whom it acts for),
 //! messages stored in the same transaction as their `message.completed`, and a few things
 //! held back so they share a commit with what follows them. Every commit a turn waits for is
 //! an fsync; a BAE turn against a fast provider is mostly those.
 
 use std::sync::Arc;
 
-use super::run::{Plan, Run};
+use super::run::Run;
 use super::EngineError;
 use crate::bus::{Origin, Publication};
 use crate::domain::{Event, Message};
@@ -22,7 +22,7 @@ pub(super) struct Held {
 
 impl Run {
     /// Publishes an event of this turn (after whatever is held).
-    pub(super) fn publish(&self, event: Event) {
+    pub(crate) fn publish(&self, event: Event) {
         let (publication, writes) = self.publication(event);
         if !writes {
             return self.shared.bus.send(publication);
@@ -34,13 +34,13 @@ impl Run {
     }
 
     /// Holds `event` back to go out with the next publish of this turn.
-    pub(super) fn hold(&self, event: Event) {
+    pub(crate) fn hold(&self, event: Event) {
         self.held.borrow_mut().events.push(event);
     }
 
     /// Holds `message` back to be stored with the next publish of this turn, announced by
     /// its `message.completed`.
-    pub(super) fn hold_message(&self, message: Message) {
+    pub(crate) fn hold_message(&self, message: Message) {
         let (event, writes) = self.announced(message);
         let mut held = self.held.borrow_mut();
         held.events.push(event);
@@ -48,19 +48,19 @@ impl Run {
     }
 
     /// Publishes an event of this turn and returns its seq once it is durable.
-    pub(super) fn publish_durable(&self, event: Event) -> Result<u64, EngineError> {
+    pub(crate) fn publish_durable(&self, event: Event) -> Result<u64, EngineError> {
         let committed = self.shared.bus.send_pending(self.publication(event).0);
         committed.and_then(|seq| seq.recv().ok()).ok_or(EngineError::Internal("an event could not be logged"))
     }
 
     /// Stores a message and its `message.completed` together; the event's seq.
-    pub(super) fn append_announced(&self, message: Message) -> Result<u64, EngineError> {
+    pub(crate) fn append_announced(&self, message: Message) -> Result<u64, EngineError> {
         self.append_pending(message)?.recv().map_err(|_| EngineError::Internal("a message could not be stored"))
     }
 
     /// Sends a message to be stored with its `message.completed`, without waiting for the
     /// commit; the receiver gets the event's seq once both are durable.
-    pub(super) fn append_pending(&self, message: Message) -> Result<crossbeam_channel::Receiver<u64>, EngineError> {
+    pub(crate) fn append_pending(&self, message: Message) -> Result<crossbeam_channel::Receiver<u64>, EngineError> {
         let (event, writes) = self.announced(message);
         let (publication, _) = self.publication(event);
         let publication = publication.with_writes(writes);
@@ -68,7 +68,7 @@ impl Run {
     }
 
     /// Waits until every message sent to be stored (or held) is committed.
-    pub(super) fn settle(&self) -> Result<(), EngineError> {
+    pub(crate) fn settle(&self) -> Result<(), EngineError> {
         self.flush_held();
         let pending = std::mem::take(&mut *self.pending.borrow_mut());
         for commit in pending {
@@ -77,11 +77,11 @@ impl Run {
         Ok(())
     }
 
-    /// The turn's last event. A BAE turn's end is not logged: BAE's wire has no such event,
-    /// and a log write would cost the turn's client one more commit before it hears the end.
+    /// The turn's last event. A quiet turn's end is not logged: its door's wire has no such
+    /// event, and a log write would cost its client one more commit before it hears the end.
     pub(super) fn publish_last(&self, last: Option<Event>) {
         match last {
-            Some(event) if matches!(self.plan, Plan::Kestrel) => self.publish(event),
+            Some(event) if self.tracked() => self.publish(event),
             Some(event) => {
                 let (publication, _) = self.publication(event);
                 self.shared.bus.send(publication.unlogged())
@@ -106,7 +106,7 @@ impl Run {
 
     /// The writes that store a message: the append, and the settling of the start mark of
     /// every call it carries a result of.
-    pub(super) fn stored(&self, message: &Message) -> Vec<WriteOp> {
+    pub(crate) fn stored(&self, message: &Message) -> Vec<WriteOp> {
         let mut writes = vec![WriteOp::AppendMessage {
             session_id: self.session_id.clone(),
             message: message.clone(),
@@ -123,7 +123,7 @@ impl Run {
 
     /// Publishes a server-run call's `tool.finished` with the settling of its start mark, in
     /// one commit.
-    pub(super) fn publish_settled(&self, event: Event, call_id: &str) {
+    pub(crate) fn publish_settled(&self, event: Event, call_id: &str) {
         let settle = WriteOp::SettleCall { session_id: self.session_id.clone(), call_id: call_id.to_string() };
         self.held.borrow_mut().writes.push(settle);
         self.publish(event);
@@ -139,11 +139,6 @@ impl Run {
     }
 
     pub(super) fn origin(&self) -> Origin {
-        let actor = match &self.plan {
-            Plan::Bae(turn) => Some(Arc::clone(&turn.actor)),
-            Plan::Compaction(job) => Some(Arc::clone(&job.actor)),
-            Plan::Kestrel => None,
-        };
-        Origin { actor, turn: Some(Arc::from(self.run_id.as_str())) }
+        Origin { actor: self.plan.actor(), turn: Some(Arc::from(self.run_id.as_str())) }
     }
 }

@@ -1,18 +1,19 @@
 //! The turn loop: history → provider → tool calls → results → provider … until the model
-//! answers without tools, the step budget runs out, or the run is cancelled.
+//! answers without tools, the step budget runs out, or the run is cancelled. The loop is the
+//! same for every door; what each step does is the door's `TurnPlan` (`plan.rs`).
 //!
 //! Runs on one `kestrel-run` worker thread per active run. The run owns its session's turn
-//! until it tells the session's actor it ended, its very last step. Every message is durable before its
-//! `message.completed` goes out, so a client that saw it completed finds it after a crash.
+//! until it tells the session's actor it ended, its very last step. Every message is durable
+//! before its `message.completed` goes out, so a client that saw it completed finds it after a
+//! crash.
 
+use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::bae::compaction::CompactionJob;
-use super::bae::turn::{BaeTurn, PausedTurn};
-use super::calls::Repair;
+use super::plan::{Lifecycle, TurnPlan};
 use super::session::{SessionMsg, TurnMsg, TurnOutcome};
 use super::{EngineError, Shared};
 use crate::cancel::{CancelReason, CancelToken};
@@ -22,57 +23,46 @@ use crate::domain::{
 use crate::providers::{CallFailed, CompletionRequest, Delta, Route, Watch};
 use crate::store::WriteOp;
 
-pub(super) struct Run {
-    pub shared: Arc<Shared>,
-    pub tenant: Arc<str>,
-    pub session_id: String,
-    pub run_id: String,
-    pub cancel: CancelToken,
+pub struct Run {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) tenant: Arc<str>,
+    pub(crate) session_id: String,
+    pub(crate) run_id: String,
+    pub(crate) cancel: CancelToken,
     /// The message that started the run; `None` when resuming.
-    pub user: Option<Message>,
+    pub(crate) user: Option<Message>,
     /// The session's actor: told of approvals waited on, and of the end.
-    pub session: crossbeam_channel::Sender<SessionMsg>,
-    /// What kind of turn this is: a Kestrel run, or a BAE client's turn.
-    pub plan: Plan,
+    pub(super) session: crossbeam_channel::Sender<SessionMsg>,
+    /// The door's side of the turn.
+    pub(super) plan: Box<dyn TurnPlan>,
     /// Messages sent to be stored whose commit is not yet confirmed (`settle` waits).
-    pub pending: std::cell::RefCell<Vec<crossbeam_channel::Receiver<u64>>>,
+    pub(super) pending: std::cell::RefCell<Vec<crossbeam_channel::Receiver<u64>>>,
     /// What goes out with the next publish, in the same log transaction.
-    pub held: std::cell::RefCell<super::publish::Held>,
+    pub(super) held: std::cell::RefCell<super::publish::Held>,
     /// Whether the run took its automatic checkpoint already.
-    pub checkpointed: std::cell::Cell<bool>,
-}
-
-/// The front door's side of a turn: which model is asked and how, which tools the model
-/// sees, and who runs its calls. The loop itself (`Run::steps`) is the same for both.
-pub(super) enum Plan {
-    /// The session's model, streamed; every call runs on the server, with approvals.
-    Kestrel,
-    /// A BAE client's turn (`bae/turn.rs`): the profile's provider chain, one attempt at a
-    /// time; the acting client's tools pause the turn.
-    Bae(Box<BaeTurn>),
-    /// A compaction asked for by a client (`bae/compaction.rs`): one summary, no loop.
-    Compaction(Box<CompactionJob>),
+    pub(super) checkpointed: std::cell::Cell<bool>,
 }
 
 /// How the steps ended when nothing failed.
-pub(super) enum Stop {
+pub enum Stop {
     Finished(RunOutcome),
     Cancelled,
-    /// The turn waits for the client's tool results.
-    Paused(Box<PausedTurn>),
+    /// The turn waits for its client; what the door needs to resume it goes to the door's
+    /// session state (`SessionDoor::turn_ended`).
+    Paused(Box<dyn Any + Send>),
     /// A fault was recorded (every provider failed, the step limit): the session is in error.
     Faulted,
 }
 
 /// How one provider call ended.
-pub(super) enum Step {
+pub enum Step {
     Answered(Box<Message>),
     Cancelled,
     /// Recorded as a fault; the turn ends.
     Failed,
 }
 
-/// A Kestrel answer as it streams: each piece published as a `message.delta` of `message_id`,
+/// A streamed answer as it comes: each piece published as a `message.delta` of `message_id`,
 /// and what was streamed kept, should the answer be cut short.
 struct Streaming<'r> {
     run: &'r Run,
@@ -112,7 +102,7 @@ impl Run {
         if let Err(error) = self.publish_summary() {
             log::warn!("run {}: {error}", self.run_id);
         }
-        if self.is_kestrel() {
+        if self.tracked() {
             self.publish(Event::RunStarted { session_id: self.session_id.clone(), run_id: self.run_id.clone() });
         }
         let mut usage = Usage::default();
@@ -122,8 +112,8 @@ impl Run {
             Err(EngineError::Store(crate::store::StoreError::Corrupt("the run panicked".into())))
         });
         let ended = self.turn_outcome(&outcome);
-        let (outcome, paused) = match outcome {
-            Ok(Stop::Paused(paused)) => (Ok(Stop::Finished(RunOutcome::Paused)), Some(paused)),
+        let (outcome, handoff) = match outcome {
+            Ok(Stop::Paused(handoff)) => (Ok(Stop::Finished(RunOutcome::Paused)), Some(handoff)),
             other => (other, None),
         };
         let last = self.finish(outcome, usage);
@@ -132,13 +122,13 @@ impl Run {
             log::error!("run {}: {error}", self.run_id);
         }
         let run_id = self.run_id.clone();
-        let ended = SessionMsg::Turn(TurnMsg::Ended { run_id, outcome: ended, paused });
-        if self.is_kestrel() {
+        let ended = SessionMsg::Turn(TurnMsg::Ended { run_id, outcome: ended, handoff });
+        if self.tracked() {
             self.publish_last(last);
             // The very last step: the session is free once its actor reads this.
             let _ = self.session.send(ended);
         } else {
-            // A BAE client may answer the moment it reads the turn's end, and its answer must
+            // A client may answer the moment it reads the turn's end, and its answer must
             // find the turn paused (or over): the actor hears of it first.
             let _ = self.session.send(ended);
             self.publish_last(last);
@@ -158,137 +148,71 @@ impl Run {
         }
     }
 
-    /// The turn loop, for every front door: ask the model, run its calls, until it answers
-    /// without calls, the calls pause the turn, the step limit is reached, or a cancel.
+    /// The turn loop, for every door: open the turn, then ask the model and run its calls,
+    /// until it answers without calls, the calls stop the turn, the step limit is reached, or
+    /// a cancel.
     fn steps(&self, usage: &mut Usage) -> Result<Stop, EngineError> {
-        if let Plan::Compaction(job) = &self.plan {
-            return self.compact(job, usage).map(|()| Stop::Finished(RunOutcome::Completed));
+        let plan = &*self.plan;
+        if let Some(done) = plan.whole(self, usage) {
+            return done.map(|()| Stop::Finished(RunOutcome::Completed));
         }
-        let pending = match self.open_turn()? {
+        let pending = match plan.open(self)? {
             Ok(pending) => pending,
             Err(stop) => return Ok(stop),
         };
         let session = self.session()?;
-        let model = match self.model(&session)? {
-            Some(model) => model,
-            None => return Ok(Stop::Faulted),
-        };
+        let Some(route) = plan.route(self, &session)? else { return Ok(Stop::Faulted) };
         if let Some(stop) = self.run_calls(&pending, &session)? {
             return Ok(stop);
         }
-        // A BAE turn's all-server rounds are kept here, not stored (as BAE does).
+        // What the door keeps in memory after the stored history (BAE's all-server rounds).
         let mut tail = Vec::new();
-        for _ in 0..self.step_limit() {
+        for _ in 0..plan.step_limit(&self.shared.config) {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
             }
-            let answer = match self.ask_model(&model, &session, usage, &tail)? {
+            let answer = match plan.ask(self, &route, &session, usage, &tail)? {
                 Step::Answered(answer) => answer,
                 Step::Cancelled => return Ok(Stop::Cancelled),
                 Step::Failed => return Ok(Stop::Faulted),
             };
             if !answer.has_tool_calls() {
-                self.keep_answer(*answer, usage)?;
+                plan.keep_answer(self, *answer, usage)?;
                 return Ok(Stop::Finished(RunOutcome::Completed));
             }
-            if let Some(stop) = self.dispatch(*answer, &session, &mut tail)? {
+            if let Some(stop) = plan.dispatch(self, *answer, &session, &mut tail)? {
                 return Ok(stop);
             }
         }
-        self.step_limit_reached()
+        plan.limit_reached(self)
     }
 
-    /// Announces the turn's opening message. `Ok(calls)`: calls to run before the first model
-    /// call (a resumed Kestrel run's); `Err(stop)`: nothing is left to do.
-    fn open_turn(&self) -> Result<Result<Vec<ToolCall>, Stop>, EngineError> {
-        if let Plan::Bae(turn) = &self.plan {
-            self.open_bae_turn(turn)?;
-            return Ok(Ok(Vec::new()));
-        }
-        if let Some(user) = &self.user {
-            self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: user.clone() });
-            self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
-            return Ok(Ok(Vec::new()));
-        }
-        Ok(match self.repair_transcript()? {
-            // The last stored message is a complete answer: the crash came after it.
-            Repair::Complete => Err(Stop::Finished(RunOutcome::Completed)),
-            Repair::Dispatch(calls) => Ok(calls),
-        })
+    /// Announces the user's message that opens the turn (stored with its claim).
+    pub(crate) fn announce_opening(&self, user: &Message) {
+        self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: user.clone() });
+        self.publish(Event::MessageCompleted { session_id: self.session_id.clone(), message: user.clone() });
     }
 
-    /// The model to ask; `None` when a BAE profile's provider does not resolve (recorded).
-    fn model(&self, session: &SessionRecord) -> Result<Option<Route>, EngineError> {
-        match &self.plan {
-            Plan::Bae(turn) => Ok(self.bae_chain(&turn.primary, &turn.fallbacks)),
-            Plan::Compaction(_) => Err(EngineError::Internal("a compaction has no turn loop")),
-            Plan::Kestrel => {
-                let route = self
-                    .shared
-                    .models
-                    .route(&session.summary.model)
-                    .ok_or_else(|| EngineError::InvalidModel(session.summary.model.clone()))?;
-                Ok(Some(route))
-            }
-        }
+    /// The route a session's own model takes.
+    pub(crate) fn session_route(&self, session: &SessionRecord) -> Result<Route, EngineError> {
+        let model = &session.summary.model;
+        self.shared.models.route(model).ok_or_else(|| EngineError::InvalidModel(model.clone()))
     }
 
-    fn step_limit(&self) -> u32 {
-        match &self.plan {
-            Plan::Kestrel => self.shared.config.max_steps,
-            Plan::Bae(_) | Plan::Compaction(_) => self.shared.config.bae.loop_limit,
-        }
+    /// Sends the session's door a message (`SessionDoor::from_turn`).
+    pub(crate) fn tell_door(&self, message: Box<dyn Any + Send>) {
+        let _ = self.session.send(SessionMsg::Turn(TurnMsg::Door(message)));
     }
 
-    fn step_limit_reached(&self) -> Result<Stop, EngineError> {
-        match &self.plan {
-            Plan::Bae(_) | Plan::Compaction(_) => self.bae_loop_limit(),
-            Plan::Kestrel => Ok(Stop::Finished(RunOutcome::MaxSteps)),
-        }
-    }
-
-    fn ask_model(
+    /// One model call, streamed to the bus; the answer is stored before it completes.
+    /// One model call of the session's own, streamed to the bus; the answer is stored before
+    /// it completes.
+    pub(crate) fn call_model(
         &self,
         route: &Route,
         session: &SessionRecord,
         usage: &mut Usage,
-        tail: &[Message],
     ) -> Result<Step, EngineError> {
-        match &self.plan {
-            Plan::Bae(turn) => self.ask_chain(turn, route, usage, tail),
-            _ => {
-                self.fit_context(route, session)?;
-                self.call_model(route, session, usage)
-            }
-        }
-    }
-
-    /// Stores a final answer (a Kestrel answer is stored as it streams).
-    fn keep_answer(&self, answer: Message, usage: &Usage) -> Result<(), EngineError> {
-        match &self.plan {
-            Plan::Bae(turn) => self.keep_bae_answer(turn, answer, usage),
-            Plan::Kestrel | Plan::Compaction(_) => Ok(()),
-        }
-    }
-
-    /// Runs an answer's calls. `Some(stop)` ends the turn (a cancel, or a pause for the client).
-    fn dispatch(
-        &self,
-        answer: Message,
-        session: &SessionRecord,
-        tail: &mut Vec<Message>,
-    ) -> Result<Option<Stop>, EngineError> {
-        match &self.plan {
-            Plan::Bae(turn) => self.dispatch_bae(turn, answer, tail),
-            Plan::Kestrel | Plan::Compaction(_) => {
-                let calls: Vec<ToolCall> = answer.tool_calls().cloned().collect();
-                self.run_calls(&calls, session)
-            }
-        }
-    }
-
-    /// One model call, streamed to the bus; the answer is stored before it completes.
-    fn call_model(&self, route: &Route, session: &SessionRecord, usage: &mut Usage) -> Result<Step, EngineError> {
         // Neither what a compaction replaced nor an answer a shutdown cut short (kept for people
         // to see; the model answers again as if it had never started, see `repair_transcript`).
         let history = super::context::visible(self.shared.store.readers().messages(&self.session_id)?);
@@ -335,10 +259,10 @@ impl Run {
         Ok(step)
     }
 
-    /// Stores a message, then announces it complete and the session's new summary. A BAE
+    /// Stores a message, then announces it complete and the session's new summary; a quiet
     /// turn's message commits in one transaction with its announcement.
-    pub(super) fn append(&self, message: Message) -> Result<(), EngineError> {
-        if !self.is_kestrel() {
+    pub(crate) fn append(&self, message: Message) -> Result<(), EngineError> {
+        if !self.tracked() {
             return self.append_announced(message).map(|_| ());
         }
         self.shared.store.write(self.stored(&message))?;
@@ -355,8 +279,8 @@ impl Run {
             Ok(Stop::Cancelled) => SessionStatus::Cancelled,
             Ok(Stop::Faulted) | Err(_) => SessionStatus::Error,
         };
-        // A BAE session's state is its own (`bae_sessions.state`); the status is Kestrel's.
-        if self.is_kestrel() {
+        // A quiet turn's session keeps its own state; a tracked one's status follows the turn.
+        if self.tracked() {
             let write = self.shared.store.write(vec![WriteOp::ReleaseTurn {
                 session_id: self.session_id.clone(),
                 run_id: self.run_id.clone(),
@@ -399,17 +323,18 @@ impl Run {
         Some(event)
     }
 
-    pub(super) fn session(&self) -> Result<SessionRecord, EngineError> {
+    pub(crate) fn session(&self) -> Result<SessionRecord, EngineError> {
         self.shared.store.readers().session(&self.session_id)?.ok_or(EngineError::SessionNotFound)
     }
 
-    fn is_kestrel(&self) -> bool {
-        matches!(self.plan, Plan::Kestrel)
+    /// Whether the session's status follows this turn (`Lifecycle::Tracked`).
+    pub(super) fn tracked(&self) -> bool {
+        self.plan.lifecycle() == Lifecycle::Tracked
     }
 
-    /// Announces the session's summary (`session.updated`); Kestrel's only.
+    /// Announces the session's summary (`session.updated`), a tracked turn's only.
     fn publish_summary(&self) -> Result<(), EngineError> {
-        if !self.is_kestrel() {
+        if !self.tracked() {
             return Ok(());
         }
         let record = self.session()?;
@@ -419,12 +344,12 @@ impl Run {
 }
 
 /// An assistant answer a shutdown cut off mid-stream (`meta.partial` and `meta.interrupted`).
-pub(super) fn is_interrupted_partial(message: &Message) -> bool {
+pub(crate) fn is_interrupted_partial(message: &Message) -> bool {
     message.role == Role::Assistant && message.flag("partial") && message.flag("interrupted")
 }
 
 /// An answer's blocks: its reasoning, its text, then its tool calls.
-pub(in crate::engine) fn answer_blocks(reasoning: String, text: String, calls: Vec<ToolCall>) -> Vec<Block> {
+pub(crate) fn answer_blocks(reasoning: String, text: String, calls: Vec<ToolCall>) -> Vec<Block> {
     let mut blocks = Vec::new();
     if !reasoning.is_empty() {
         blocks.push(Block::Reasoning { text: reasoning });

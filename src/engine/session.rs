@@ -15,6 +15,7 @@
 //! blocks), and an actor leaves the registry only under that lock and only with an empty
 //! inbox, so no operation is ever sent to an actor that has stopped reading.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,20 +24,25 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
-use super::bae::runtime::BaeRuntime;
 use super::calls::Decision;
 use super::idempotency::{Created, Idempotent};
+use super::plan::{SessionDoor, TurnPlan};
 use super::{run, EngineError, Shared};
 use crate::cancel::{CancelReason, Canceller};
 use crate::domain::{new_id, Event, Message, SessionRecord, SessionStatus};
 use crate::store::{CheckpointRecord, SessionPatch, StoreError, TurnClaim, WriteOp};
 
 /// What a front door can ask of a session.
-pub(super) enum Op {
+pub(crate) enum Op {
     /// Store the message and start a turn; `session_busy` while one runs.
-    Send { message: Box<Message>, idempotent: Option<Box<Idempotent>>, reply: Sender<Result<String, EngineError>> },
-    /// Continue an `interrupted` or `error` session.
-    Resume { reply: Sender<Result<String, EngineError>> },
+    Send {
+        message: Box<Message>,
+        idempotent: Option<Box<Idempotent>>,
+        plan: Box<dyn TurnPlan>,
+        reply: Sender<Result<String, EngineError>>,
+    },
+    /// Continue an `interrupted` or `error` session with `plan`.
+    Resume { plan: Box<dyn TurnPlan>, reply: Sender<Result<String, EngineError>> },
     /// Cancel the running turn; answers whether this call cancelled one.
     Cancel { reply: Sender<bool> },
     /// Answer an approval the turn waits on.
@@ -47,8 +53,9 @@ pub(super) enum Op {
     Delete { reply: Sender<Result<(), EngineError>> },
     /// The server is stopping: cancel the turn, to be stored as `interrupted`.
     Shutdown,
-    /// An operation of the BAE client API (`bae/runtime.rs`).
-    Bae(super::bae::BaeOp),
+    /// One of a door's own operations, for its state on this session (`SessionDoor::op`);
+    /// `state` makes that state when the session has none yet.
+    Door { state: fn() -> Box<dyn SessionDoor>, op: Box<dyn Any + Send> },
     /// Take a manual checkpoint of the workspace.
     Checkpoint { label: Option<String>, reply: Sender<Result<CheckpointRecord, EngineError>> },
     /// Drop a user message and its successors, maybe restoring files; `session_busy` while a
@@ -59,23 +66,21 @@ pub(super) enum Op {
 }
 
 /// What a turn's worker tells its session.
-pub(super) enum TurnMsg {
+pub(crate) enum TurnMsg {
     /// The turn waits for a person; a `Decide` for this id goes to `decision`.
     Awaiting { approval_id: String, decision: Sender<Decision> },
     /// The approval was answered or the wait ended.
     Closed { approval_id: String },
-    /// An `auto` compaction at the end of the turn failed: later ones back off.
-    AutoCompactionFailed,
-    /// A BAE turn's sandbox tool needs the session's remote sandbox, if one runs.
-    SandboxHandle { reply: Sender<Option<crate::sandbox::Running>> },
-    /// The worker's last word: the turn is over and the session free. A turn paused for
-    /// client tools says what it waits for.
-    Ended { run_id: String, outcome: TurnOutcome, paused: Option<Box<super::bae::turn::PausedTurn>> },
+    /// For the session's door (`SessionDoor::from_turn`).
+    Door(Box<dyn Any + Send>),
+    /// The worker's last word: the turn is over and the session free. A turn paused for its
+    /// client hands its door what resuming it takes.
+    Ended { run_id: String, outcome: TurnOutcome, handoff: Option<Box<dyn Any + Send>> },
 }
 
 /// How a turn ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum TurnOutcome {
+pub(crate) enum TurnOutcome {
     Completed,
     /// It waits for a client's tool results (BAE).
     Paused,
@@ -87,7 +92,7 @@ pub(super) enum TurnOutcome {
     Failed,
 }
 
-pub(super) enum SessionMsg {
+pub(crate) enum SessionMsg {
     Op(Op),
     Turn(TurnMsg),
     /// A slow step ran on a worker (`SessionActor::off_actor`) and is done.
@@ -95,26 +100,26 @@ pub(super) enum SessionMsg {
 }
 
 /// What a worker reports back to its session's actor.
-pub(in crate::engine) enum Done {
+pub(crate) enum Done {
     /// A checkpoint, restore or rewind finished; its caller has its answer.
     Files { changed: bool },
-    /// A BAE session's slow step (`bae/sandbox.rs`).
-    Bae(super::bae::runtime::BaeDone),
+    /// A door's slow step (`SessionDoor::done`).
+    Door(Box<dyn Any + Send>),
     /// The step panicked (logged where it happened); its caller heard an internal error.
     Panicked,
 }
 
 /// A turn running on its worker.
-pub(super) struct ActiveTurn {
-    pub(super) run_id: String,
-    pub(super) canceller: Canceller,
+pub(crate) struct ActiveTurn {
+    pub(crate) run_id: String,
+    pub(crate) canceller: Canceller,
 }
 
-/// A session in the registry: an actor running, or (BAE) what an idle session keeps between
-/// requests (its drivers, a paused turn) with no thread.
+/// A session in the registry: an actor running, or what an idle session's door keeps between
+/// requests (a BAE session's drivers, a paused turn) with no thread.
 pub(super) enum Slot {
     Live(Sender<SessionMsg>),
-    Dormant(Box<BaeRuntime>),
+    Dormant(Box<dyn SessionDoor>),
 }
 
 /// Live sessions by id: the only shared map.
@@ -145,7 +150,7 @@ impl Registry {
             return Err(EngineError::ShuttingDown);
         }
         let id = &record.summary.id;
-        let (op, runtime) = match actors.remove(id) {
+        let (op, door) = match actors.remove(id) {
             Some(Slot::Live(actor)) => match actor.send(SessionMsg::Op(op)) {
                 Ok(()) => {
                     actors.insert(id.clone(), Slot::Live(actor));
@@ -153,17 +158,17 @@ impl Registry {
                 }
                 // An actor whose thread died (a bug, logged where it happened): start another.
                 Err(unsent) => match unsent.0 {
-                    SessionMsg::Op(op) => (op, BaeRuntime::default()),
+                    SessionMsg::Op(op) => (op, None),
                     SessionMsg::Turn(_) | SessionMsg::Done(_) => unreachable!("an op was sent"),
                 },
             },
-            Some(Slot::Dormant(runtime)) => (op, *runtime),
-            None => (op, BaeRuntime::default()),
+            Some(Slot::Dormant(door)) => (op, Some(door)),
+            None => (op, None),
         };
         let (tx, inbox) = unbounded();
         let _ = tx.send(SessionMsg::Op(op));
         let mut actor = SessionActor::new(Arc::clone(shared), record, inbox, tx.clone());
-        actor.bae = runtime;
+        actor.door = door;
         match crate::workers::SESSIONS.spawn(move || actor.run()) {
             Ok(_) => {
                 actors.insert(id.clone(), Slot::Live(tx));
@@ -188,16 +193,16 @@ impl Registry {
         }
     }
 
-    /// Takes an idle actor out of the map, unless something is waiting in its inbox. What it
-    /// keeps for BAE stays behind, with no thread, when there is any.
-    fn retire(&self, id: &str, inbox: &Receiver<SessionMsg>, bae: &mut BaeRuntime) -> bool {
+    /// Takes an idle actor out of the map, unless something is waiting in its inbox. What its
+    /// door keeps stays behind, with no thread, when there is any.
+    fn retire(&self, id: &str, inbox: &Receiver<SessionMsg>, door: &mut Option<Box<dyn SessionDoor>>) -> bool {
         let mut actors = self.lock();
         if !inbox.is_empty() {
             return false;
         }
-        match bae.worth_keeping() {
-            true => actors.insert(id.to_string(), Slot::Dormant(Box::new(std::mem::take(bae)))),
-            false => actors.remove(id),
+        match door.take().filter(|door| door.worth_keeping()) {
+            Some(door) => actors.insert(id.to_string(), Slot::Dormant(door)),
+            None => actors.remove(id),
         };
         self.left.notify_all();
         true
@@ -226,14 +231,14 @@ impl Registry {
     }
 }
 
-pub(super) struct SessionActor {
-    pub(super) shared: Arc<Shared>,
-    pub(super) id: String,
-    pub(super) tenant: Arc<str>,
+pub struct SessionActor {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: String,
+    pub(crate) tenant: Arc<str>,
     inbox: Receiver<SessionMsg>,
     /// Handed to each turn's worker.
-    pub(super) own_tx: Sender<SessionMsg>,
-    pub(super) turn: Option<ActiveTurn>,
+    pub(crate) own_tx: Sender<SessionMsg>,
+    pub(crate) turn: Option<ActiveTurn>,
     approvals: HashMap<String, Sender<Decision>>,
     /// Deletes waiting for the turn to stop: the first deletes, the others find it gone.
     deleting: Vec<Sender<Result<(), EngineError>>>,
@@ -242,8 +247,8 @@ pub(super) struct SessionActor {
     working: usize,
     /// Of those, restores and rewinds: no turn starts and no delete happens meanwhile.
     pub(super) changing_files: usize,
-    /// What a BAE session keeps: drivers, the turn gate, a paused turn.
-    pub(super) bae: BaeRuntime,
+    /// What the session's door keeps here (a BAE session's drivers, gate, paused turn).
+    door: Option<Box<dyn SessionDoor>>,
 }
 
 impl SessionActor {
@@ -265,7 +270,7 @@ impl SessionActor {
             deleted: false,
             working: 0,
             changing_files: 0,
-            bae: BaeRuntime::default(),
+            door: None,
         }
     }
 
@@ -284,8 +289,9 @@ impl SessionActor {
                 // Its reply channel is gone with the panic, so the caller gets an internal error.
                 log::error!("session {} panicked handling a message; it goes on", self.id);
             }
-            let idle = self.turn.is_none() && self.deleting.is_empty() && self.working == 0 && self.bae.is_idle();
-            if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox, &mut self.bae) {
+            let door_idle = self.door.as_ref().is_none_or(|door| door.is_idle());
+            let idle = self.turn.is_none() && self.deleting.is_empty() && self.working == 0 && door_idle;
+            if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox, &mut self.door) {
                 break;
             }
         }
@@ -294,11 +300,11 @@ impl SessionActor {
 
     fn handle(&mut self, op: Op) {
         match op {
-            Op::Send { message, idempotent, reply } => {
-                let _ = reply.send(self.start_turn(Some(*message), idempotent.map(|i| *i)));
+            Op::Send { message, idempotent, plan, reply } => {
+                let _ = reply.send(self.start_turn(Some(*message), idempotent.map(|i| *i), plan));
             }
-            Op::Resume { reply } => {
-                let _ = reply.send(self.resume());
+            Op::Resume { plan, reply } => {
+                let _ = reply.send(self.resume(plan));
             }
             Op::Cancel { reply } => {
                 let _ = reply.send(self.turn.as_ref().is_some_and(|t| t.canceller.cancel(CancelReason::User)));
@@ -336,7 +342,11 @@ impl SessionActor {
                     turn.canceller.cancel(CancelReason::Shutdown);
                 }
             }
-            Op::Bae(op) => self.bae_op(op),
+            Op::Door { state, op } => {
+                let mut door = self.door.take().unwrap_or_else(state);
+                door.op(self, op);
+                self.door.get_or_insert(door);
+            }
         }
     }
 
@@ -348,11 +358,13 @@ impl SessionActor {
             TurnMsg::Closed { approval_id } => {
                 self.approvals.remove(&approval_id);
             }
-            TurnMsg::AutoCompactionFailed => self.bae.back_off_auto_compaction(),
-            TurnMsg::SandboxHandle { reply } => {
-                let _ = reply.send(self.bae.sandbox.clone());
+            TurnMsg::Door(message) => {
+                if let Some(mut door) = self.door.take() {
+                    door.from_turn(self, message);
+                    self.door.get_or_insert(door);
+                }
             }
-            TurnMsg::Ended { run_id, outcome, paused } => {
+            TurnMsg::Ended { run_id, outcome, handoff } => {
                 log::debug!("session {}: run {run_id} ended {outcome:?}", self.id);
                 if self.turn.as_ref().is_some_and(|t| t.run_id == run_id) {
                     self.turn = None;
@@ -360,7 +372,10 @@ impl SessionActor {
                     self.shared.sessions.turns.fetch_sub(1, Ordering::Relaxed);
                 }
                 self.answer_deletes();
-                self.bae_turn_ended(&run_id, paused);
+                if let Some(mut door) = self.door.take() {
+                    door.turn_ended(self, &run_id, handoff);
+                    self.door.get_or_insert(door);
+                }
             }
         }
     }
@@ -374,7 +389,12 @@ impl SessionActor {
                 }
                 self.answer_deletes();
             }
-            Done::Bae(done) => self.bae_done(done),
+            Done::Door(done) => {
+                if let Some(mut door) = self.door.take() {
+                    door.done(self, done);
+                    self.door.get_or_insert(door);
+                }
+            }
             Done::Panicked => log::error!("session {}: a slow step panicked", self.id),
         }
     }
@@ -417,7 +437,7 @@ impl SessionActor {
 
     /// Runs `job` on a `kestrel-slow` worker and hands what it reports back to this actor,
     /// which stays live until then; false when no worker could start.
-    pub(in crate::engine) fn work(&mut self, job: impl FnOnce() -> Done + Send + 'static) -> bool {
+    pub(crate) fn work(&mut self, job: impl FnOnce() -> Done + Send + 'static) -> bool {
         let tell = self.own_tx.clone();
         match crate::workers::SLOW.spawn(move || {
             let done = catch_unwind(AssertUnwindSafe(job)).unwrap_or(Done::Panicked);
@@ -434,20 +454,25 @@ impl SessionActor {
         }
     }
 
-    fn resume(&mut self) -> Result<String, EngineError> {
+    fn resume(&mut self, plan: Box<dyn TurnPlan>) -> Result<String, EngineError> {
         let record = self.record()?;
         match record.summary.status {
-            SessionStatus::Interrupted | SessionStatus::Error => self.start_turn(None, None),
+            SessionStatus::Interrupted | SessionStatus::Error => self.start_turn(None, None, plan),
             status => Err(EngineError::NotResumable(status)),
         }
     }
 
-    pub(super) fn record(&self) -> Result<SessionRecord, EngineError> {
+    pub(crate) fn record(&self) -> Result<SessionRecord, EngineError> {
         self.shared.store.readers().session(&self.id)?.ok_or(EngineError::SessionNotFound)
     }
 
     /// Claims the session for a turn, stores its opening writes, and starts the worker.
-    fn start_turn(&mut self, user: Option<Message>, idempotent: Option<Idempotent>) -> Result<String, EngineError> {
+    fn start_turn(
+        &mut self,
+        user: Option<Message>,
+        idempotent: Option<Idempotent>,
+        plan: Box<dyn TurnPlan>,
+    ) -> Result<String, EngineError> {
         if self.deleted {
             return Err(EngineError::SessionNotFound);
         }
@@ -478,14 +503,19 @@ impl SessionActor {
             Err(StoreError::Busy) => return Err(EngineError::SessionBusy),
             other => other?,
         }
-        match self.spawn_run(run_id.clone(), user, run::Plan::Kestrel) {
+        match self.spawn_run(run_id.clone(), user, plan) {
             Ok(()) => Ok(run_id),
             Err(error) => Err(self.no_worker(&run_id, &error)),
         }
     }
 
     /// Starts a turn's worker with `plan` and makes it this session's active turn.
-    pub(super) fn spawn_run(&mut self, run_id: String, user: Option<Message>, plan: run::Plan) -> std::io::Result<()> {
+    pub(crate) fn spawn_run(
+        &mut self,
+        run_id: String,
+        user: Option<Message>,
+        plan: Box<dyn TurnPlan>,
+    ) -> std::io::Result<()> {
         let canceller = Canceller::new();
         let run = run::Run {
             shared: Arc::clone(&self.shared),

@@ -6,6 +6,11 @@ use super::*;
 use crate::bus::BusConfig;
 use crate::providers::Echo;
 
+/// The Kestrel door's plan: these tests run its turns.
+fn kestrel() -> Box<dyn TurnPlan> {
+    Box::new(crate::api::kestrel::KestrelTurn)
+}
+
 fn engine(data: &Path) -> (Engine, crate::store::WriterHandle, crate::bus::BusHandle) {
     engine_with(data, ToolRegistry::new(HashMap::new(), 1000))
 }
@@ -57,14 +62,15 @@ fn a_run_whose_worker_cannot_start_leaves_the_session_resumable_not_running() {
     let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
     let session = engine.create_session("t", new, None).unwrap();
     let id = session.summary.id;
-    let sent = engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() }, None);
+    let sent =
+        engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() }, None, kestrel());
     assert!(matches!(sent, Err(EngineError::Overloaded)), "{sent:?}");
     assert_eq!(engine.active_runs(), 0, "no run holds the session");
     let detail = engine.session("t", &id).unwrap();
     assert_eq!(detail.summary.status, SessionStatus::Error);
     assert_eq!(detail.messages.len(), 1, "the message is kept");
     assert!(
-        matches!(engine.resume("t", &id), Err(EngineError::Overloaded)),
+        matches!(engine.resume("t", &id, kestrel()), Err(EngineError::Overloaded)),
         "resume is allowed, and fails the same way"
     );
     engine.shutdown(Duration::from_secs(1));
@@ -111,7 +117,7 @@ fn a_cancel_ends_the_run_even_while_a_tool_is_stuck() {
     let id = engine.create_session("t", new, None).unwrap().summary.id;
     let events = bus_subscription(&engine, &id);
     let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
-    engine.send_message("t", &id, message, None).unwrap();
+    engine.send_message("t", &id, message, None, kestrel()).unwrap();
     wait_for(&events, "tool.started");
     assert!(engine.cancel("t", &id).unwrap());
     wait_for(&events, "run.finished");
@@ -156,7 +162,7 @@ fn deletes_that_arrive_together_during_a_turn_are_all_answered() {
     let id = engine.create_session("t", new, None).unwrap().summary.id;
     let events = bus_subscription(&engine, &id);
     let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
-    engine.send_message("t", &id, message, None).unwrap();
+    engine.send_message("t", &id, message, None, kestrel()).unwrap();
     wait_for(&events, "tool.started");
     let outcomes: Vec<Result<(), EngineError>> = std::thread::scope(|scope| {
         let deletes: Vec<_> = (0..3).map(|_| scope.spawn(|| engine.delete_session("t", &id))).collect();
@@ -214,7 +220,7 @@ fn a_tool_runs_only_once_its_start_mark_is_durable() {
     let id = engine.create_session("t", new, None).unwrap().summary.id;
     let events = bus_subscription(&engine, &id);
     let message = NewMessage { content: "/tool probe {}\n/tool probe {}".into(), images: Vec::new() };
-    engine.send_message("t", &id, message, None).unwrap();
+    engine.send_message("t", &id, message, None, kestrel()).unwrap();
     wait_for(&events, "run.finished");
     let seen: Vec<bool> = marked.try_iter().collect();
     assert_eq!(seen, [true, true], "each call found its mark committed when it ran");

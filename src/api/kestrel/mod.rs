@@ -14,6 +14,8 @@ mod idempotency;
 mod meta;
 mod runs;
 mod sessions;
+mod turn;
+pub use turn::KestrelTurn;
 mod wire;
 
 use std::sync::Arc;

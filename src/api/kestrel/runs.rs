@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::idempotency;
+use super::turn::KestrelTurn;
 use super::{json, ApiError, Caller, KestrelApi};
 use crate::domain::ImageAttachment;
 use crate::engine::idempotency::Render;
@@ -30,7 +31,7 @@ pub fn send(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) 
     });
     idempotency::once(api, caller, key, ("POST", request.path(), &bytes), render, |idempotent| {
         let message = validate_message(&JsonBody::parse(&bytes)?)?;
-        let run_id = api.engine.send_message(&caller.tenant, id, message, idempotent)?;
+        let run_id = api.engine.send_message(&caller.tenant, id, message, idempotent, Box::new(KestrelTurn))?;
         Ok(json(202, &json!({ "runId": run_id })))
     })
 }
@@ -41,7 +42,7 @@ pub fn cancel(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiE
 }
 
 pub fn resume(api: &KestrelApi, caller: &Caller, id: &str) -> Result<Reply, ApiError> {
-    let run_id = api.engine.resume(&caller.tenant, id)?;
+    let run_id = api.engine.resume(&caller.tenant, id, Box::new(KestrelTurn))?;
     Ok(json(202, &json!({ "runId": run_id })))
 }
 

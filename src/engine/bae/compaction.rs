@@ -18,7 +18,6 @@ use super::merge::ABANDONED_RESULT;
 use super::turn::{effective_history, PausedTurn, HISTORY_START};
 use crate::domain::{Block, CompactionCompleted, CompactionTrigger, Dispatch, Event, Message, Role, ToolResult, Usage};
 use crate::engine::run::Run;
-use crate::engine::session::{SessionMsg, TurnMsg};
 use crate::engine::EngineError;
 use crate::store::WriteOp;
 
@@ -58,7 +57,7 @@ impl Run {
             self.summarize(CompactionTrigger::Auto, DEFAULT_PROMPT, &turn.primary, &turn.fallbacks, &mut usage)
         {
             log::warn!("session {}: automatic {error}", self.session_id);
-            let _ = self.session.send(SessionMsg::Turn(TurnMsg::AutoCompactionFailed));
+            self.tell_door(Box::new(super::runtime::FromTurn::AutoCompactionFailed));
         }
     }
 
@@ -163,4 +162,60 @@ fn flagged(mut message: Message, why: &str, start: bool) -> Message {
         meta.insert(HISTORY_START.into(), Value::Bool(true));
     }
     message
+}
+
+impl crate::engine::plan::TurnPlan for CompactionJob {
+    fn actor(&self) -> Option<Arc<str>> {
+        Some(Arc::clone(&self.actor))
+    }
+
+    fn lifecycle(&self) -> crate::engine::plan::Lifecycle {
+        crate::engine::plan::Lifecycle::Quiet
+    }
+
+    /// A compaction is one summary, no loop.
+    fn whole(&self, run: &Run, usage: &mut Usage) -> Option<Result<(), EngineError>> {
+        Some(run.compact(self, usage))
+    }
+
+    fn open(&self, _: &Run) -> Result<crate::engine::plan::Opening, EngineError> {
+        Err(EngineError::Internal("a compaction has no turn loop"))
+    }
+
+    fn route(&self, _: &Run, _: &crate::domain::SessionRecord) -> Result<Option<crate::providers::Route>, EngineError> {
+        Err(EngineError::Internal("a compaction has no turn loop"))
+    }
+
+    fn step_limit(&self, _: &crate::engine::EngineConfig) -> u32 {
+        0
+    }
+
+    fn limit_reached(&self, _: &Run) -> Result<crate::engine::run::Stop, EngineError> {
+        Err(EngineError::Internal("a compaction has no turn loop"))
+    }
+
+    fn ask(
+        &self,
+        _: &Run,
+        _: &crate::providers::Route,
+        _: &crate::domain::SessionRecord,
+        _: &mut Usage,
+        _: &[Message],
+    ) -> Result<crate::engine::run::Step, EngineError> {
+        Err(EngineError::Internal("a compaction has no turn loop"))
+    }
+
+    fn keep_answer(&self, _: &Run, _: Message, _: &Usage) -> Result<(), EngineError> {
+        Err(EngineError::Internal("a compaction has no turn loop"))
+    }
+
+    fn dispatch(
+        &self,
+        _: &Run,
+        _: Message,
+        _: &crate::domain::SessionRecord,
+        _: &mut Vec<Message>,
+    ) -> Result<Option<crate::engine::run::Stop>, EngineError> {
+        Err(EngineError::Internal("a compaction has no turn loop"))
+    }
 }

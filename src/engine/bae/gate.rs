@@ -11,13 +11,13 @@ use serde_json::Value;
 
 use super::compaction::{CompactionJob, DEFAULT_PROMPT};
 use super::merge::{self, Resume};
+use super::runtime::BaeSession;
 use super::runtime::{Compact, RpcError, SendMessage, Started, UserMessage};
 use super::turn::{BaeTurn, PausedTurn};
 use super::RESERVED_TOOL;
 use crate::cancel::CancelReason;
 use crate::domain::{Event, Fault, Message, Role, ToolSchema};
-use crate::engine::run::Plan;
-use crate::engine::session::SessionActor;
+use crate::engine::plan::TurnPlan;
 use crate::store::{BaeSessionRecord, BaeState, BaeWrite, WriteOp};
 
 /// A request waiting for the gate.
@@ -57,14 +57,14 @@ pub(super) struct Pending {
     deadline: Instant,
 }
 
-impl SessionActor {
+impl BaeSession<'_> {
     /// A send or compact arrives: the driver, state and params checks, then the gate.
     pub(super) fn arrive(&mut self, waiter: Waiter) {
         let (key, params_error) = match &waiter {
             Waiter::Send(send) => (send.key.clone(), send.message.as_ref().err().cloned()),
             Waiter::Compact(compact) => (compact.key.clone(), compact.prompt.as_ref().err().cloned()),
         };
-        if !self.bae.drivers.contains(&key) {
+        if !self.state.drivers.contains(&key) {
             return waiter.fail(RpcError::NotDriver);
         }
         if let Err(error) = self.open_record() {
@@ -73,11 +73,11 @@ impl SessionActor {
         if let Some(why) = params_error {
             return waiter.fail(RpcError::InvalidParams(why));
         }
-        if !self.bae.recovered {
+        if !self.state.recovered {
             self.recover_pause();
         }
         let now = Instant::now();
-        match std::mem::take(&mut self.bae.gate) {
+        match std::mem::take(&mut self.state.gate) {
             Gate::Paused(pending) if pending.turn.owner == key && matches!(waiter, Waiter::Send(_)) => {
                 self.start(waiter, Some((pending.turn, false)))
             }
@@ -85,20 +85,20 @@ impl SessionActor {
                 let owner = pending.turn.owner.clone();
                 let fault = Fault::DriverTurnAbandoned { owner_client_key_id: owner.clone() };
                 // Tagged with the reclaiming turn: a compaction shows it; a send leaves it out.
-                let event = Event::SessionFault { session_id: self.id.clone(), fault };
+                let event = Event::SessionFault { session_id: self.actor.id.clone(), fault };
                 if self.publish_for_turn(&owner, Some(waiter.run_id()), event).is_err() {
-                    log::error!("session {}: driver_turn_abandoned could not be recorded", self.id);
+                    log::error!("session {}: driver_turn_abandoned could not be recorded", self.actor.id);
                 }
                 self.start(waiter, Some((pending.turn, true)))
             }
             Gate::Paused(pending) if matches!(waiter, Waiter::Compact(_)) => {
-                self.bae.gate = Gate::Paused(pending);
+                self.state.gate = Gate::Paused(pending);
                 waiter.fail(RpcError::TurnInProgress)
             }
-            Gate::Free if self.bae.queue.is_empty() => self.start(waiter, None),
+            Gate::Free if self.state.queue.is_empty() => self.start(waiter, None),
             gate => {
-                self.bae.gate = gate;
-                self.bae.queue.push_back(waiter);
+                self.state.gate = gate;
+                self.state.queue.push_back(waiter);
             }
         }
     }
@@ -107,24 +107,28 @@ impl SessionActor {
     /// client's tools when the server stopped is paused again, for the same owner, with a new
     /// deadline, so the client can still answer it once it has registered again.
     fn recover_pause(&mut self) {
-        self.bae.recovered = true;
-        if !matches!(self.bae.gate, Gate::Free) {
+        self.state.recovered = true;
+        if !matches!(self.state.gate, Gate::Free) {
             return;
         }
-        let readers = self.shared.store.readers();
-        let found = readers.messages(&self.id).and_then(|messages| {
+        let readers = self.actor.shared.store.readers();
+        let found = readers.messages(&self.actor.id).and_then(|messages| {
             let Some(last) = messages.last().filter(|m| m.role == Role::Assistant) else { return Ok(None) };
-            let owner = readers.bae_last_actor(&self.id, "message.completed")?.unwrap_or_default();
+            let owner = readers.bae_last_actor(&self.actor.id, "message.completed")?.unwrap_or_default();
             Ok(PausedTurn::of_answer(last, owner))
         });
         match found {
             Ok(Some(turn)) => {
-                log::info!("session {}: the turn paused before the restart waits for {} again", self.id, turn.owner);
-                let deadline = Instant::now() + self.shared.config.bae.turn_timeout;
-                self.bae.gate = Gate::Paused(Box::new(Pending { turn, deadline }));
+                log::info!(
+                    "session {}: the turn paused before the restart waits for {} again",
+                    self.actor.id,
+                    turn.owner
+                );
+                let deadline = Instant::now() + self.actor.shared.config.bae.turn_timeout;
+                self.state.gate = Gate::Paused(Box::new(Pending { turn, deadline }));
             }
             Ok(None) => {}
-            Err(error) => log::error!("session {}: a paused turn could not be looked for: {error}", self.id),
+            Err(error) => log::error!("session {}: a paused turn could not be looked for: {error}", self.actor.id),
         }
     }
 
@@ -161,7 +165,7 @@ impl SessionActor {
             None => (message.content, HashSet::new(), HashMap::new()),
         };
         let user = merge::to_message(message.role, &content, &names).map_err(RpcError::InvalidParams)?;
-        let profile = match self.shared.store.readers().bae_profile(&record.profile_id) {
+        let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,
             Ok(None) => {
                 let fault = Fault::ProfileUnavailable { profile_id: record.profile_id.clone() };
@@ -175,10 +179,10 @@ impl SessionActor {
             primary: profile.primary_provider,
             fallbacks: profile.fallback_providers,
             server_result_ids: server_ids,
-            auto_compaction: auto_size(&record).filter(|_| self.bae.auto_compaction_allowed()),
+            auto_compaction: auto_size(&record).filter(|_| self.state.auto_compaction_allowed()),
             ..self.turn_tools(&record, &key)
         };
-        self.spawn_turn(run_id, Some(user), Plan::Bae(Box::new(turn)))
+        self.spawn_turn(run_id, Some(user), Box::new(turn))
     }
 
     /// What the acting client's turn offers the model, in BAE's order: its client tools, its
@@ -203,7 +207,7 @@ impl SessionActor {
                 || name == RESERVED_TOOL
                 || subagent_tools.iter().any(|decl| &decl.name == name)
         };
-        tools.extend(self.shared.mcp.schemas(&self.id).into_iter().filter(|t| !taken(&t.name)));
+        tools.extend(self.actor.shared.mcp.schemas(&self.actor.id).into_iter().filter(|t| !taken(&t.name)));
         BaeTurn {
             actor: Arc::from(key),
             primary: String::new(),
@@ -223,7 +227,7 @@ impl SessionActor {
         let Compact { key, run_id, prompt, .. } = compact;
         let prompt = prompt.map_err(RpcError::InvalidParams)?;
         let record = self.open_record()?;
-        let profile = match self.shared.store.readers().bae_profile(&record.profile_id) {
+        let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,
             Ok(None) => return Err(RpcError::ProfileUnavailable),
             Err(_) => return Err(RpcError::Internal),
@@ -237,7 +241,7 @@ impl SessionActor {
             fallbacks: profile.fallback_providers,
             repair: pending.map(|(paused, _)| paused),
         };
-        self.spawn_turn(run_id, None, Plan::Compaction(Box::new(job)))
+        self.spawn_turn(run_id, None, Box::new(job))
     }
 
     /// The content that answers a paused turn, the ids the server answered, and each call's
@@ -279,15 +283,15 @@ impl SessionActor {
         &mut self,
         run_id: String,
         user: Option<Message>,
-        plan: Plan,
+        plan: Box<dyn TurnPlan>,
     ) -> Result<(), RpcError> {
-        match self.spawn_run(run_id.clone(), user, plan) {
+        match self.actor.spawn_run(run_id.clone(), user, plan) {
             Ok(()) => {
-                self.bae.gate = Gate::Running { run_id };
+                self.state.gate = Gate::Running { run_id };
                 Ok(())
             }
             Err(error) => {
-                log::error!("session {}: cannot start a turn: {error}", self.id);
+                log::error!("session {}: cannot start a turn: {error}", self.actor.id);
                 Err(RpcError::Internal)
             }
         }
@@ -295,23 +299,24 @@ impl SessionActor {
 
     /// Records a terminal fault and moves the session to `error`.
     pub(super) fn end_with_fault(&mut self, key: &str, fault: Fault) {
-        let _ = self.publish_bae(key, Event::SessionFault { session_id: self.id.clone(), fault });
-        let end = BaeWrite::EndSession { id: self.id.clone(), state: BaeState::Error, at: crate::time::now_rfc3339() };
-        if let Err(error) = self.shared.store.write(vec![WriteOp::Bae(end)]) {
-            log::debug!("session {}: not moved to error: {error}", self.id);
+        let _ = self.publish_bae(key, Event::SessionFault { session_id: self.actor.id.clone(), fault });
+        let end =
+            BaeWrite::EndSession { id: self.actor.id.clone(), state: BaeState::Error, at: crate::time::now_rfc3339() };
+        if let Err(error) = self.actor.shared.store.write(vec![WriteOp::Bae(end)]) {
+            log::debug!("session {}: not moved to error: {error}", self.actor.id);
         }
     }
 
     /// The turn's worker ended: a paused turn keeps the gate for its owner, anything else
     /// frees it for the next waiter.
     pub(in crate::engine) fn bae_turn_ended(&mut self, run_id: &str, paused: Option<Box<PausedTurn>>) {
-        if !matches!(&self.bae.gate, Gate::Running { run_id: running } if running == run_id) {
+        if !matches!(&self.state.gate, Gate::Running { run_id: running } if running == run_id) {
             return;
         }
-        self.bae.gate = match paused {
+        self.state.gate = match paused {
             Some(turn) => Gate::Paused(Box::new(Pending {
                 turn: *turn,
-                deadline: Instant::now() + self.shared.config.bae.turn_timeout,
+                deadline: Instant::now() + self.actor.shared.config.bae.turn_timeout,
             })),
             None => Gate::Free,
         };
@@ -322,28 +327,28 @@ impl SessionActor {
     /// of the queue never waits on a paused turn.
     pub(super) fn advance(&mut self) {
         loop {
-            match &self.bae.gate {
+            match &self.state.gate {
                 Gate::Running { .. } => return,
                 Gate::Paused(pending) => {
-                    while matches!(self.bae.queue.front(), Some(Waiter::Compact(_))) {
-                        if let Some(compact) = self.bae.queue.pop_front() {
+                    while matches!(self.state.queue.front(), Some(Waiter::Compact(_))) {
+                        if let Some(compact) = self.state.queue.pop_front() {
                             compact.fail(RpcError::TurnInProgress);
                         }
                     }
                     // The owner's answer may have come while its turn was still ending.
                     let owner = pending.turn.owner.clone();
-                    let Some(at) = self.bae.queue.iter().position(|w| matches!(w, Waiter::Send(s) if s.key == owner))
+                    let Some(at) = self.state.queue.iter().position(|w| matches!(w, Waiter::Send(s) if s.key == owner))
                     else {
                         return;
                     };
-                    let waiter = self.bae.queue.remove(at).expect("a queued waiter");
-                    let Gate::Paused(pending) = std::mem::take(&mut self.bae.gate) else { return };
+                    let waiter = self.state.queue.remove(at).expect("a queued waiter");
+                    let Gate::Paused(pending) = std::mem::take(&mut self.state.gate) else { return };
                     self.start(waiter, Some((pending.turn, false)));
                     continue;
                 }
                 Gate::Free => {}
             }
-            let Some(waiter) = self.bae.queue.pop_front() else { return };
+            let Some(waiter) = self.state.queue.pop_front() else { return };
             match self.open_record() {
                 Ok(_) => self.start(waiter, None),
                 Err(error) => waiter.fail(error),
@@ -352,9 +357,9 @@ impl SessionActor {
     }
 
     pub(super) fn abandon(&mut self, run_id: &str) {
-        self.bae.queue.retain(|waiter| waiter.run_id() != run_id);
-        if matches!(&self.bae.gate, Gate::Running { run_id: running } if running == run_id) {
-            if let Some(turn) = &self.turn {
+        self.state.queue.retain(|waiter| waiter.run_id() != run_id);
+        if matches!(&self.state.gate, Gate::Running { run_id: running } if running == run_id) {
+            if let Some(turn) = &self.actor.turn {
                 turn.canceller.cancel(CancelReason::User);
             }
         }

@@ -11,6 +11,7 @@
 //! (`driver_turn_abandoned`). A compaction never waits on a paused turn. The gate's workings
 //! are `gate.rs`.
 
+use std::any::Any;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,11 +20,13 @@ use crossbeam_channel::Sender;
 use serde_json::Value;
 
 use super::gate::{Gate, Waiter};
+use super::turn::PausedTurn;
 use super::RESERVED_TOOL;
 use crate::bus::Origin;
 use crate::cancel::CancelReason;
 use crate::domain::{CloseReason, Event, Role};
-use crate::engine::session::SessionActor;
+use crate::engine::plan::SessionDoor;
+use crate::engine::session::{Op, SessionActor};
 use crate::store::{BaeSessionRecord, BaeState, BaeWrite, WriteOp, BAE_TENANT};
 
 /// What the BAE door asks of a session's actor.
@@ -151,6 +154,71 @@ pub enum RpcError {
     Internal,
 }
 
+/// What a turn of a BAE session asks of its session's state.
+pub enum FromTurn {
+    /// An `auto` compaction at the end of the turn failed: later ones back off.
+    AutoCompactionFailed,
+    /// A sandbox tool or a subagent launch needs the session's remote sandbox, if one runs.
+    SandboxHandle { reply: Sender<Option<crate::sandbox::Running>> },
+}
+
+/// A BAE operation as the op a session's actor takes.
+pub(in crate::engine) fn door_op(op: BaeOp) -> Op {
+    Op::Door { state: || Box::<BaeRuntime>::default(), op: Box::new(op) }
+}
+
+/// A BAE session's state with its actor, for the length of one message to the actor.
+pub(in crate::engine) struct BaeSession<'a> {
+    pub actor: &'a mut SessionActor,
+    pub state: &'a mut BaeRuntime,
+}
+
+impl SessionDoor for BaeRuntime {
+    fn op(&mut self, actor: &mut SessionActor, op: Box<dyn Any + Send>) {
+        match op.downcast::<BaeOp>() {
+            Ok(op) => BaeSession { actor, state: self }.bae_op(*op),
+            Err(_) => log::error!("session {}: an operation of another door", actor.id),
+        }
+    }
+
+    fn from_turn(&mut self, _: &mut SessionActor, message: Box<dyn Any + Send>) {
+        match message.downcast::<FromTurn>().map(|message| *message) {
+            Ok(FromTurn::AutoCompactionFailed) => self.back_off_auto_compaction(),
+            Ok(FromTurn::SandboxHandle { reply }) => {
+                let _ = reply.send(self.sandbox.clone());
+            }
+            Err(_) => log::error!("a turn's message for another door"),
+        }
+    }
+
+    fn turn_ended(&mut self, actor: &mut SessionActor, run_id: &str, handoff: Option<Box<dyn Any + Send>>) {
+        let paused = handoff.and_then(|handoff| handoff.downcast::<PausedTurn>().ok());
+        BaeSession { actor, state: self }.bae_turn_ended(run_id, paused);
+    }
+
+    fn done(&mut self, actor: &mut SessionActor, done: Box<dyn Any + Send>) {
+        match done.downcast::<BaeDone>() {
+            Ok(done) => BaeSession { actor, state: self }.bae_done(*done),
+            Err(_) => log::error!("session {}: a slow step of another door", actor.id),
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue.is_empty() && !matches!(self.gate, Gate::Running { .. })
+    }
+
+    fn worth_keeping(&self) -> bool {
+        !self.drivers.is_empty()
+            || matches!(self.gate, Gate::Paused(_))
+            || self.auto_backoff_until.is_some()
+            || self.sandbox.is_some()
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
 #[derive(Default)]
 pub(in crate::engine) struct BaeRuntime {
     pub(in crate::engine) drivers: BTreeSet<String>,
@@ -184,22 +252,9 @@ impl BaeRuntime {
             }
         }
     }
-
-    /// Whether anything must outlive the actor's thread.
-    pub(in crate::engine) fn worth_keeping(&self) -> bool {
-        !self.drivers.is_empty()
-            || matches!(self.gate, Gate::Paused(_))
-            || self.auto_backoff_until.is_some()
-            || self.sandbox.is_some()
-    }
-
-    /// Nothing is waiting on the actor (a paused turn waits on its client, not the actor).
-    pub(in crate::engine) fn is_idle(&self) -> bool {
-        self.queue.is_empty() && !matches!(self.gate, Gate::Running { .. })
-    }
 }
 
-impl SessionActor {
+impl BaeSession<'_> {
     pub(in crate::engine) fn bae_op(&mut self, op: BaeOp) {
         match op {
             BaeOp::RegisterDriver { key, reply } => {
@@ -207,7 +262,7 @@ impl SessionActor {
             }
             BaeOp::StartSandbox { key, image, reply } => self.start_sandbox(key, image, reply),
             BaeOp::StopSandbox { key, reply } => {
-                let job = match self.bae.drivers.contains(&key) {
+                let job = match self.state.drivers.contains(&key) {
                     true => self.stop_sandbox(&key, "explicit").ok_or(RpcError::SandboxNotRunning),
                     false => Err(RpcError::NotDriver),
                 };
@@ -226,7 +281,7 @@ impl SessionActor {
             BaeOp::Report { key, report, reply } => {
                 // No state, allowlist or ownership check: a local sandbox or subagent is the
                 // client's own, and the report is telemetry.
-                let outcome = match (self.bae.drivers.contains(&key), report) {
+                let outcome = match (self.state.drivers.contains(&key), report) {
                     (false, _) => Err(RpcError::NotDriver),
                     (true, Err(why)) => Err(RpcError::InvalidParams(why)),
                     (true, Ok(event)) => self.publish_bae(&key, *event),
@@ -237,7 +292,7 @@ impl SessionActor {
                 let _ = reply.send(self.cancel_subagent(&key, id));
             }
             BaeOp::Drivers { reply } => {
-                let _ = reply.send(self.bae.drivers.iter().cloned().collect());
+                let _ = reply.send(self.state.drivers.iter().cloned().collect());
             }
             BaeOp::Send(send) => self.arrive(Waiter::Send(send)),
             BaeOp::Compact(compact) => self.arrive(Waiter::Compact(compact)),
@@ -261,11 +316,11 @@ impl SessionActor {
     }
 
     fn bae_record(&self) -> Result<BaeSessionRecord, RpcError> {
-        match self.shared.store.readers().bae_session(&self.id) {
+        match self.actor.shared.store.readers().bae_session(&self.actor.id) {
             Ok(Some(record)) => Ok(record),
             Ok(None) => Err(RpcError::Gone),
             Err(error) => {
-                log::error!("session {}: {error}", self.id);
+                log::error!("session {}: {error}", self.actor.id);
                 Err(RpcError::Internal)
             }
         }
@@ -287,7 +342,7 @@ impl SessionActor {
     /// `publish_bae` for an event that opens a turn (`turn` is its run id).
     pub(super) fn publish_for_turn(&self, actor: &str, turn: Option<&str>, event: Event) -> Result<(), RpcError> {
         let origin = Origin { actor: Some(Arc::from(actor)), turn: turn.map(Arc::from) };
-        match self.shared.bus.publish_durable(Some(Arc::from(BAE_TENANT)), origin, event) {
+        match self.actor.shared.bus.publish_durable(Some(Arc::from(BAE_TENANT)), origin, event) {
             Some(_) => Ok(()),
             None => Err(RpcError::Internal),
         }
@@ -297,8 +352,8 @@ impl SessionActor {
     /// sandbox images when it declares any.
     fn register_driver(&mut self, key: String) -> Result<(), RpcError> {
         let record = self.open_record()?;
-        if self.bae.drivers.insert(key.clone()) {
-            self.publish_bae(&key, Event::DriverRegistered { session_id: self.id.clone() })?;
+        if self.state.drivers.insert(key.clone()) {
+            self.publish_bae(&key, Event::DriverRegistered { session_id: self.actor.id.clone() })?;
             if let Some(images) = self.images_event(&record.profile_id) {
                 self.publish_bae(&key, images)?;
             }
@@ -307,12 +362,12 @@ impl SessionActor {
     }
 
     fn update_tools(&mut self, key: &str, tools: Result<Vec<Value>, String>) -> Result<(), RpcError> {
-        if !self.bae.drivers.contains(key) {
+        if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
         let record = self.open_record()?;
         let tools = tools.map_err(RpcError::InvalidParams)?;
-        let profile = match self.shared.store.readers().bae_profile(&record.profile_id) {
+        let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,
             _ => return Err(RpcError::Internal),
         };
@@ -324,11 +379,11 @@ impl SessionActor {
             return Err(RpcError::ToolNotAllowed(denied.to_string()));
         }
         let write = BaeWrite::ReplaceClientTools {
-            session_id: self.id.clone(),
+            session_id: self.actor.id.clone(),
             key_id: key.to_string(),
             tools: Value::Array(tools),
         };
-        self.shared.store.write(vec![WriteOp::Bae(write)]).map_err(|_| RpcError::Internal)
+        self.actor.shared.store.write(vec![WriteOp::Bae(write)]).map_err(|_| RpcError::Internal)
     }
 
     /// Closes an open session; whatever its state, its drivers, gate and waiters go at once,
@@ -345,26 +400,26 @@ impl SessionActor {
         let outcome = match state {
             BaeState::Open => {
                 let end = BaeWrite::EndSession {
-                    id: self.id.clone(),
+                    id: self.actor.id.clone(),
                     state: BaeState::Closed,
                     at: crate::time::now_rfc3339(),
                 };
-                if let Err(error) = self.shared.store.write(vec![WriteOp::Bae(end)]) {
-                    log::error!("session {}: could not close: {error}", self.id);
+                if let Err(error) = self.actor.shared.store.write(vec![WriteOp::Bae(end)]) {
+                    log::error!("session {}: could not close: {error}", self.actor.id);
                 }
-                let _ = self.publish_bae(actor, Event::SessionClosed { session_id: self.id.clone(), reason });
+                let _ = self.publish_bae(actor, Event::SessionClosed { session_id: self.actor.id.clone(), reason });
                 Ok(())
             }
             state => Err(state),
         };
-        self.bae.drivers.clear();
-        if let Some(turn) = &self.turn {
+        self.state.drivers.clear();
+        if let Some(turn) = &self.actor.turn {
             turn.canceller.cancel(CancelReason::User);
         }
         self.cancel_subagents_at_close();
         self.cancel_sandbox_start(actor);
         let stop = self.stop_sandbox(actor, "session_close");
-        let (shared, id) = (Arc::clone(&self.shared), self.id.clone());
+        let (shared, id) = (Arc::clone(&self.actor.shared), self.actor.id.clone());
         self.detach(move || {
             shared.mcp.disconnect(&id);
             if let Some(Err(error)) = stop.map(super::sandbox::StopJob::run) {
@@ -372,8 +427,8 @@ impl SessionActor {
             }
             then(outcome);
         });
-        self.bae.gate = Gate::Free;
-        for waiter in std::mem::take(&mut self.bae.queue) {
+        self.state.gate = Gate::Free;
+        for waiter in std::mem::take(&mut self.state.queue) {
             waiter.fail(RpcError::NotOpen(BaeState::Closed));
         }
     }
@@ -383,13 +438,13 @@ impl SessionActor {
     /// caller hears an internal error.
     fn detach(&self, job: impl FnOnce() + Send + 'static) {
         if let Err(error) = crate::workers::SLOW.spawn(job) {
-            log::error!("session {}: no worker for a slow step ({error})", self.id);
+            log::error!("session {}: no worker for a slow step ({error})", self.actor.id);
         }
     }
 
     fn revoked(&mut self, key: &str, then: impl FnOnce() + Send + 'static) {
         let open = matches!(self.bae_record(), Ok(record) if record.state == BaeState::Open);
-        let keys_left = self.shared.store.readers().bae_session_key_count(&self.id).unwrap_or(1);
+        let keys_left = self.actor.shared.store.readers().bae_session_key_count(&self.actor.id).unwrap_or(1);
         match open && keys_left == 0 {
             true => self.close_bae(CloseReason::ClientKeyRevoked, key, move |_| then()),
             false => then(),

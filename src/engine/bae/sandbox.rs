@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
+use super::runtime::BaeSession;
 use super::runtime::{BaeDone, RpcError};
 use crate::domain::{Event, ImageStatus};
-use crate::engine::session::{Done, SessionActor};
+use crate::engine::session::Done;
 use crate::sandbox::{Driver, Running};
 use crate::store::BaeState;
 
@@ -165,27 +166,28 @@ fn image_status(images: &crate::sandbox::provision::Images, name: &str) -> Image
     ImageStatus { name: name.to_string(), status: state.name().into(), detail: state.detail().map(str::to_string) }
 }
 
-impl SessionActor {
+impl BaeSession<'_> {
     /// `session.sandbox.available`, when the session's profile (still) declares images.
     pub(in crate::engine) fn images_event(&self, profile_id: &str) -> Option<Event> {
-        let profile = self.shared.store.readers().bae_profile(profile_id).ok().flatten()?;
+        let profile = self.actor.shared.store.readers().bae_profile(profile_id).ok().flatten()?;
         if profile.available_sandboxes.is_empty() {
             return None;
         }
-        let images = profile.available_sandboxes.iter().map(|name| image_status(&self.shared.images, name)).collect();
-        Some(Event::SandboxImages { session_id: self.id.clone(), images })
+        let images =
+            profile.available_sandboxes.iter().map(|name| image_status(&self.actor.shared.images, name)).collect();
+        Some(Event::SandboxImages { session_id: self.actor.id.clone(), images })
     }
 
     fn sandbox_event(&self, step: &str, image: &str, sandbox_id: Option<&str>) -> Event {
         Event::RemoteSandbox {
-            session_id: self.id.clone(),
+            session_id: self.actor.id.clone(),
             step: step.into(),
             image: image.into(),
             sandbox_id: sandbox_id.map(str::to_string),
             reason: None,
             phase: None,
             detail: None,
-            unsandboxed: !self.shared.config.bae.sandbox.0.isolated(),
+            unsandboxed: !self.actor.shared.config.bae.sandbox.0.isolated(),
         }
     }
 
@@ -217,15 +219,15 @@ impl SessionActor {
             let _ = reply.send(Err(error));
             return;
         }
-        let driver = Arc::clone(&self.shared.config.bae.sandbox.0);
+        let driver = Arc::clone(&self.actor.shared.config.bae.sandbox.0);
         let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
         let pulled = image.clone();
-        let started = self.work(move || {
+        let started = self.actor.work(move || {
             let started = driver.ensure_image(&pulled, &cancelled).and_then(|()| driver.start(&pulled, &cancelled));
-            Done::Bae(BaeDone::SandboxStarted(started))
+            Done::Door(Box::new(BaeDone::SandboxStarted(started)))
         });
         match started {
-            true => self.bae.starting = Some(Starting { key, image, reply, _cancel: cancel }),
+            true => self.state.starting = Some(Starting { key, image, reply, _cancel: cancel }),
             false => {
                 let _ = reply.send(Err(RpcError::Internal));
             }
@@ -234,11 +236,11 @@ impl SessionActor {
 
     /// Who may start a sandbox from which image, in BAE's order of checks.
     fn may_start_sandbox(&self, key: &str, image: &str) -> Result<(), RpcError> {
-        if !self.bae.drivers.contains(key) {
+        if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
         let record = self.bae_record_open()?;
-        let profile = match self.shared.store.readers().bae_profile(&record.profile_id) {
+        let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,
             Ok(None) => return Err(RpcError::ProfileUnavailable),
             Err(_) => return Err(RpcError::Internal),
@@ -246,7 +248,7 @@ impl SessionActor {
         if !profile.available_sandboxes.iter().any(|allowed| allowed == image) {
             return Err(RpcError::SandboxImageNotAllowed(image.to_string()));
         }
-        if self.bae.sandbox.is_some() || self.bae.starting.is_some() {
+        if self.state.sandbox.is_some() || self.state.starting.is_some() {
             return Err(RpcError::SandboxAlreadyRunning);
         }
         Ok(())
@@ -256,17 +258,17 @@ impl SessionActor {
     /// start the session's close cancelled meanwhile was answered then; a sandbox it still
     /// made is stopped.
     pub(in crate::engine) fn sandbox_started(&mut self, started: Result<Running, crate::sandbox::DriverError>) {
-        let Some(Starting { key, image, reply, .. }) = self.bae.starting.take() else {
+        let Some(Starting { key, image, reply, .. }) = self.state.starting.take() else {
             if let Ok(running) = started {
-                stop_detached(&self.shared, running);
+                stop_detached(&self.actor.shared, running);
             }
             return;
         };
         match started {
             Ok(mut running) => {
                 // Every process run in it is the session's, for the orphan sweep.
-                running.marker = Some(crate::tools::orphans::marker_value(&self.id, &running.id));
-                self.bae.sandbox = Some(running.clone());
+                running.marker = Some(crate::tools::orphans::marker_value(&self.actor.id, &running.id));
+                self.state.sandbox = Some(running.clone());
                 let outcome = self.publish_bae(&key, self.sandbox_event("running", &image, Some(&running.id)));
                 let _ = reply.send(outcome.map(|()| (running, crate::time::now_rfc3339())));
             }
@@ -279,7 +281,7 @@ impl SessionActor {
 
     /// Close cancels a start under way: its command is killed and its caller answered.
     pub(in crate::engine) fn cancel_sandbox_start(&mut self, actor: &str) {
-        let Some(Starting { image, reply, .. }) = self.bae.starting.take() else { return };
+        let Some(Starting { image, reply, .. }) = self.state.starting.take() else { return };
         let why = "the session was closed before its sandbox started";
         let _ = self.publish_bae(actor, self.sandbox_error(&image, None, "start", why));
         let _ = reply.send(Err(RpcError::SandboxStartFailed(why.into())));
@@ -290,11 +292,11 @@ impl SessionActor {
     /// recorded; the stop itself is the returned job's, to run on a worker. `None`: no
     /// sandbox runs.
     pub(in crate::engine) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Option<StopJob> {
-        let running = self.bae.sandbox.take()?;
+        let running = self.state.sandbox.take()?;
         let stop = self.with_reason(self.sandbox_event("stop", &running.image, Some(&running.id)), reason);
         let _ = self.publish_bae(key, stop);
         Some(StopJob {
-            shared: Arc::clone(&self.shared),
+            shared: Arc::clone(&self.actor.shared),
             key: key.to_string(),
             stopped: self.with_reason(self.sandbox_event("stopped", &running.image, Some(&running.id)), reason),
             failed: self.sandbox_error(&running.image, Some(&running.id), "stop", ""),
@@ -320,14 +322,14 @@ impl SessionActor {
 
     /// `session.execRemoteSandbox`'s handle (no state check, as in BAE).
     pub(in crate::engine) fn sandbox_handle(&self, key: &str) -> Result<Running, RpcError> {
-        if !self.bae.drivers.contains(key) {
+        if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
-        self.bae.sandbox.clone().ok_or(RpcError::SandboxNotRunning)
+        self.state.sandbox.clone().ok_or(RpcError::SandboxNotRunning)
     }
 
     fn bae_record_open(&self) -> Result<crate::store::BaeSessionRecord, RpcError> {
-        match self.shared.store.readers().bae_session(&self.id) {
+        match self.actor.shared.store.readers().bae_session(&self.actor.id) {
             Ok(Some(record)) if record.state == BaeState::Open => Ok(record),
             Ok(Some(record)) => Err(RpcError::NotOpen(record.state)),
             Ok(None) => Err(RpcError::Gone),

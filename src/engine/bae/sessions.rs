@@ -321,7 +321,7 @@ impl Engine {
         let record = self.bae_engine_record(&session.id)?;
         let actor = session.creator_key_id.clone();
         let outcome = session::ask(&self.shared, &record, |reply| {
-            session::Op::Bae(BaeOp::Close { reason: CloseReason::ClientClose, actor, reply })
+            super::runtime::door_op(BaeOp::Close { reason: CloseReason::ClientClose, actor, reply })
         })?;
         outcome.map_err(BaeError::SessionEnded)
     }
@@ -336,7 +336,7 @@ impl Engine {
         for session_id in self.shared.store.readers().bae_sessions_of_key(id)? {
             let record = self.bae_engine_record(&session_id)?;
             let key = id.to_string();
-            session::ask(&self.shared, &record, |reply| session::Op::Bae(BaeOp::Revoked { key, reply }))?;
+            session::ask(&self.shared, &record, |reply| super::runtime::door_op(BaeOp::Revoked { key, reply }))?;
         }
         Ok(())
     }
@@ -370,7 +370,7 @@ impl Engine {
     /// The session's registered drivers, sorted (none when it has no live state).
     pub fn bae_drivers(&self, session_id: &str) -> Result<Vec<String>, BaeError> {
         let record = self.bae_engine_record(session_id)?;
-        Ok(session::ask(&self.shared, &record, |reply| session::Op::Bae(BaeOp::Drivers { reply }))?)
+        Ok(session::ask(&self.shared, &record, |reply| super::runtime::door_op(BaeOp::Drivers { reply }))?)
     }
 
     /// Ends every `session.subscribe` stream of the session.
@@ -388,7 +388,7 @@ impl Engine {
     /// Sends an RPC operation to the session's actor.
     pub fn bae_op(&self, session_id: &str, op: BaeOp) -> Result<(), BaeError> {
         let record = self.bae_engine_record(session_id)?;
-        session::Registry::send(&self.shared, &record, session::Op::Bae(op))?;
+        session::Registry::send(&self.shared, &record, super::runtime::door_op(op))?;
         Ok(())
     }
 

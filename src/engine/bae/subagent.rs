@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crossbeam_channel::Sender;
 use serde_json::{json, Map, Value};
 
+use super::runtime::BaeSession;
 use super::sessions::{Harness, SubagentDecl};
 use super::turn::BaeTurn;
 use super::RESERVED_TOOL;
@@ -368,10 +369,9 @@ impl Run {
 
     /// The session's remote sandbox, asked of its actor.
     pub(in crate::engine) fn session_sandbox(&self) -> Option<Running> {
-        use crate::engine::session::{SessionMsg, TurnMsg};
         let (reply, handle) = crossbeam_channel::bounded(1);
-        let asked = self.session.send(SessionMsg::Turn(TurnMsg::SandboxHandle { reply }));
-        asked.ok().and_then(|()| handle.recv().ok()).flatten()
+        self.tell_door(Box::new(super::runtime::FromTurn::SandboxHandle { reply }));
+        handle.recv().ok().flatten()
     }
 }
 
@@ -421,7 +421,7 @@ fn publish_subagent(shared: &crate::engine::Shared, actor: &str, event: Event) {
     }
 }
 
-impl crate::engine::session::SessionActor {
+impl BaeSession<'_> {
     /// `session.cancelSubagent`: a driver, a non-blank id, a tracked task; whether it was
     /// running (then its process is killed and `cancelled` told, attributed to the caller).
     pub(in crate::engine) fn cancel_subagent(
@@ -430,15 +430,15 @@ impl crate::engine::session::SessionActor {
         id: Result<String, String>,
     ) -> Result<bool, super::runtime::RpcError> {
         use super::runtime::RpcError;
-        if !self.bae.drivers.contains(key) {
+        if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
         let id = id.map_err(RpcError::InvalidParams)?;
-        match self.shared.subagents.cancel(&self.id, &id) {
+        match self.actor.shared.subagents.cancel(&self.actor.id, &id) {
             Err(NotTracked) => Err(RpcError::SubagentNotFound(id)),
             Ok(None) => Ok(false),
             Ok(Some(who)) => {
-                publish_subagent(&self.shared, key, cancelled_event(&self.id, &who, "explicit"));
+                publish_subagent(&self.actor.shared, key, cancelled_event(&self.actor.id, &who, "explicit"));
                 Ok(true)
             }
         }
@@ -447,16 +447,16 @@ impl crate::engine::session::SessionActor {
     /// Close: every running task is killed and told `cancelled` (`session_close`), attributed
     /// to the session's creator; ended ones are forgotten.
     pub(in crate::engine) fn cancel_subagents_at_close(&mut self) {
-        let cancelled = self.shared.subagents.close(&self.id);
+        let cancelled = self.actor.shared.subagents.close(&self.actor.id);
         if cancelled.is_empty() {
             return;
         }
-        let creator = match self.shared.store.readers().bae_session(&self.id) {
+        let creator = match self.actor.shared.store.readers().bae_session(&self.actor.id) {
             Ok(Some(record)) => record.creator_key_id,
             _ => String::new(),
         };
         for who in cancelled {
-            publish_subagent(&self.shared, &creator, cancelled_event(&self.id, &who, "session_close"));
+            publish_subagent(&self.actor.shared, &creator, cancelled_event(&self.actor.id, &who, "session_close"));
         }
     }
 }

@@ -441,3 +441,55 @@ fn unroutable(call: &ToolCall) -> ToolResult {
         blocks: Some(vec![json!({ "type": "text", "text": text })]),
     }
 }
+
+impl crate::engine::plan::TurnPlan for BaeTurn {
+    fn actor(&self) -> Option<Arc<str>> {
+        Some(Arc::clone(&self.actor))
+    }
+
+    fn lifecycle(&self) -> crate::engine::plan::Lifecycle {
+        crate::engine::plan::Lifecycle::Quiet
+    }
+
+    fn open(&self, run: &Run) -> Result<crate::engine::plan::Opening, EngineError> {
+        run.open_bae_turn(self)?;
+        Ok(Ok(Vec::new()))
+    }
+
+    fn route(&self, run: &Run, _: &crate::domain::SessionRecord) -> Result<Option<Route>, EngineError> {
+        Ok(run.bae_chain(&self.primary, &self.fallbacks))
+    }
+
+    fn step_limit(&self, config: &crate::engine::EngineConfig) -> u32 {
+        config.bae.loop_limit
+    }
+
+    fn limit_reached(&self, run: &Run) -> Result<Stop, EngineError> {
+        run.bae_loop_limit()
+    }
+
+    fn ask(
+        &self,
+        run: &Run,
+        route: &Route,
+        _: &crate::domain::SessionRecord,
+        usage: &mut Usage,
+        tail: &[Message],
+    ) -> Result<Step, EngineError> {
+        run.ask_chain(self, route, usage, tail)
+    }
+
+    fn keep_answer(&self, run: &Run, answer: Message, usage: &Usage) -> Result<(), EngineError> {
+        run.keep_bae_answer(self, answer, usage)
+    }
+
+    fn dispatch(
+        &self,
+        run: &Run,
+        answer: Message,
+        _: &crate::domain::SessionRecord,
+        tail: &mut Vec<Message>,
+    ) -> Result<Option<Stop>, EngineError> {
+        run.dispatch_bae(self, answer, tail)
+    }
+}

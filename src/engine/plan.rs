@@ -94,7 +94,7 @@ pub trait SessionDoor: Send {
     /// One of the door's operations (`Engine::door_op`).
     fn op(&mut self, actor: &mut SessionActor, op: Box<dyn Any + Send>);
     /// A message one of the session's turns sent (`Run::tell_door`).
-    fn from_turn(&mut self, _actor: &mut SessionActor, _message: Box<dyn Any + Send>) {}
+    fn turn_said(&mut self, _actor: &mut SessionActor, _message: Box<dyn Any + Send>) {}
     /// A turn ended; a turn that paused hands over what its door needs to resume it.
     fn turn_ended(&mut self, _actor: &mut SessionActor, _run_id: &str, _handoff: Option<Box<dyn Any + Send>>) {}
     /// A slow step the door started (`SessionActor::work`) is done.

@@ -199,7 +199,7 @@ impl Run {
         self.shared.models.route(model).ok_or_else(|| EngineError::InvalidModel(model.clone()))
     }
 
-    /// Sends the session's door a message (`SessionDoor::from_turn`).
+    /// Sends the session's door a message (`SessionDoor::turn_said`).
     pub(crate) fn tell_door(&self, message: Box<dyn Any + Send>) {
         let _ = self.session.send(SessionMsg::Turn(TurnMsg::Door(message)));
     }

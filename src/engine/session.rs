@@ -71,7 +71,7 @@ pub(crate) enum TurnMsg {
     Awaiting { approval_id: String, decision: Sender<Decision> },
     /// The approval was answered or the wait ended.
     Closed { approval_id: String },
-    /// For the session's door (`SessionDoor::from_turn`).
+    /// For the session's door (`SessionDoor::turn_said`).
     Door(Box<dyn Any + Send>),
     /// The worker's last word: the turn is over and the session free. A turn paused for its
     /// client hands its door what resuming it takes.
@@ -360,7 +360,7 @@ impl SessionActor {
             }
             TurnMsg::Door(message) => {
                 if let Some(mut door) = self.door.take() {
-                    door.from_turn(self, message);
+                    door.turn_said(self, message);
                     self.door.get_or_insert(door);
                 }
             }

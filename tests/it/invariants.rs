@@ -59,17 +59,14 @@ fn ureq_is_named_only_where_the_server_calls_out() {
 
 #[test]
 fn the_engine_imports_no_door_and_no_transport() {
+    let generic = |path: &String| {
+        let layer = ["engine/", "store/", "providers/"].iter().any(|prefix| path.starts_with(prefix));
+        // The engine's own tests drive its turns through a door's plan.
+        layer && !path.ends_with("/tests.rs")
+    };
     for needle in ["crate::api", "crate::http", "crate::console", "crate::cli"] {
-        assert_eq!(
-            offenders(needle, &["api/", "http/", "console/", "cli/", "app.rs", "lib.rs", "main.rs"])
-                .into_iter()
-                .filter(|path| path.starts_with("engine/")
-                    || path.starts_with("store/")
-                    || path.starts_with("providers/"))
-                .collect::<Vec<_>>(),
-            Vec::<String>::new(),
-            "{needle}"
-        );
+        let importers: Vec<String> = offenders(needle, &[]).into_iter().filter(generic).collect();
+        assert_eq!(importers, Vec::<String>::new(), "{needle}");
     }
 }
 

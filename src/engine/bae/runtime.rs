@@ -181,7 +181,7 @@ impl SessionDoor for BaeRuntime {
         }
     }
 
-    fn from_turn(&mut self, _: &mut SessionActor, message: Box<dyn Any + Send>) {
+    fn turn_said(&mut self, _: &mut SessionActor, message: Box<dyn Any + Send>) {
         match message.downcast::<FromTurn>().map(|message| *message) {
             Ok(FromTurn::AutoCompactionFailed) => self.back_off_auto_compaction(),
             Ok(FromTurn::SandboxHandle { reply }) => {

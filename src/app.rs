@@ -401,6 +401,7 @@ impl Server {
             death_signal_wrapper: tool_settings.death_signal_wrapper.clone(),
         };
         tools.replace_plugin_tools(plugins.tools(&launcher));
+        let bae = crate::engine::bae::BaeShared::new(bae_settings(&config, spawning.clone())?);
         let engine = Engine::new(
             store.clone(),
             bus,
@@ -409,13 +410,13 @@ impl Server {
             EngineConfig {
                 workspaces,
                 max_steps: config.agent.max_steps.max(1),
-                bae: bae_settings(&config, spawning.clone())?,
                 compact_at: config.agent.compact_at.clamp(0.05, 1.0),
                 compaction_keep_turns: config.agent.compaction_keep_turns.max(1),
                 checkpoints: config.checkpoints.clone(),
                 data_dir: config.server.data_dir.clone(),
                 node: node.clone(),
             },
+            vec![Arc::new(bae)],
         );
 
         bootstrap_admin(&config, &engine)?;

@@ -126,8 +126,6 @@ pub struct EngineConfig {
     pub workspaces: WorkspacePolicy,
     /// Provider calls allowed in one run.
     pub max_steps: u32,
-    /// The BAE client API's settings.
-    pub bae: bae::BaeSettings,
     /// Past this share of a model's context window a Kestrel run compacts first.
     pub compact_at: f64,
     /// The most recent turns a compaction keeps as they are.
@@ -162,12 +160,8 @@ pub(crate) struct Shared {
     /// Idempotency-Keys whose request is being handled.
     claims: idempotency::Claims,
     checkpoints: crate::checkpoints::Checkpoints,
-    /// BAE sessions' MCP connections.
-    mcp: bae::mcp::McpSessions,
-    /// The sandbox images BAE profiles declare, made ready in the background.
-    images: crate::sandbox::provision::Images,
-    /// BAE sessions' remote subagents.
-    subagents: bae::subagent::Subagents,
+    /// What each door keeps across its sessions (`DoorShared`).
+    doors: Vec<Arc<dyn DoorShared>>,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
@@ -184,15 +178,20 @@ pub struct Engine {
 const DEFAULT_TITLE: &str = "New session";
 
 impl Engine {
-    pub fn new(store: Store, bus: Bus, models: ModelRegistry, tools: ToolRegistry, config: EngineConfig) -> Engine {
+    pub fn new(
+        store: Store,
+        bus: Bus,
+        models: ModelRegistry,
+        tools: ToolRegistry,
+        config: EngineConfig,
+        doors: Vec<Arc<dyn DoorShared>>,
+    ) -> Engine {
         let checkpoints =
             crate::checkpoints::Checkpoints::new(store.clone(), &config.data_dir, config.checkpoints.clone());
         Engine {
             shared: Arc::new(Shared {
                 checkpoints,
-                mcp: bae::mcp::McpSessions::default(),
-                images: crate::sandbox::provision::Images::start(Arc::clone(&config.bae.sandbox.0)),
-                subagents: bae::subagent::Subagents::default(),
+                doors,
                 store,
                 bus,
                 models,
@@ -424,12 +423,26 @@ impl Engine {
     /// waits for their sessions to stop, at most `grace`.
     pub fn shutdown(&self, grace: Duration) {
         self.shared.sessions.shutdown(grace);
-        // Subagents are process memory: none outlives the server.
-        self.shared.subagents.abort_all();
+        for door in &self.shared.doors {
+            door.shutdown();
+        }
     }
 }
 
+/// What a door keeps across its sessions (a BAE door's MCP connections, sandbox images and
+/// subagents), held by the engine for the door's turns and actors to find (`Shared::door`).
+pub trait DoorShared: Send + Sync {
+    /// The server is stopping: nothing of the door's may outlive it.
+    fn shutdown(&self) {}
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 impl Shared {
+    /// The shared state of the door whose type it is, if that door is installed.
+    pub(crate) fn door<T: 'static>(&self) -> Option<&T> {
+        self.doors.iter().find_map(|door| door.as_any().downcast_ref::<T>())
+    }
+
     /// The session if it exists and belongs to `tenant`; another tenant's is "not found".
     fn owned_session(&self, tenant: &str, id: &str) -> Result<SessionRecord, EngineError> {
         match self.store.readers().session(id)? {

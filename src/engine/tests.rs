@@ -44,14 +44,14 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
     let config = EngineConfig {
         workspaces,
         max_steps: 5,
-        bae,
         compact_at: 0.8,
         compaction_keep_turns: 2,
         checkpoints,
         data_dir: data.to_path_buf(),
         node: "node-test".into(),
     };
-    (Engine::new(store, bus, models, tools, config), writer, bus_handle)
+    let doors: Vec<Arc<dyn DoorShared>> = vec![Arc::new(super::bae::BaeShared::new(bae))];
+    (Engine::new(store, bus, models, tools, config, doors), writer, bus_handle)
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! deadline passes, and starting a turn (its tools, its provider chain, a resume merged into
 //! the client's message).
 
+use super::bae;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -124,7 +125,7 @@ impl BaeSession<'_> {
                     self.actor.id,
                     turn.owner
                 );
-                let deadline = Instant::now() + self.actor.shared.config.bae.turn_timeout;
+                let deadline = Instant::now() + bae(&self.actor.shared).settings.turn_timeout;
                 self.state.gate = Gate::Paused(Box::new(Pending { turn, deadline }));
             }
             Ok(None) => {}
@@ -207,7 +208,7 @@ impl BaeSession<'_> {
                 || name == RESERVED_TOOL
                 || subagent_tools.iter().any(|decl| &decl.name == name)
         };
-        tools.extend(self.actor.shared.mcp.schemas(&self.actor.id).into_iter().filter(|t| !taken(&t.name)));
+        tools.extend(bae(&self.actor.shared).mcp.schemas(&self.actor.id).into_iter().filter(|t| !taken(&t.name)));
         BaeTurn {
             actor: Arc::from(key),
             primary: String::new(),
@@ -218,6 +219,7 @@ impl BaeSession<'_> {
             subagent_tools,
             server_result_ids: HashSet::new(),
             auto_compaction: None,
+            loop_limit: bae(&self.actor.shared).settings.loop_limit,
         }
     }
 
@@ -316,7 +318,7 @@ impl BaeSession<'_> {
         self.state.gate = match paused {
             Some(turn) => Gate::Paused(Box::new(Pending {
                 turn: *turn,
-                deadline: Instant::now() + self.actor.shared.config.bae.turn_timeout,
+                deadline: Instant::now() + bae(&self.actor.shared).settings.turn_timeout,
             })),
             None => Gate::Free,
         };

@@ -58,6 +58,39 @@ pub struct BaeSettings {
     pub max_subagents: usize,
 }
 
+/// What the BAE door keeps across its sessions: its settings, the sessions' MCP connections,
+/// the profiles' sandbox images (made ready in the background) and the sessions' remote
+/// subagents. Installed in the engine at start (`Shared::door`).
+pub struct BaeShared {
+    pub settings: BaeSettings,
+    pub(crate) mcp: mcp::McpSessions,
+    pub(crate) images: crate::sandbox::provision::Images,
+    pub(crate) subagents: subagent::Subagents,
+}
+
+impl BaeShared {
+    pub fn new(settings: BaeSettings) -> BaeShared {
+        let images = crate::sandbox::provision::Images::start(Arc::clone(&settings.sandbox.0));
+        BaeShared { settings, mcp: Default::default(), images, subagents: Default::default() }
+    }
+}
+
+impl crate::engine::DoorShared for BaeShared {
+    /// Subagents are process memory: none outlives the server.
+    fn shutdown(&self) {
+        self.subagents.abort_all();
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The BAE door's shared state in the engine.
+pub(crate) fn bae(shared: &crate::engine::Shared) -> &BaeShared {
+    shared.door::<BaeShared>().expect("the BAE door is installed")
+}
+
 /// Why a BAE request was refused; `api/bae` gives each its status, slug and wording.
 #[derive(Debug)]
 pub enum BaeError {
@@ -117,7 +150,7 @@ pub const RESERVED_TOOL: &str = "remote_subagent_status";
 
 impl Engine {
     fn bae(&self) -> &BaeSettings {
-        &self.shared.config.bae
+        &bae(&self.shared).settings
     }
 
     pub fn bae_create_profile(&self, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
@@ -134,7 +167,7 @@ impl Engine {
             updated_at: now,
         };
         self.bae_write(BaeWrite::InsertProfile(profile.clone()))?;
-        self.shared.images.provision(&profile.available_sandboxes);
+        bae(&self.shared).images.provision(&profile.available_sandboxes);
         Ok(profile)
     }
 
@@ -164,7 +197,7 @@ impl Engine {
                 Err(BaeError::ProfileNotFound(id.into()))
             }
             other => other.map(|()| {
-                self.shared.images.provision(&profile.available_sandboxes);
+                bae(&self.shared).images.provision(&profile.available_sandboxes);
                 profile
             }),
         }

@@ -11,6 +11,7 @@
 //! (`driver_turn_abandoned`). A compaction never waits on a paused turn. The gate's workings
 //! are `gate.rs`.
 
+use super::bae;
 use std::any::Any;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -421,7 +422,7 @@ impl BaeSession<'_> {
         let stop = self.stop_sandbox(actor, "session_close");
         let (shared, id) = (Arc::clone(&self.actor.shared), self.actor.id.clone());
         self.detach(move || {
-            shared.mcp.disconnect(&id);
+            bae(&shared).mcp.disconnect(&id);
             if let Some(Err(error)) = stop.map(super::sandbox::StopJob::run) {
                 log::warn!("session {id}: its sandbox did not stop cleanly: {error:?}");
             }

@@ -6,6 +6,7 @@
 //! the handle the actor gave it, so a long command never holds the session up. Close stops the sandbox (`reason: session_close`). A turn's auto-mode sandbox
 //! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
 
+use super::bae;
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -34,7 +35,7 @@ impl crate::engine::Engine {
         loop {
             let page = self.shared.store.readers().bae_profiles(after, 200)?;
             for profile in &page.items {
-                self.shared.images.provision(&profile.available_sandboxes);
+                bae(&self.shared).images.provision(&profile.available_sandboxes);
             }
             match page.next {
                 Some(next) => after = next,
@@ -45,7 +46,7 @@ impl crate::engine::Engine {
 
     /// Each image's provisioning status, in the order given.
     pub fn bae_image_statuses(&self, images: &[String]) -> Vec<ImageStatus> {
-        images.iter().map(|name| image_status(&self.shared.images, name)).collect()
+        images.iter().map(|name| image_status(&bae(&self.shared).images, name)).collect()
     }
 
     /// Runs `command` in the session's sandbox on the caller's thread; a driver failure is
@@ -57,7 +58,7 @@ impl crate::engine::Engine {
         sandbox: &Running,
         command: &str,
     ) -> Result<crate::sandbox::ExecOutput, RpcError> {
-        let settings = &self.shared.config.bae;
+        let settings = &bae(&self.shared).settings;
         match crate::sandbox::exec(settings.sandbox.0.as_ref(), sandbox, command, settings.sandbox_exec) {
             Ok(output) => Ok(output),
             Err(error) => {
@@ -94,7 +95,7 @@ pub(in crate::engine) struct StopJob {
 
 impl StopJob {
     pub(in crate::engine) fn run(self) -> Result<Running, RpcError> {
-        match self.shared.config.bae.sandbox.0.stop(&self.running) {
+        match bae(&self.shared).settings.sandbox.0.stop(&self.running) {
             Ok(()) => {
                 publish_as(&self.shared, &self.key, self.stopped);
                 Ok(self.running)
@@ -111,7 +112,7 @@ impl StopJob {
 fn stop_detached(shared: &Arc<crate::engine::Shared>, running: Running) {
     let shared = Arc::clone(shared);
     let stop = move || {
-        if let Err(error) = shared.config.bae.sandbox.0.stop(&running) {
+        if let Err(error) = bae(&shared).settings.sandbox.0.stop(&running) {
             log::warn!("sandbox {} started after its session closed did not stop: {error}", running.id);
         }
     };
@@ -174,7 +175,7 @@ impl BaeSession<'_> {
             return None;
         }
         let images =
-            profile.available_sandboxes.iter().map(|name| image_status(&self.actor.shared.images, name)).collect();
+            profile.available_sandboxes.iter().map(|name| image_status(&bae(&self.actor.shared).images, name)).collect();
         Some(Event::SandboxImages { session_id: self.actor.id.clone(), images })
     }
 
@@ -187,7 +188,7 @@ impl BaeSession<'_> {
             reason: None,
             phase: None,
             detail: None,
-            unsandboxed: !self.actor.shared.config.bae.sandbox.0.isolated(),
+            unsandboxed: !bae(&self.actor.shared).settings.sandbox.0.isolated(),
         }
     }
 
@@ -219,7 +220,7 @@ impl BaeSession<'_> {
             let _ = reply.send(Err(error));
             return;
         }
-        let driver = Arc::clone(&self.actor.shared.config.bae.sandbox.0);
+        let driver = Arc::clone(&bae(&self.actor.shared).settings.sandbox.0);
         let (cancel, cancelled) = crossbeam_channel::bounded::<()>(1);
         let pulled = image.clone();
         let started = self.actor.work(move || {
@@ -392,7 +393,7 @@ impl crate::engine::run::Run {
                 format!("no remote sandbox is running for tool '{}'; call session.startRemoteSandbox first", call.name);
             return (None, Err(why));
         };
-        let settings = &self.shared.config.bae;
+        let settings = &bae(&self.shared).settings;
         match crate::sandbox::exec(settings.sandbox.0.as_ref(), &sandbox, command, settings.sandbox_exec) {
             Ok(output) => (Some(sandbox.id), Ok(output)),
             Err(error) => {

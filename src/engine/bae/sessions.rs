@@ -5,6 +5,7 @@
 //! transaction with the creator's session key. Every event it records is durable before the
 //! request that caused it is answered.
 
+use super::bae;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -150,7 +151,7 @@ impl Engine {
         // The session, its key and `session.open` commit together.
         self.record_attached(&client.id, &session_id, false, &attach, writes)?;
         self.log_mcp_servers(&profile, &session_id);
-        self.shared.mcp.connect(&session_id, &profile.mcp_servers, &self.bae().mcp_configs, &self.bae().mcp_spawning);
+        bae(&self.shared).mcp.connect(&session_id, &profile.mcp_servers, &self.bae().mcp_configs, &self.bae().mcp_spawning);
         Ok(Attached { session_id, session_key: minted.plaintext, target: self.target_of(&model), profile })
     }
 

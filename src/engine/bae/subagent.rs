@@ -12,6 +12,7 @@
 //! events go to the launching client even after the turn; they are not the turn's own events
 //! (not in `result.events`), as in BAE.
 
+use super::bae;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -274,7 +275,7 @@ impl Run {
     /// with one text block holding a JSON object, and its `tool.result`.
     pub(in crate::engine) fn call_subagent(&self, turn: &BaeTurn, call: &ToolCall) -> ToolResult {
         let (reply, is_error) = match call.name == RESERVED_TOOL {
-            true => self.shared.subagents.status(&self.session_id, &call.arguments),
+            true => bae(&self.shared).subagents.status(&self.session_id, &call.arguments),
             false => match self.launch_subagent(turn, call) {
                 Ok(started) => (started, false),
                 Err(Refused(why)) => (json!({ "error": why }), true),
@@ -306,8 +307,8 @@ impl Run {
         let declared = turn.subagent_tools.iter().find(|decl| decl.name == call.name);
         let chosen = declared.and_then(|decl| decl.subagents.iter().find(|h| h.harness == harness).map(|h| (decl, h)));
         let Some((decl, chosen)) = chosen else { return Err(Refused(format!("unknown harness {harness:?}"))) };
-        let cap = self.shared.config.bae.max_subagents;
-        if self.shared.subagents.running(&self.session_id) >= cap {
+        let cap = bae(&self.shared).settings.max_subagents;
+        if bae(&self.shared).subagents.running(&self.session_id) >= cap {
             return Err(Refused(format!("subagent limit reached (max {cap} per session)")));
         }
         let Some(sandbox) = self.session_sandbox() else {
@@ -333,10 +334,10 @@ impl Run {
         tell.step(&actor, "start", None);
         let (kill, killed) = crossbeam_channel::bounded::<()>(1);
         let task = Task { who: who.clone(), ended: None, kill: Some(kill) };
-        self.shared.subagents.lock().entry(self.session_id.clone()).or_default().push(task);
+        bae(&self.shared).subagents.lock().entry(self.session_id.clone()).or_default().push(task);
         tell.step(&actor, "running", None);
 
-        let driver = Arc::clone(&self.shared.config.bae.sandbox.0);
+        let driver = Arc::clone(&bae(&self.shared).settings.sandbox.0);
         let marker = sandbox.process_marker();
         // Checked at open and join; the values are positional parameters, never script.
         let process = super::template::compile(&harness.command_template, &harness.prompt_via)
@@ -348,7 +349,7 @@ impl Run {
             });
         let stdin = (harness.prompt_via != "arg").then(|| prompt.as_bytes().to_vec());
         let timeout =
-            harness.timeout_secs.map(std::time::Duration::from_secs).unwrap_or(self.shared.config.bae.subagent_timeout);
+            harness.timeout_secs.map(std::time::Duration::from_secs).unwrap_or(bae(&self.shared).settings.subagent_timeout);
         let (finish, finish_actor, sandbox) = (tell.clone(), actor.clone(), sandbox.clone());
         let work = move || {
             let reap = |ending| driver.reap(&sandbox, &marker, ending);
@@ -407,7 +408,7 @@ impl Teller {
     /// cancelled meanwhile (cancelled tasks tell nothing more).
     fn ended(&self, actor: &str, outcome: Outcome) {
         let event = self.event(outcome.step(), Some(&outcome));
-        if self.shared.subagents.finish(&self.session_id, &self.who.id, outcome) {
+        if bae(&self.shared).subagents.finish(&self.session_id, &self.who.id, outcome) {
             publish_subagent(&self.shared, actor, event);
         }
     }
@@ -434,7 +435,7 @@ impl BaeSession<'_> {
             return Err(RpcError::NotDriver);
         }
         let id = id.map_err(RpcError::InvalidParams)?;
-        match self.actor.shared.subagents.cancel(&self.actor.id, &id) {
+        match bae(&self.actor.shared).subagents.cancel(&self.actor.id, &id) {
             Err(NotTracked) => Err(RpcError::SubagentNotFound(id)),
             Ok(None) => Ok(false),
             Ok(Some(who)) => {
@@ -447,7 +448,7 @@ impl BaeSession<'_> {
     /// Close: every running task is killed and told `cancelled` (`session_close`), attributed
     /// to the session's creator; ended ones are forgotten.
     pub(in crate::engine) fn cancel_subagents_at_close(&mut self) {
-        let cancelled = self.actor.shared.subagents.close(&self.actor.id);
+        let cancelled = bae(&self.actor.shared).subagents.close(&self.actor.id);
         if cancelled.is_empty() {
             return;
         }

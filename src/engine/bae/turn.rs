@@ -4,6 +4,7 @@
 //!
 //! Runs on the turn's `kestrel-run` worker.
 
+use super::bae;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -38,6 +39,8 @@ pub(in crate::engine) struct BaeTurn {
     pub server_result_ids: HashSet<String>,
     /// `auto` compaction's threshold in tokens, if the session has one.
     pub auto_compaction: Option<u64>,
+    /// Provider calls the turn may make.
+    pub loop_limit: u32,
 }
 
 impl BaeTurn {
@@ -180,7 +183,7 @@ impl Run {
         // The status tool is offered while the session tracks a subagent, which can change
         // from one model call to the next.
         let mut tools = std::borrow::Cow::Borrowed(&turn.tools);
-        if self.shared.subagents.tracks(&self.session_id) {
+        if bae(&self.shared).subagents.tracks(&self.session_id) {
             tools.to_mut().push(super::subagent::status_tool());
         }
         let request = CompletionRequest { system_prompt: None, messages: &history, tools: &tools };
@@ -246,7 +249,7 @@ impl Run {
                 call.dispatch = match turn.classify(&call.name) {
                     Some(dispatch) => dispatch,
                     None => {
-                        route = self.shared.mcp.route(&self.session_id, &call.name);
+                        route = bae(&self.shared).mcp.route(&self.session_id, &call.name);
                         let server = route.as_ref().map(|(server, _)| server.clone());
                         Dispatch::Mcp { server: server.unwrap_or_default() }
                     }
@@ -322,7 +325,7 @@ impl Run {
 
     /// The turn asked the model more often than a turn may: the session ends in error.
     pub(in crate::engine) fn bae_loop_limit(&self) -> Result<Stop, EngineError> {
-        self.fault(Fault::LoopLimit { max_iterations: self.shared.config.bae.loop_limit });
+        self.fault(Fault::LoopLimit { max_iterations: bae(&self.shared).settings.loop_limit });
         Ok(Stop::Faulted)
     }
 
@@ -460,8 +463,8 @@ impl crate::engine::plan::TurnPlan for BaeTurn {
         Ok(run.bae_chain(&self.primary, &self.fallbacks))
     }
 
-    fn step_limit(&self, config: &crate::engine::EngineConfig) -> u32 {
-        config.bae.loop_limit
+    fn step_limit(&self, _: &crate::engine::EngineConfig) -> u32 {
+        self.loop_limit
     }
 
     fn limit_reached(&self, run: &Run) -> Result<Stop, EngineError> {

@@ -176,13 +176,13 @@ fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
     }
     let path = bae.admin_key_path(&config.server.data_dir);
     match engine.bae_admin_bootstrap(&path, bae.rotate_admin_key) {
-        Ok(crate::engine::bae::AdminBootstrap::Minted) => {
+        Ok(crate::api::bae::core::AdminBootstrap::Minted) => {
             log::info!("no admin key found; a new one was written to {}", path.display())
         }
-        Ok(crate::engine::bae::AdminBootstrap::Rotated) => {
+        Ok(crate::api::bae::core::AdminBootstrap::Rotated) => {
             log::info!("admin key rotated; the new one is in {}", path.display())
         }
-        Ok(crate::engine::bae::AdminBootstrap::Existing) => {}
+        Ok(crate::api::bae::core::AdminBootstrap::Existing) => {}
         Err(error) => return Err(StartError::AdminKey(format!("{error:?}"))),
     }
     Ok(())
@@ -195,10 +195,10 @@ const KEY_SECRET_FILE: &str = "bae-key-secret";
 fn bae_settings(
     config: &Config,
     mcp_spawning: crate::mcp::Spawning,
-) -> Result<crate::engine::bae::BaeSettings, StartError> {
+) -> Result<crate::api::bae::core::BaeSettings, StartError> {
     let keyring =
         crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE)).map_err(StartError::Keyring)?;
-    Ok(crate::engine::bae::BaeSettings {
+    Ok(crate::api::bae::core::BaeSettings {
         keyring: Arc::new(keyring),
         turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),
         loop_limit: config.bae.loop_limit.max(1),
@@ -216,7 +216,7 @@ fn bae_settings(
 }
 
 /// The remote sandboxes' driver named by `[bae] sandbox_driver` / `BAE_SANDBOX_DRIVER`.
-fn sandbox_driver(config: &Config) -> Result<crate::engine::bae::sandbox::SandboxDriver, StartError> {
+fn sandbox_driver(config: &Config) -> Result<crate::api::bae::core::sandbox::SandboxDriver, StartError> {
     // Sandbox commands die with the server, as a tool's commands do.
     let setpriv = crate::tools::orphans::find_death_signal_wrapper();
     let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
@@ -236,7 +236,7 @@ fn sandbox_driver(config: &Config) -> Result<crate::engine::bae::sandbox::Sandbo
             return Err(StartError::Config(ConfigError::Invalid(why)));
         }
     };
-    Ok(crate::engine::bae::sandbox::SandboxDriver(driver))
+    Ok(crate::api::bae::core::sandbox::SandboxDriver(driver))
 }
 
 /// Every configured MCP server: the BAE config file's, then Kestrel's own.
@@ -401,7 +401,7 @@ impl Server {
             death_signal_wrapper: tool_settings.death_signal_wrapper.clone(),
         };
         tools.replace_plugin_tools(plugins.tools(&launcher));
-        let bae = crate::engine::bae::BaeShared::new(bae_settings(&config, spawning.clone())?);
+        let bae = crate::api::bae::core::BaeShared::new(bae_settings(&config, spawning.clone())?);
         let engine = Engine::new(
             store.clone(),
             bus,

@@ -16,14 +16,14 @@ lets it continue without the earlier messages: the user's goals and constraints,
 results that still matter, open questions and the next steps. Write only the summary.";
 
 /// A summary and what the model counted for it.
-pub(super) struct Summary {
+pub(crate) struct Summary {
     pub text: String,
     pub usage: Usage,
 }
 
 /// Why there is no summary; the history is left as it was.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum NoSummary {
+pub(crate) enum NoSummary {
     /// The model could not be asked: the call failed or was cancelled.
     Call(CallFailed),
     /// The answer hit the token limit, in the wire's words.
@@ -46,7 +46,7 @@ impl std::fmt::Display for NoSummary {
 impl Run {
     /// Asks `route` for a summary of `older` following `prompt`, without tools; `watch` takes
     /// the call (a BAE compaction records its attempts).
-    pub(super) fn summarize_messages(
+    pub(crate) fn summarize_messages(
         &self,
         route: &Route,
         watch: &mut dyn Watch,

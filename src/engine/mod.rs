@@ -7,16 +7,15 @@
 //! (`run.rs`). The registry of live actors' inboxes is the only shared map. The engine does no
 //! socket I/O and knows no wire format.
 
-pub mod bae;
-mod calls;
-mod checkpoints;
-mod compaction;
-mod context;
+pub(crate) mod calls;
+pub(crate) mod checkpoints;
+pub(crate) mod compaction;
+pub(crate) mod context;
 pub mod idempotency;
 pub mod plan;
-mod publish;
-mod run;
-mod session;
+pub(crate) mod publish;
+pub(crate) mod run;
+pub(crate) mod session;
 pub mod tools;
 
 use std::path::Path;
@@ -150,20 +149,20 @@ pub struct NewMessage {
 }
 
 pub(crate) struct Shared {
-    store: Store,
-    bus: Bus,
-    models: ModelRegistry,
-    tools: ToolRegistry,
-    config: EngineConfig,
+    pub(crate) store: Store,
+    pub(crate) bus: Bus,
+    pub(crate) models: ModelRegistry,
+    pub(crate) tools: ToolRegistry,
+    pub(crate) config: EngineConfig,
     /// Live sessions' actors: the only map of per-session state, and it holds only inboxes.
-    sessions: session::Registry,
+    pub(crate) sessions: session::Registry,
     /// Idempotency-Keys whose request is being handled.
-    claims: idempotency::Claims,
-    checkpoints: crate::checkpoints::Checkpoints,
+    pub(crate) claims: idempotency::Claims,
+    pub(crate) checkpoints: crate::checkpoints::Checkpoints,
     /// What each door keeps across its sessions (`DoorShared`).
-    doors: Vec<Arc<dyn DoorShared>>,
+    pub(crate) doors: Vec<Arc<dyn DoorShared>>,
     /// Starts a run's worker thread; tests replace it to make the start fail.
-    spawn_run: fn(run::Run) -> std::io::Result<()>,
+    pub(crate) spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
 
 fn spawn_run_thread(run: run::Run) -> std::io::Result<()> {
@@ -172,7 +171,7 @@ fn spawn_run_thread(run: run::Run) -> std::io::Result<()> {
 
 #[derive(Clone)]
 pub struct Engine {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 const DEFAULT_TITLE: &str = "New session";

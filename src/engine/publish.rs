@@ -67,6 +67,14 @@ impl Run {
         self.shared.bus.send_pending(publication).ok_or(EngineError::ShuttingDown)
     }
 
+    /// Sends a message to be stored with its `message.completed` without waiting: the turn
+    /// settles it before it ends (`settle`).
+    pub(crate) fn append_later(&self, message: Message) -> Result<(), EngineError> {
+        let commit = self.append_pending(message)?;
+        self.pending.borrow_mut().push(commit);
+        Ok(())
+    }
+
     /// Waits until every message sent to be stored (or held) is committed.
     pub(crate) fn settle(&self) -> Result<(), EngineError> {
         self.flush_held();

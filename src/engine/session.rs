@@ -124,7 +124,7 @@ pub(super) enum Slot {
 
 /// Live sessions by id: the only shared map.
 #[derive(Default)]
-pub(super) struct Registry {
+pub(crate) struct Registry {
     actors: Mutex<HashMap<String, Slot>>,
     /// Signalled whenever an actor leaves.
     left: Condvar,
@@ -579,7 +579,7 @@ impl SessionActor {
 }
 
 /// Sends an op and waits for its reply.
-pub(super) fn ask<T>(
+pub(crate) fn ask<T>(
     shared: &Arc<Shared>,
     record: &SessionRecord,
     op: impl FnOnce(Sender<T>) -> Op,

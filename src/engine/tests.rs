@@ -25,14 +25,14 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
     let echo = Echo { delay: Duration::ZERO, context_window: 1_000_000, pricing: None };
     let models = ModelRegistry::from_config(&crate::Config::default(), echo, &|_| None).unwrap();
     let workspaces = WorkspacePolicy::new(data.canonicalize().unwrap(), &[], &[], Default::default()).unwrap();
-    let bae = super::bae::BaeSettings {
+    let bae = crate::api::bae::core::BaeSettings {
         keyring: Arc::new(crate::auth::keys::Keyring::with_secret([1; 32])),
         turn_timeout: std::time::Duration::from_secs(120),
         loop_limit: 8,
         mcp_servers: Vec::new(),
         mcp_configs: Vec::new(),
         mcp_spawning: crate::mcp::Spawning::default(),
-        sandbox: super::bae::sandbox::SandboxDriver(Arc::new(crate::sandbox::local::Local::unisolated(
+        sandbox: crate::api::bae::core::sandbox::SandboxDriver(Arc::new(crate::sandbox::local::Local::unisolated(
             &data.join("sandboxes"),
             None,
         ))),
@@ -50,7 +50,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         data_dir: data.to_path_buf(),
         node: "node-test".into(),
     };
-    let doors: Vec<Arc<dyn DoorShared>> = vec![Arc::new(super::bae::BaeShared::new(bae))];
+    let doors: Vec<Arc<dyn DoorShared>> = vec![Arc::new(crate::api::bae::core::BaeShared::new(bae))];
     (Engine::new(store, bus, models, tools, config, doors), writer, bus_handle)
 }
 

@@ -2,7 +2,7 @@
 //! sandbox from it, run a command in it, and stop it. `docker.rs` drives the `docker` CLI as
 //! BAE does; `local.rs` is for hosts with no container engine (bubblewrap, or honestly
 //! unsandboxed); `provision.rs` makes profiles' images ready in the background. The JSON-RPC
-//! methods are in `engine/bae/sandbox.rs`, remote subagents in `engine/bae/subagent.rs`.
+//! methods are in `api/bae/core/sandbox.rs`, remote subagents in `api/bae/core/subagent.rs`.
 
 pub mod docker;
 pub mod local;

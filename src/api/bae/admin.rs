@@ -10,10 +10,10 @@ use serde_json::{json, Map, Value};
 
 use super::problem::Problem;
 use super::{authenticate, body, events_page, json_reply, page};
+use crate::api::bae::core::ProfileInput;
 use crate::api::routes::{self, RouteDef};
 use crate::auth::keys::KeyRole;
 use crate::config::Config;
-use crate::engine::bae::ProfileInput;
 use crate::engine::Engine;
 use crate::http::{EdgeError, Handler, Reply, Request};
 use crate::store::{BaeSessionRecord, BaeState, KeyRecord, Page, ProfileRecord};

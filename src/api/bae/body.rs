@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::problem::Problem;
-use crate::engine::bae::{Attach, Compaction, SubagentDecl, ToolDef};
+use crate::api::bae::core::{Attach, Compaction, SubagentDecl, ToolDef};
 use crate::http::{BodyError, Request};
 
 #[derive(Deserialize)]
@@ -51,10 +51,10 @@ fn compaction_of(value: Value) -> Result<Compaction, Problem> {
     let compaction: Compaction =
         serde_json::from_value(value).map_err(|e| Problem::bad_request(format!("invalid compaction config: {e}")))?;
     if let Compaction::Auto { size } = compaction {
-        if size < crate::engine::bae::MIN_AUTO_SIZE {
+        if size < crate::api::bae::core::MIN_AUTO_SIZE {
             return Err(Problem::bad_request(format!(
                 "invalid compaction config: size must be at least {} tokens",
-                crate::engine::bae::MIN_AUTO_SIZE
+                crate::api::bae::core::MIN_AUTO_SIZE
             )));
         }
     }

@@ -8,6 +8,7 @@
 
 pub mod admin;
 mod body;
+pub mod core;
 mod page;
 pub mod problem;
 mod rpc;
@@ -18,10 +19,10 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::api::bae::core::{Attached, BaeError, Denied};
 use crate::api::routes::{self, RouteDef};
 use crate::auth::keys::KeyRole;
 use crate::auth::{self, BearerError};
-use crate::engine::bae::{Attached, BaeError, Denied};
 use crate::engine::Engine;
 use crate::http::{EdgeError, Handler, Reply, Request};
 use crate::store::{BaeSessionRecord, KeyRecord};

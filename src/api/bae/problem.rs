@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::engine::bae::{BaeError, Denied};
+use crate::api::bae::core::{BaeError, Denied};
 use crate::engine::EngineError;
 use crate::http::{EdgeError, Reply};
 use crate::store::StoreError;

@@ -11,9 +11,9 @@ use serde_json::{Map, Value};
 use super::problem::Problem;
 use super::streams::{error_frame, RpcId, TurnKind, TurnStream, WatchStream};
 use super::{authorize_session, body, wire};
+use crate::api::bae::core::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
 use crate::bus::{Filter, Scope};
 use crate::domain::{Event, Role};
-use crate::engine::bae::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
 use crate::engine::Engine;
 use crate::http::{Framing, Reply, Request, Stream};
 use crate::store::{KeyRecord, BAE_TENANT};
@@ -283,7 +283,7 @@ fn turn(
     context: &Context<'_>,
     id: Option<RpcId>,
     kind: TurnKind,
-    op: impl FnOnce(String, String, crossbeam_channel::Sender<Result<crate::engine::bae::Started, RpcError>>) -> BaeOp,
+    op: impl FnOnce(String, String, crossbeam_channel::Sender<Result<crate::api::bae::core::Started, RpcError>>) -> BaeOp,
 ) -> Answer {
     let filter = Filter {
         tenant: BAE_TENANT.to_string(),
@@ -366,7 +366,7 @@ fn user_message(params: &Map<String, Value>) -> Result<UserMessage, String> {
     };
     let content = message.get("content").cloned().ok_or("missing field `content`")?;
     // Checked now, so a malformed or oversized message never waits for the gate.
-    let parsed = crate::engine::bae::merge::to_message(role, &content, &Default::default())?;
+    let parsed = crate::api::bae::core::merge::to_message(role, &content, &Default::default())?;
     within_limits(&parsed)?;
     Ok(UserMessage { role, content })
 }

@@ -13,9 +13,9 @@ use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
 
 use super::wire;
+use crate::api::bae::core::{BaeOp, RpcError, Started};
 use crate::bus::{Batch, Envelope, Live, Subscription};
 use crate::domain::{Dispatch, Event, Fault, Role, RunOutcome};
-use crate::engine::bae::{BaeOp, RpcError, Started};
 use crate::engine::Engine;
 use crate::http::{Frames, StreamBody};
 

@@ -6,10 +6,10 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::api::bae::core::compaction::SYNTHETIC;
+use crate::api::bae::core::merge::PLAIN;
 use crate::bus::{Envelope, Format};
 use crate::domain::{Block, Dispatch, Event, Message, ProviderRequest, ProviderResponse, Role, ToolResult, ToolSchema};
-use crate::engine::bae::compaction::SYNTHETIC;
-use crate::engine::bae::merge::PLAIN;
 
 /// The format BAE's streams use.
 pub const FORMAT: Format = Format::BaeNdjson;
@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn plain_text_stays_a_string_and_blocks_keep_their_dispatch() {
-        let message = crate::engine::bae::merge::to_message(Role::User, &json!("hi"), &Default::default()).unwrap();
+        let message = crate::api::bae::core::merge::to_message(Role::User, &json!("hi"), &Default::default()).unwrap();
         assert_eq!(content(&message), json!("hi"));
         let mut answer = Message::new(Role::Assistant);
         let mut call = crate::domain::ToolCall::new("tu_1", "clock", Map::new());

@@ -72,7 +72,7 @@ fn a_sandbox_call_running_at_kill_9_is_recorded_as_an_error_result_and_never_run
     assert_eq!(result["payload"]["is_error"], true, "{result}");
     assert_eq!(
         result["payload"]["content"],
-        json!([{ "type": "text", "text": kestrel::engine::bae::INTERRUPTED_RESULT }])
+        json!([{ "type": "text", "text": kestrel::api::bae::core::INTERRUPTED_RESULT }])
     );
     let tail: Vec<String> = types(&events).into_iter().rev().take(3).collect();
     assert_eq!(tail, ["server.message.send", "tool.result", "server.message.send"], "{events:?}");

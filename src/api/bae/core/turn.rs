@@ -20,7 +20,7 @@ use crate::providers::{CallFailed, CompletionRequest, Refusal, Route, Target, Wa
 use crate::store::{BaeState, BaeWrite, WriteOp};
 
 /// What the turn loop needs to run a BAE client's turn.
-pub(in crate::engine) struct BaeTurn {
+pub(crate) struct BaeTurn {
     /// The acting client key: every event of the turn is attributed to it.
     pub actor: Arc<str>,
     pub primary: String,
@@ -62,7 +62,7 @@ impl BaeTurn {
 /// A turn paused for the client: the tool calls it waits on, in order, and what the server
 /// already answered.
 #[derive(Debug, Clone)]
-pub(in crate::engine) struct PausedTurn {
+pub(crate) struct PausedTurn {
     pub owner: String,
     /// Every tool call id of the paused answer, in order.
     pub expected: Vec<String>,
@@ -74,7 +74,7 @@ impl PausedTurn {
     /// The turn a stored answer paused, if it called a client's tools: after a restart, the
     /// last message of a session's history is all that is left of a paused turn. The server's
     /// own results are made again (no MCP server is configured: each is the same error).
-    pub(in crate::engine) fn of_answer(answer: &Message, owner: String) -> Option<PausedTurn> {
+    pub(crate) fn of_answer(answer: &Message, owner: String) -> Option<PausedTurn> {
         if answer.role != Role::Assistant {
             return None;
         }
@@ -103,10 +103,10 @@ impl PausedTurn {
 }
 
 /// A stored message that starts the history the provider sees (a compaction's preamble).
-pub(in crate::engine) const HISTORY_START: &str = "historyStart";
+pub(crate) const HISTORY_START: &str = "historyStart";
 
 /// The messages the provider sees: from the last compaction on.
-pub(in crate::engine) fn effective_history(mut messages: Vec<Message>) -> Vec<Message> {
+pub(crate) fn effective_history(mut messages: Vec<Message>) -> Vec<Message> {
     if let Some(start) = messages.iter().rposition(|m| m.flag(HISTORY_START)) {
         messages.drain(..start);
     }
@@ -115,7 +115,7 @@ pub(in crate::engine) fn effective_history(mut messages: Vec<Message>) -> Vec<Me
 
 impl Run {
     /// Stores and announces the client's message, then the tool results it carries.
-    pub(in crate::engine) fn open_bae_turn(&self, turn: &BaeTurn) -> Result<(), EngineError> {
+    pub(crate) fn open_bae_turn(&self, turn: &BaeTurn) -> Result<(), EngineError> {
         let Some(user) = &self.user else { return Ok(()) };
         // It is stored with the turn's next event (the provider request, usually), and that
         // commit overlaps the provider call; the turn settles before it stores more.
@@ -136,7 +136,7 @@ impl Run {
 
     /// The profile's providers: the primary (which must resolve, else a `provider_config`
     /// fault ends the turn), then each fallback that resolves (the others are logged).
-    pub(in crate::engine) fn bae_chain(&self, primary: &str, fallbacks: &[String]) -> Option<Route> {
+    pub(crate) fn bae_chain(&self, primary: &str, fallbacks: &[String]) -> Option<Route> {
         match self.resolve_chain(primary, fallbacks) {
             Ok(chain) => Some(chain),
             Err(detail) => {
@@ -148,7 +148,7 @@ impl Run {
 
     /// The route of a profile's chain: its primary's (with that provider's own fallbacks),
     /// then each fallback's that resolves.
-    pub(in crate::engine) fn resolve_chain(&self, primary: &str, fallbacks: &[String]) -> Result<Route, Unconfigured> {
+    pub(crate) fn resolve_chain(&self, primary: &str, fallbacks: &[String]) -> Result<Route, Unconfigured> {
         let models = &self.shared.models;
         let mut chain = models.route_named(primary).ok_or_else(|| Unconfigured(primary.to_string()))?;
         for name in fallbacks {
@@ -164,7 +164,7 @@ impl Run {
 
     /// One model call through the chain, each attempt recorded. A failing first attempt and
     /// a chain that all fails are recorded as faults.
-    pub(in crate::engine) fn ask_chain(
+    pub(crate) fn ask_chain(
         &self,
         turn: &BaeTurn,
         chain: &Route,
@@ -209,12 +209,7 @@ impl Run {
     }
 
     /// Stores the final answer (`server.message.send`), then compacts if the session asks to.
-    pub(in crate::engine) fn keep_bae_answer(
-        &self,
-        turn: &BaeTurn,
-        answer: Message,
-        _usage: &Usage,
-    ) -> Result<(), EngineError> {
+    pub(crate) fn keep_bae_answer(&self, turn: &BaeTurn, answer: Message, _usage: &Usage) -> Result<(), EngineError> {
         let reported = answer_usage(&answer);
         self.settle()?;
         if reported.is_some() && turn.auto_compaction.is_some() {
@@ -222,8 +217,7 @@ impl Run {
             self.append(answer)?;
         } else {
             // Its commit overlaps the turn's end; `execute` settles before the next turn.
-            let commit = self.append_pending(answer)?;
-            self.pending.borrow_mut().push(commit);
+            self.append_later(answer)?;
         }
         if let (Some(size), Some(reported)) = (turn.auto_compaction, reported) {
             if reported.input_tokens + reported.output_tokens > size {
@@ -235,7 +229,7 @@ impl Run {
 
     /// Records the answer's calls (`tool.call`, each with who runs it), answers the ones no
     /// server tool can run, then pauses for the client's calls or goes round again.
-    pub(in crate::engine) fn dispatch_bae(
+    pub(crate) fn dispatch_bae(
         &self,
         turn: &BaeTurn,
         mut answer: Message,
@@ -275,8 +269,7 @@ impl Run {
         }
         if calls.iter().any(|c| c.dispatch == Dispatch::Client) {
             self.settle()?;
-            let commit = self.append_pending(answer)?;
-            self.pending.borrow_mut().push(commit);
+            self.append_later(answer)?;
             let paused = PausedTurn {
                 owner: turn.actor.to_string(),
                 expected: calls.iter().map(|c| c.id.clone()).collect(),
@@ -324,13 +317,13 @@ impl Run {
     }
 
     /// The turn asked the model more often than a turn may: the session ends in error.
-    pub(in crate::engine) fn bae_loop_limit(&self) -> Result<Stop, EngineError> {
+    pub(crate) fn bae_loop_limit(&self) -> Result<Stop, EngineError> {
         self.fault(Fault::LoopLimit { max_iterations: bae(&self.shared).settings.loop_limit });
         Ok(Stop::Faulted)
     }
 
     /// Records a fault; a terminal one moves the session to `error`.
-    pub(in crate::engine) fn fault(&self, fault: Fault) {
+    pub(crate) fn fault(&self, fault: Fault) {
         let terminal = fault.is_terminal();
         self.publish(Event::SessionFault { session_id: self.session_id.clone(), fault });
         if terminal {
@@ -348,7 +341,7 @@ impl Run {
 
 /// A profile's primary provider that is not configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::engine) struct Unconfigured(pub String);
+pub(crate) struct Unconfigured(pub String);
 
 impl std::fmt::Display for Unconfigured {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -360,7 +353,7 @@ impl std::fmt::Display for Unconfigured {
 /// first `stored` messages the session's) and `provider.response`, a whole answer's held to
 /// commit with what the turn makes of it; with `fault_first`, a failing first attempt is also
 /// recorded as `provider_call_failed`.
-pub(in crate::engine) struct Recorded<'r> {
+pub(crate) struct Recorded<'r> {
     pub run: &'r Run,
     pub stored: usize,
     pub fault_first: bool,

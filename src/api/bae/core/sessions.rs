@@ -151,7 +151,12 @@ impl Engine {
         // The session, its key and `session.open` commit together.
         self.record_attached(&client.id, &session_id, false, &attach, writes)?;
         self.log_mcp_servers(&profile, &session_id);
-        bae(&self.shared).mcp.connect(&session_id, &profile.mcp_servers, &self.bae().mcp_configs, &self.bae().mcp_spawning);
+        bae(&self.shared).mcp.connect(
+            &session_id,
+            &profile.mcp_servers,
+            &self.bae().mcp_configs,
+            &self.bae().mcp_spawning,
+        );
         Ok(Attached { session_id, session_key: minted.plaintext, target: self.target_of(&model), profile })
     }
 

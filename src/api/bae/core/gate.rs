@@ -281,7 +281,7 @@ impl BaeSession<'_> {
     }
 
     /// Starts the worker, which stores the opening message first; the gate is the turn's.
-    pub(in crate::engine) fn spawn_turn(
+    pub(crate) fn spawn_turn(
         &mut self,
         run_id: String,
         user: Option<Message>,
@@ -311,7 +311,7 @@ impl BaeSession<'_> {
 
     /// The turn's worker ended: a paused turn keeps the gate for its owner, anything else
     /// frees it for the next waiter.
-    pub(in crate::engine) fn bae_turn_ended(&mut self, run_id: &str, paused: Option<Box<PausedTurn>>) {
+    pub(crate) fn bae_turn_ended(&mut self, run_id: &str, paused: Option<Box<PausedTurn>>) {
         if !matches!(&self.state.gate, Gate::Running { run_id: running } if running == run_id) {
             return;
         }

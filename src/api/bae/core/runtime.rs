@@ -164,12 +164,12 @@ pub enum FromTurn {
 }
 
 /// A BAE operation as the op a session's actor takes.
-pub(in crate::engine) fn door_op(op: BaeOp) -> Op {
+pub(crate) fn door_op(op: BaeOp) -> Op {
     Op::Door { state: || Box::<BaeRuntime>::default(), op: Box::new(op) }
 }
 
 /// A BAE session's state with its actor, for the length of one message to the actor.
-pub(in crate::engine) struct BaeSession<'a> {
+pub(crate) struct BaeSession<'a> {
     pub actor: &'a mut SessionActor,
     pub state: &'a mut BaeRuntime,
 }
@@ -221,16 +221,16 @@ impl SessionDoor for BaeRuntime {
 }
 
 #[derive(Default)]
-pub(in crate::engine) struct BaeRuntime {
-    pub(in crate::engine) drivers: BTreeSet<String>,
+pub(crate) struct BaeRuntime {
+    pub(crate) drivers: BTreeSet<String>,
     pub(super) gate: Gate,
     pub(super) queue: VecDeque<Waiter>,
     /// After a failed automatic compaction, automatic ones wait until then.
-    pub(in crate::engine) auto_backoff_until: Option<Instant>,
+    pub(crate) auto_backoff_until: Option<Instant>,
     /// The session's one remote sandbox.
-    pub(in crate::engine) sandbox: Option<crate::sandbox::Running>,
+    pub(crate) sandbox: Option<crate::sandbox::Running>,
     /// A sandbox start under way on a worker.
-    pub(in crate::engine) starting: Option<super::sandbox::Starting>,
+    pub(crate) starting: Option<super::sandbox::Starting>,
     /// Whether a turn paused before a restart has been looked for (`recover_pause`).
     pub(super) recovered: bool,
 }
@@ -239,7 +239,7 @@ pub(in crate::engine) struct BaeRuntime {
 const AUTO_COMPACTION_BACKOFF: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl BaeRuntime {
-    pub(in crate::engine) fn back_off_auto_compaction(&mut self) {
+    pub(crate) fn back_off_auto_compaction(&mut self) {
         self.auto_backoff_until = Some(Instant::now() + AUTO_COMPACTION_BACKOFF);
     }
 
@@ -256,7 +256,7 @@ impl BaeRuntime {
 }
 
 impl BaeSession<'_> {
-    pub(in crate::engine) fn bae_op(&mut self, op: BaeOp) {
+    pub(crate) fn bae_op(&mut self, op: BaeOp) {
         match op {
             BaeOp::RegisterDriver { key, reply } => {
                 let _ = reply.send(self.register_driver(key));
@@ -310,7 +310,7 @@ impl BaeSession<'_> {
         }
     }
 
-    pub(in crate::engine) fn bae_done(&mut self, done: BaeDone) {
+    pub(crate) fn bae_done(&mut self, done: BaeDone) {
         match done {
             BaeDone::SandboxStarted(started) => self.sandbox_started(started),
         }
@@ -336,7 +336,7 @@ impl BaeSession<'_> {
     }
 
     /// Publishes a BAE event attributed to `actor`, and waits for it to be durable.
-    pub(in crate::engine) fn publish_bae(&self, actor: &str, event: Event) -> Result<(), RpcError> {
+    pub(crate) fn publish_bae(&self, actor: &str, event: Event) -> Result<(), RpcError> {
         self.publish_for_turn(actor, None, event)
     }
 

@@ -32,7 +32,7 @@ it; continue the conversation from that summary.";
 pub const SYNTHETIC: &str = "synthetic";
 
 /// A compaction asked for by a client.
-pub(in crate::engine) struct CompactionJob {
+pub(crate) struct CompactionJob {
     pub actor: Arc<str>,
     pub prompt: String,
     pub primary: String,
@@ -43,7 +43,7 @@ pub(in crate::engine) struct CompactionJob {
 
 impl Run {
     /// A client's compaction: repair a reclaimed turn's history if needed, then summarize.
-    pub(in crate::engine) fn compact(&self, job: &CompactionJob, usage: &mut Usage) -> Result<(), EngineError> {
+    pub(crate) fn compact(&self, job: &CompactionJob, usage: &mut Usage) -> Result<(), EngineError> {
         if let Some(paused) = &job.repair {
             self.answer_abandoned(paused)?;
         }
@@ -51,7 +51,7 @@ impl Run {
     }
 
     /// An `auto` session's compaction after a turn; a failure only backs later ones off.
-    pub(in crate::engine) fn auto_compact(&self, turn: &super::turn::BaeTurn) {
+    pub(crate) fn auto_compact(&self, turn: &super::turn::BaeTurn) {
         let mut usage = Usage::default();
         if let Err(error) =
             self.summarize(CompactionTrigger::Auto, DEFAULT_PROMPT, &turn.primary, &turn.fallbacks, &mut usage)

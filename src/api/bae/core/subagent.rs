@@ -273,7 +273,7 @@ struct Refused(String);
 impl Run {
     /// A call of a subagent tool (`launch_subagent` or `remote_subagent_status`), answered
     /// with one text block holding a JSON object, and its `tool.result`.
-    pub(in crate::engine) fn call_subagent(&self, turn: &BaeTurn, call: &ToolCall) -> ToolResult {
+    pub(crate) fn call_subagent(&self, turn: &BaeTurn, call: &ToolCall) -> ToolResult {
         let (reply, is_error) = match call.name == RESERVED_TOOL {
             true => bae(&self.shared).subagents.status(&self.session_id, &call.arguments),
             false => match self.launch_subagent(turn, call) {
@@ -348,8 +348,10 @@ impl Run {
                 driver.process(sandbox, &script)
             });
         let stdin = (harness.prompt_via != "arg").then(|| prompt.as_bytes().to_vec());
-        let timeout =
-            harness.timeout_secs.map(std::time::Duration::from_secs).unwrap_or(bae(&self.shared).settings.subagent_timeout);
+        let timeout = harness
+            .timeout_secs
+            .map(std::time::Duration::from_secs)
+            .unwrap_or(bae(&self.shared).settings.subagent_timeout);
         let (finish, finish_actor, sandbox) = (tell.clone(), actor.clone(), sandbox.clone());
         let work = move || {
             let reap = |ending| driver.reap(&sandbox, &marker, ending);
@@ -369,7 +371,7 @@ impl Run {
     }
 
     /// The session's remote sandbox, asked of its actor.
-    pub(in crate::engine) fn session_sandbox(&self) -> Option<Running> {
+    pub(crate) fn session_sandbox(&self) -> Option<Running> {
         let (reply, handle) = crossbeam_channel::bounded(1);
         self.tell_door(Box::new(super::runtime::FromTurn::SandboxHandle { reply }));
         handle.recv().ok().flatten()
@@ -425,7 +427,7 @@ fn publish_subagent(shared: &crate::engine::Shared, actor: &str, event: Event) {
 impl BaeSession<'_> {
     /// `session.cancelSubagent`: a driver, a non-blank id, a tracked task; whether it was
     /// running (then its process is killed and `cancelled` told, attributed to the caller).
-    pub(in crate::engine) fn cancel_subagent(
+    pub(crate) fn cancel_subagent(
         &mut self,
         key: &str,
         id: Result<String, String>,
@@ -447,7 +449,7 @@ impl BaeSession<'_> {
 
     /// Close: every running task is killed and told `cancelled` (`session_close`), attributed
     /// to the session's creator; ended ones are forgotten.
-    pub(in crate::engine) fn cancel_subagents_at_close(&mut self) {
+    pub(crate) fn cancel_subagents_at_close(&mut self) {
         let cancelled = bae(&self.actor.shared).subagents.close(&self.actor.id);
         if cancelled.is_empty() {
             return;
@@ -478,7 +480,7 @@ fn cancelled_event(session_id: &str, who: &Who, reason: &str) -> Event {
 }
 
 /// The acting client's subagent declarations, as stored at open or join.
-pub(in crate::engine) fn declarations(by_key: &Map<String, Value>, key: &str) -> Vec<SubagentDecl> {
+pub(crate) fn declarations(by_key: &Map<String, Value>, key: &str) -> Vec<SubagentDecl> {
     let declared = by_key.get(key).cloned().unwrap_or(Value::Array(Vec::new()));
     serde_json::from_value(declared).unwrap_or_default()
 }

@@ -18,15 +18,15 @@ pub mod sandbox;
 mod sessions;
 pub mod subagent;
 mod template;
-pub(in crate::engine) mod turn;
+pub(crate) mod turn;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Engine, EngineError};
 use crate::auth::keys::{new_id, write_private, KeyRole, Keyring};
+use crate::engine::{Engine, EngineError};
 use crate::store::{BaeWrite, KeyRecord, Page, ProfileRecord, StoreError, WriteOp};
 pub use merge::MergeError;
 pub use recovery::INTERRUPTED_RESULT;

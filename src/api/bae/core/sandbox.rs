@@ -73,10 +73,10 @@ impl crate::engine::Engine {
 }
 
 /// Who waits for a start, and the caller's reply.
-pub(in crate::engine) type StartReply = Sender<Result<(Running, String), RpcError>>;
+pub(crate) type StartReply = Sender<Result<(Running, String), RpcError>>;
 
 /// A sandbox start under way on a worker.
-pub(in crate::engine) struct Starting {
+pub(crate) struct Starting {
     key: String,
     image: String,
     reply: StartReply,
@@ -85,7 +85,7 @@ pub(in crate::engine) struct Starting {
 }
 
 /// A sandbox's stop, for a worker: the driver's stop, then `stopped` (or the error) recorded.
-pub(in crate::engine) struct StopJob {
+pub(crate) struct StopJob {
     shared: Arc<crate::engine::Shared>,
     key: String,
     running: Running,
@@ -94,7 +94,7 @@ pub(in crate::engine) struct StopJob {
 }
 
 impl StopJob {
-    pub(in crate::engine) fn run(self) -> Result<Running, RpcError> {
+    pub(crate) fn run(self) -> Result<Running, RpcError> {
         match bae(&self.shared).settings.sandbox.0.stop(&self.running) {
             Ok(()) => {
                 publish_as(&self.shared, &self.key, self.stopped);
@@ -169,13 +169,16 @@ fn image_status(images: &crate::sandbox::provision::Images, name: &str) -> Image
 
 impl BaeSession<'_> {
     /// `session.sandbox.available`, when the session's profile (still) declares images.
-    pub(in crate::engine) fn images_event(&self, profile_id: &str) -> Option<Event> {
+    pub(crate) fn images_event(&self, profile_id: &str) -> Option<Event> {
         let profile = self.actor.shared.store.readers().bae_profile(profile_id).ok().flatten()?;
         if profile.available_sandboxes.is_empty() {
             return None;
         }
-        let images =
-            profile.available_sandboxes.iter().map(|name| image_status(&bae(&self.actor.shared).images, name)).collect();
+        let images = profile
+            .available_sandboxes
+            .iter()
+            .map(|name| image_status(&bae(&self.actor.shared).images, name))
+            .collect();
         Some(Event::SandboxImages { session_id: self.actor.id.clone(), images })
     }
 
@@ -211,7 +214,7 @@ impl BaeSession<'_> {
     /// `session.startRemoteSandbox`: checks here, then the image pull and the container
     /// start on a worker (`sandbox_started` finishes), so the session answers everything
     /// else meanwhile. The reply is the sandbox and its `started_at`.
-    pub(in crate::engine) fn start_sandbox(&mut self, key: String, image: String, reply: StartReply) {
+    pub(crate) fn start_sandbox(&mut self, key: String, image: String, reply: StartReply) {
         if let Err(error) = self.may_start_sandbox(&key, &image) {
             let _ = reply.send(Err(error));
             return;
@@ -258,7 +261,7 @@ impl BaeSession<'_> {
     /// A start's worker is done: the sandbox becomes the session's, or the start failed. A
     /// start the session's close cancelled meanwhile was answered then; a sandbox it still
     /// made is stopped.
-    pub(in crate::engine) fn sandbox_started(&mut self, started: Result<Running, crate::sandbox::DriverError>) {
+    pub(crate) fn sandbox_started(&mut self, started: Result<Running, crate::sandbox::DriverError>) {
         let Some(Starting { key, image, reply, .. }) = self.state.starting.take() else {
             if let Ok(running) = started {
                 stop_detached(&self.actor.shared, running);
@@ -281,7 +284,7 @@ impl BaeSession<'_> {
     }
 
     /// Close cancels a start under way: its command is killed and its caller answered.
-    pub(in crate::engine) fn cancel_sandbox_start(&mut self, actor: &str) {
+    pub(crate) fn cancel_sandbox_start(&mut self, actor: &str) {
         let Some(Starting { image, reply, .. }) = self.state.starting.take() else { return };
         let why = "the session was closed before its sandbox started";
         let _ = self.publish_bae(actor, self.sandbox_error(&image, None, "start", why));
@@ -292,7 +295,7 @@ impl BaeSession<'_> {
     /// goes first, so a failed stop leaves no sandbox anything could still use, and `stop` is
     /// recorded; the stop itself is the returned job's, to run on a worker. `None`: no
     /// sandbox runs.
-    pub(in crate::engine) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Option<StopJob> {
+    pub(crate) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Option<StopJob> {
         let running = self.state.sandbox.take()?;
         let stop = self.with_reason(self.sandbox_event("stop", &running.image, Some(&running.id)), reason);
         let _ = self.publish_bae(key, stop);
@@ -322,7 +325,7 @@ impl BaeSession<'_> {
     }
 
     /// `session.execRemoteSandbox`'s handle (no state check, as in BAE).
-    pub(in crate::engine) fn sandbox_handle(&self, key: &str) -> Result<Running, RpcError> {
+    pub(crate) fn sandbox_handle(&self, key: &str) -> Result<Running, RpcError> {
         if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
@@ -342,7 +345,7 @@ impl BaeSession<'_> {
 impl crate::engine::run::Run {
     /// An auto-mode sandbox tool's call: `input.command` runs in the session's remote sandbox,
     /// with `sandbox.request`, `sandbox.response` and `tool.result` (BAE's content format).
-    pub(in crate::engine) fn call_sandbox(&self, call: &crate::domain::ToolCall) -> crate::domain::ToolResult {
+    pub(crate) fn call_sandbox(&self, call: &crate::domain::ToolCall) -> crate::domain::ToolResult {
         let command = call.arguments.get("command").and_then(serde_json::Value::as_str).map(str::to_string);
         let session_id = self.session_id.clone();
         self.publish(Event::SandboxRequest {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api::bae::core::Bae;
 use crate::api::kestrel::KestrelApi;
 use crate::auth::TokenSet;
 use crate::bus::{Bus, BusConfig, BusHandle};
@@ -139,14 +140,14 @@ fn serve(
         config.agent.file_read_limit_bytes.max(1),
         Arc::clone(plugins),
     );
-    let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(engine.clone()) });
+    let bae = Bae::new(engine.clone());
+    let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(bae.clone()) });
     let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
     let mut listeners: Vec<(std::net::TcpListener, Arc<dyn crate::http::Handler>)> = vec![(listener, main)];
     if let Some(admin_addr) = admin_addr {
         let listener = crate::http::bind(admin_addr).map_err(|e| StartError::Bind(admin_addr, e))?;
-        let views = crate::api::bae::admin::views(config, engine);
-        let admin =
-            crate::api::bae::admin::AdminApi::new(engine.clone(), config.bae.dangerously_disable_admin_auth, views);
+        let views = crate::api::bae::admin::views(config, &bae);
+        let admin = crate::api::bae::admin::AdminApi::new(bae, config.bae.dangerously_disable_admin_auth, views);
         listeners.push((listener, admin));
     }
     let http_config = http_config(config, crate::http::raise_open_file_limit());
@@ -165,7 +166,7 @@ fn know_tools(engine: &Engine) {
 
 /// The admin key: minted into the key file on first start, or rotated on request; nothing
 /// when admin auth is disabled (said loudly at every start).
-fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
+fn bootstrap_admin(config: &Config, engine: &Bae) -> Result<(), StartError> {
     let bae = &config.bae;
     if bae.dangerously_disable_admin_auth {
         if bae.rotate_admin_key {
@@ -175,7 +176,7 @@ fn bootstrap_admin(config: &Config, engine: &Engine) -> Result<(), StartError> {
         return Ok(());
     }
     let path = bae.admin_key_path(&config.server.data_dir);
-    match engine.bae_admin_bootstrap(&path, bae.rotate_admin_key) {
+    match engine.admin_bootstrap(&path, bae.rotate_admin_key) {
         Ok(crate::api::bae::core::AdminBootstrap::Minted) => {
             log::info!("no admin key found; a new one was written to {}", path.display())
         }
@@ -419,13 +420,14 @@ impl Server {
             vec![Arc::new(bae)],
         );
 
-        bootstrap_admin(&config, &engine)?;
+        let bae = Bae::new(engine.clone());
+        bootstrap_admin(&config, &bae)?;
         // BAE calls the last process started and never finished are recorded, not run again.
-        engine.bae_recover_calls().map_err(StartError::Recovery)?;
+        bae.recover_calls().map_err(StartError::Recovery)?;
         crate::metrics::get().prime(engine.models().infos());
         know_tools(&engine);
         // Every live profile's sandbox images are made ready again, in the background.
-        if let Err(error) = engine.bae_provision_profiles() {
+        if let Err(error) = bae.provision_profiles() {
             log::error!("sandbox images were not queued for provisioning: {error:?}");
         }
         match engine.collect_checkpoint_garbage() {

@@ -10,11 +10,11 @@ use serde_json::{json, Map, Value};
 
 use super::problem::Problem;
 use super::{authenticate, body, events_page, json_reply, page};
+use crate::api::bae::core::Bae;
 use crate::api::bae::core::ProfileInput;
 use crate::api::routes::{self, RouteDef};
 use crate::auth::keys::KeyRole;
 use crate::config::Config;
-use crate::engine::Engine;
 use crate::http::{EdgeError, Handler, Reply, Request};
 use crate::store::{BaeSessionRecord, BaeState, KeyRecord, Page, ProfileRecord};
 
@@ -22,7 +22,7 @@ use crate::store::{BaeSessionRecord, BaeState, KeyRecord, Page, ProfileRecord};
 pub const MASK: &str = "••••••••";
 
 pub struct AdminApi {
-    engine: Engine,
+    bae: Bae,
     auth_disabled: bool,
     /// `GET /admin/v1/config`, `/providers`, `/mcp-servers`: fixed at start.
     config: Value,
@@ -77,9 +77,9 @@ pub struct AdminViews {
 }
 
 impl AdminApi {
-    pub fn new(engine: Engine, auth_disabled: bool, views: AdminViews) -> Arc<AdminApi> {
+    pub fn new(bae: Bae, auth_disabled: bool, views: AdminViews) -> Arc<AdminApi> {
         Arc::new(AdminApi {
-            engine,
+            bae,
             auth_disabled,
             config: views.config,
             providers: views.providers,
@@ -102,7 +102,7 @@ impl AdminApi {
         }
         // The key is checked before the route, so a caller without one learns nothing of them.
         if !self.auth_disabled && path != "/admin/openapi.json" {
-            authenticate(&self.engine, request, KeyRole::Admin)?;
+            authenticate(&self.bae, request, KeyRole::Admin)?;
         }
         let found = found.ok_or_else(not_found)?;
         let method = request.method().to_string();
@@ -114,26 +114,26 @@ impl AdminApi {
         match (found.kind(), method.as_str()) {
             (Kind::OpenApi, _) => unreachable!("answered before authentication"),
             (Kind::Metrics, _) => {
-                let text = self.engine.render_metrics().map_err(|e| Problem::internal(&format!("{e:?}")))?;
+                let text = self.bae.render_metrics().map_err(|e| Problem::internal(&format!("{e:?}")))?;
                 Ok(crate::api::kestrel::metrics_reply(text))
             }
             (Kind::Profiles, "POST") => self.create_profile(request),
             (Kind::Profiles, _) => self.list_profiles(request),
-            (Kind::Profile, "GET") => Ok(json_reply(200, &profile_view(&self.engine.bae_profile(id)?))),
+            (Kind::Profile, "GET") => Ok(json_reply(200, &profile_view(&self.bae.profile(id)?))),
             (Kind::Profile, "PUT") => self.replace_profile(request, id),
             (Kind::Profile, _) => {
-                self.engine.bae_delete_profile(id)?;
+                self.bae.delete_profile(id)?;
                 Ok(Reply::Empty { status: 204 })
             }
             (Kind::Keys, "POST") => self.create_key(request),
             (Kind::Keys, _) => self.list_keys(request),
             (Kind::Key, _) => {
-                self.engine.bae_revoke_key(id)?;
+                self.bae.revoke_key(id)?;
                 Ok(Reply::Empty { status: 204 })
             }
             (Kind::Sessions, _) => self.list_sessions(request),
-            (Kind::SessionEvents, _) => match self.engine.bae_session(id)? {
-                Some(session) => events_page(&self.engine, request, &session.id),
+            (Kind::SessionEvents, _) => match self.bae.session(id)? {
+                Some(session) => events_page(&self.bae, request, &session.id),
                 None => Err(Problem::not_found(format!("no session {id}"))),
             },
             (Kind::McpServers, _) => Ok(json_reply(200, &self.mcp_servers)),
@@ -145,18 +145,18 @@ impl AdminApi {
 
     fn create_profile(&self, request: &mut Request) -> Result<Reply, Problem> {
         let input = profile_input(body::json_object(request)?)?;
-        let profile = self.engine.bae_create_profile(input)?;
+        let profile = self.bae.create_profile(input)?;
         Ok(json_reply(201, &json!({ "id": profile.id, "name": profile.name, "created_at": profile.created_at })))
     }
 
     fn replace_profile(&self, request: &mut Request, id: &str) -> Result<Reply, Problem> {
         let input = profile_input(body::json_object(request)?)?;
-        Ok(json_reply(200, &profile_view(&self.engine.bae_replace_profile(id, input)?)))
+        Ok(json_reply(200, &profile_view(&self.bae.replace_profile(id, input)?)))
     }
 
     fn list_profiles(&self, request: &Request) -> Result<Reply, Problem> {
         let (after, limit) = page::parse(request)?;
-        Ok(page_reply(self.engine.bae_profiles(after, limit)?, profile_view))
+        Ok(page_reply(self.bae.profiles(after, limit)?, profile_view))
     }
 
     fn create_key(&self, request: &mut Request) -> Result<Reply, Problem> {
@@ -170,7 +170,7 @@ impl AdminApi {
             return Err(Problem::bad_request("name must not be empty"));
         }
         check_name("name", &name)?;
-        let (key, plaintext) = self.engine.bae_create_key(&name, &profile_id)?;
+        let (key, plaintext) = self.bae.create_key(&name, &profile_id)?;
         Ok(json_reply(
             201,
             &json!({ "id": key.id, "name": key.name, "key": plaintext, "prefix": key.prefix, "profile_id": key.profile_id, "created_at": key.created_at }),
@@ -179,7 +179,7 @@ impl AdminApi {
 
     fn list_keys(&self, request: &Request) -> Result<Reply, Problem> {
         let (after, limit) = page::parse(request)?;
-        Ok(page_reply(self.engine.bae_client_keys(after, limit)?, key_view))
+        Ok(page_reply(self.bae.client_keys(after, limit)?, key_view))
     }
 
     fn list_sessions(&self, request: &Request) -> Result<Reply, Problem> {
@@ -190,7 +190,7 @@ impl AdminApi {
                 Problem::bad_request(format!("invalid state filter {state:?}; expected one of open, closed, error"))
             })?),
         };
-        Ok(page_reply(self.engine.bae_sessions(after, limit, state)?, session_view))
+        Ok(page_reply(self.bae.sessions(after, limit, state)?, session_view))
     }
 
     /// Each live profile that declares images, with each image's provisioning status.
@@ -198,12 +198,12 @@ impl AdminApi {
         let mut items = Vec::new();
         let mut after = 0;
         loop {
-            let page = self.engine.bae_profiles(after, page::MAX_LIMIT)?;
+            let page = self.bae.profiles(after, page::MAX_LIMIT)?;
             for profile in page.items.iter().filter(|p| !p.available_sandboxes.is_empty()) {
                 let mut names = profile.available_sandboxes.clone();
                 names.sort();
                 names.dedup();
-                let images = self.engine.bae_image_statuses(&names);
+                let images = self.bae.image_statuses(&names);
                 items.push(json!({ "profile_id": profile.id, "images": images }));
             }
             match page.next {
@@ -328,9 +328,9 @@ impl Handler for AdminApi {
 }
 
 /// The read-only views, computed once at start. Every secret is masked.
-pub fn views(config: &Config, engine: &Engine) -> AdminViews {
-    let providers: Vec<Value> = engine
-        .bae_providers()
+pub fn views(config: &Config, bae: &Bae) -> AdminViews {
+    let providers: Vec<Value> = bae
+        .providers()
         .into_iter()
         .map(|(name, target)| json!({ "name": name, "provider": target.wire, "model": target.model, "base_url": target.base_url }))
         .collect();

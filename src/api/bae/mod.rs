@@ -19,18 +19,18 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::api::bae::core::Bae;
 use crate::api::bae::core::{Attached, BaeError, Denied};
 use crate::api::routes::{self, RouteDef};
 use crate::auth::keys::KeyRole;
 use crate::auth::{self, BearerError};
-use crate::engine::Engine;
 use crate::http::{EdgeError, Handler, Reply, Request};
 use crate::store::{BaeSessionRecord, KeyRecord};
 use problem::Problem;
 
 /// The client door.
 pub struct ClientApi {
-    engine: Engine,
+    bae: Bae,
 }
 
 /// What a route of the client door is.
@@ -68,8 +68,8 @@ pub fn owns(path: &str) -> bool {
 }
 
 impl ClientApi {
-    pub fn new(engine: Engine) -> Arc<ClientApi> {
-        Arc::new(ClientApi { engine })
+    pub fn new(bae: Bae) -> Arc<ClientApi> {
+        Arc::new(ClientApi { bae })
     }
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
@@ -97,46 +97,46 @@ impl ClientApi {
             Kind::Session => self.close(request, id),
             Kind::Events => self.events(request, id),
             Kind::Participants => self.participants(request, id),
-            Kind::Rpc => rpc::handle(&self.engine, request, id),
+            Kind::Rpc => rpc::handle(&self.bae, request, id),
         }
     }
 
     fn open(&self, request: &mut Request) -> Result<Reply, Problem> {
-        let client = authenticate(&self.engine, request, KeyRole::Client)?;
+        let client = authenticate(&self.bae, request, KeyRole::Client)?;
         let attach = body::attach(request, false)?;
-        let attached = self.engine.bae_open(&client, attach)?;
+        let attached = self.bae.open(&client, attach)?;
         Ok(json_reply(201, &attached_json(&attached)))
     }
 
     fn join(&self, request: &mut Request, id: &str) -> Result<Reply, Problem> {
-        let client = authenticate(&self.engine, request, KeyRole::Client)?;
+        let client = authenticate(&self.bae, request, KeyRole::Client)?;
         let attach = body::attach(request, true)?;
-        let attached = self.engine.bae_join(&client, id, attach)?;
+        let attached = self.bae.join(&client, id, attach)?;
         Ok(json_reply(201, &attached_json(&attached)))
     }
 
     fn close(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
-        let (_, session) = authorize_session(&self.engine, request, id)?;
-        self.engine.bae_close(&session)?;
+        let (_, session) = authorize_session(&self.bae, request, id)?;
+        self.bae.close(&session)?;
         Ok(json_reply(200, &json!({ "session_id": session.id, "state": "closed" })))
     }
 
     fn events(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
-        let (_, session) = authorize_session(&self.engine, request, id)?;
-        events_page(&self.engine, request, &session.id)
+        let (_, session) = authorize_session(&self.bae, request, id)?;
+        events_page(&self.bae, request, &session.id)
     }
 
     fn participants(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
-        let (_, session) = authorize_session(&self.engine, request, id)?;
-        let drivers = self.engine.bae_drivers(&session.id)?;
+        let (_, session) = authorize_session(&self.bae, request, id)?;
+        let drivers = self.bae.drivers(&session.id)?;
         Ok(json_reply(200, &json!({ "drivers": drivers })))
     }
 }
 
 /// A page of a session's events as `{items, next_cursor}` (the admin door shares it).
-pub(crate) fn events_page(engine: &Engine, request: &Request, session_id: &str) -> Result<Reply, Problem> {
+pub(crate) fn events_page(bae: &Bae, request: &Request, session_id: &str) -> Result<Reply, Problem> {
     let (after, limit) = page::parse(request)?;
-    let page = engine.bae_events(session_id, after, limit)?;
+    let page = bae.events(session_id, after, limit)?;
     let views: Vec<String> = page.items.iter().filter_map(|envelope| wire::view(envelope)).collect();
     let next = match page.next {
         Some(seq) => json!(seq.to_string()),
@@ -147,14 +147,14 @@ pub(crate) fn events_page(engine: &Engine, request: &Request, session_id: &str) 
 }
 
 /// The key of `role` the request's bearer token is; 401 with BAE's wording otherwise.
-pub(crate) fn authenticate(engine: &Engine, request: &Request, role: KeyRole) -> Result<KeyRecord, Problem> {
+pub(crate) fn authenticate(bae: &Bae, request: &Request, role: KeyRole) -> Result<KeyRecord, Problem> {
     let token = bearer(request)?;
     let denied = match role {
         KeyRole::Client => Denied::ClientKey,
         KeyRole::Session => Denied::SessionKey,
         KeyRole::Admin => Denied::AdminKey,
     };
-    engine.bae_authenticate(role, token)?.ok_or_else(|| BaeError::Unauthorized(denied).into())
+    bae.authenticate(role, token)?.ok_or_else(|| BaeError::Unauthorized(denied).into())
 }
 
 fn bearer(request: &Request) -> Result<&str, Problem> {
@@ -164,12 +164,12 @@ fn bearer(request: &Request) -> Result<&str, Problem> {
 /// The session key of `id` the request carries, and the session; 401 for any other key or
 /// a session that does not exist.
 pub(crate) fn authorize_session(
-    engine: &Engine,
+    bae: &Bae,
     request: &Request,
     id: &str,
 ) -> Result<(KeyRecord, BaeSessionRecord), Problem> {
     let token = bearer(request)?;
-    Ok(engine.bae_authorize_session(token, id)?)
+    Ok(bae.authorize_session(token, id)?)
 }
 
 fn attached_json(attached: &Attached) -> Value {

@@ -11,10 +11,10 @@ use serde_json::{Map, Value};
 use super::problem::Problem;
 use super::streams::{error_frame, RpcId, TurnKind, TurnStream, WatchStream};
 use super::{authorize_session, body, wire};
+use crate::api::bae::core::Bae;
 use crate::api::bae::core::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
 use crate::bus::{Filter, Scope};
 use crate::domain::{Event, Role};
-use crate::engine::Engine;
 use crate::http::{Framing, Reply, Request, Stream};
 use crate::store::{KeyRecord, BAE_TENANT};
 
@@ -27,19 +27,19 @@ struct Call {
 
 /// What the caller is and where: the acting key and the session.
 struct Context<'a> {
-    engine: &'a Engine,
+    bae: &'a Bae,
     key: KeyRecord,
     session_id: String,
 }
 
-pub fn handle(engine: &Engine, request: &mut Request, session_id: &str) -> Result<Reply, Problem> {
-    let (key, session) = authorize_session(engine, request, session_id)?;
+pub fn handle(bae: &Bae, request: &mut Request, session_id: &str) -> Result<Reply, Problem> {
+    let (key, session) = authorize_session(bae, request, session_id)?;
     let bytes = body::read(request)?;
     let call = match parse(&bytes) {
         Ok(call) => call,
         Err(frame) => return Ok(Reply::Ndjson(frame.into_bytes())),
     };
-    let context = Context { engine, key, session_id: session.id };
+    let context = Context { bae, key, session_id: session.id };
     Ok(match dispatch(&context, call) {
         Answer::Frame(Some(frame)) => Reply::Ndjson(frame.into_bytes()),
         Answer::Frame(None) => Reply::Ndjson(Vec::new()),
@@ -108,7 +108,7 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             )
         }
         "session.unsubscribe" => {
-            let released = context.engine.bae_release_streams(&context.session_id);
+            let released = context.bae.release_streams(&context.session_id);
             let outcome = released.map_err(|_| RpcError::Internal);
             reply(&id, outcome, &method, serde_json::json!({ "unsubscribed": true }))
         }
@@ -147,7 +147,7 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             let key = context.key_id();
             let ran = context
                 .ask(|reply| BaeOp::SandboxHandle { key: key.clone(), reply })
-                .and_then(|sandbox| context.engine.bae_sandbox_exec(&context.session_id, &key, &sandbox, &command));
+                .and_then(|sandbox| context.bae.sandbox_exec(&context.session_id, &key, &sandbox, &command));
             answer(
                 &id,
                 ran.map(
@@ -251,7 +251,7 @@ impl Context<'_> {
     /// Sends an op to the session's actor and waits for its answer.
     fn ask<T>(&self, op: impl FnOnce(crossbeam_channel::Sender<Result<T, RpcError>>) -> BaeOp) -> Result<T, RpcError> {
         let (reply, answer) = bounded(1);
-        self.engine.bae_op(&self.session_id, op(reply)).map_err(|_| RpcError::Internal)?;
+        self.bae.op(&self.session_id, op(reply)).map_err(|_| RpcError::Internal)?;
         answer.recv().unwrap_or(Err(RpcError::Internal))
     }
 }
@@ -290,16 +290,16 @@ fn turn(
         scope: Scope::Session(context.session_id.clone()),
         format: Some(wire::FORMAT),
     };
-    let Some(subscription) = context.engine.bus().subscribe(filter, None) else {
+    let Some(subscription) = context.bae.bus().subscribe(filter, None) else {
         return Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error")));
     };
     let run_id = crate::domain::new_id("run");
     let (reply, started) = bounded(1);
-    if context.engine.bae_op(&context.session_id, op(context.key_id(), run_id.clone(), reply)).is_err() {
+    if context.bae.op(&context.session_id, op(context.key_id(), run_id.clone(), reply)).is_err() {
         return Answer::Frame(id.map(|id| error_frame(&id, -32603, "Internal error")));
     }
     let stream = TurnStream {
-        engine: context.engine.clone(),
+        bae: context.bae.clone(),
         session_id: context.session_id.clone(),
         run_id,
         kind,
@@ -333,7 +333,7 @@ fn watch(context: &Context<'_>, id: Option<RpcId>, params: &Map<String, Value>) 
         scope: Scope::Session(context.session_id.clone()),
         format: Some(wire::FORMAT),
     };
-    match context.engine.bus().subscribe(filter, after) {
+    match context.bae.bus().subscribe(filter, after) {
         Some(subscription) => Answer::Stream(Stream::new(
             Framing::Ndjson,
             WatchStream { subscription, replaying: after.is_some(), done: false },
@@ -346,7 +346,7 @@ impl Context<'_> {
     /// The seq a replay starts after: the event's, when it is one of this session's.
     fn replay_after(&self, since: &str) -> u64 {
         let Some(seq) = wire::parse_event_id(since) else { return 0 };
-        match self.engine.bae_event_session(seq) {
+        match self.bae.event_session(seq) {
             Some(session) if session == self.session_id => seq,
             _ => 0,
         }

@@ -13,10 +13,10 @@ use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
 
 use super::wire;
+use crate::api::bae::core::Bae;
 use crate::api::bae::core::{BaeOp, RpcError, Started};
 use crate::bus::{Batch, Envelope, Live, Subscription};
 use crate::domain::{Dispatch, Event, Fault, Role, RunOutcome};
-use crate::engine::Engine;
 use crate::http::{Frames, StreamBody};
 
 /// What a provider failure answers with instead of the model.
@@ -34,7 +34,7 @@ pub enum TurnKind {
 
 /// A `sendMessage` or `compact` call: its notifications, then one terminal frame.
 pub struct TurnStream {
-    pub engine: Engine,
+    pub bae: Bae,
     pub session_id: String,
     pub run_id: String,
     pub kind: TurnKind,
@@ -251,7 +251,7 @@ impl Drop for TurnStream {
     /// A caller that left before its turn ended gives it up.
     fn drop(&mut self) {
         if !self.settled {
-            let _ = self.engine.bae_op(&self.session_id, BaeOp::Abandon { run_id: self.run_id.clone() });
+            let _ = self.bae.op(&self.session_id, BaeOp::Abandon { run_id: self.run_id.clone() });
         }
     }
 }

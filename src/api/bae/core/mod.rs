@@ -86,6 +86,27 @@ impl crate::engine::DoorShared for BaeShared {
     }
 }
 
+/// The BAE door over the engine: what its handlers ask (profiles, keys, sessions, their
+/// operations and events). The engine's own operations are reached through it too.
+#[derive(Clone)]
+pub struct Bae {
+    pub(crate) engine: Engine,
+}
+
+impl Bae {
+    pub fn new(engine: Engine) -> Bae {
+        Bae { engine }
+    }
+}
+
+impl std::ops::Deref for Bae {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
 /// The BAE door's shared state in the engine.
 pub(crate) fn bae(shared: &crate::engine::Shared) -> &BaeShared {
     shared.door::<BaeShared>().expect("the BAE door is installed")
@@ -148,12 +169,12 @@ pub struct ProfileInput {
 /// The tool name BAE reserves for remote subagent status.
 pub const RESERVED_TOOL: &str = "remote_subagent_status";
 
-impl Engine {
-    fn bae(&self) -> &BaeSettings {
-        &bae(&self.shared).settings
+impl Bae {
+    fn settings(&self) -> &BaeSettings {
+        &bae(&self.engine.shared).settings
     }
 
-    pub fn bae_create_profile(&self, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
+    pub fn create_profile(&self, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
         let now = crate::time::now_rfc3339();
         let profile = ProfileRecord {
             id: new_id("pro_"),
@@ -166,21 +187,21 @@ impl Engine {
             created_at: now.clone(),
             updated_at: now,
         };
-        self.bae_write(BaeWrite::InsertProfile(profile.clone()))?;
-        bae(&self.shared).images.provision(&profile.available_sandboxes);
+        self.write(BaeWrite::InsertProfile(profile.clone()))?;
+        bae(&self.engine.shared).images.provision(&profile.available_sandboxes);
         Ok(profile)
     }
 
-    pub fn bae_profile(&self, id: &str) -> Result<ProfileRecord, BaeError> {
-        self.shared.store.readers().bae_profile(id)?.ok_or_else(|| BaeError::ProfileNotFound(id.to_string()))
+    pub fn profile(&self, id: &str) -> Result<ProfileRecord, BaeError> {
+        self.engine.shared.store.readers().bae_profile(id)?.ok_or_else(|| BaeError::ProfileNotFound(id.to_string()))
     }
 
-    pub fn bae_profiles(&self, after: u64, limit: usize) -> Result<Page<ProfileRecord>, BaeError> {
-        Ok(self.shared.store.readers().bae_profiles(after, limit)?)
+    pub fn profiles(&self, after: u64, limit: usize) -> Result<Page<ProfileRecord>, BaeError> {
+        Ok(self.engine.shared.store.readers().bae_profiles(after, limit)?)
     }
 
-    pub fn bae_replace_profile(&self, id: &str, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
-        let old = self.bae_profile(id)?;
+    pub fn replace_profile(&self, id: &str, input: ProfileInput) -> Result<ProfileRecord, BaeError> {
+        let old = self.profile(id)?;
         let profile = ProfileRecord {
             id: old.id,
             name: input.name,
@@ -192,19 +213,19 @@ impl Engine {
             created_at: old.created_at,
             updated_at: crate::time::now_rfc3339(),
         };
-        match self.bae_write(BaeWrite::ReplaceProfile(profile.clone())) {
+        match self.write(BaeWrite::ReplaceProfile(profile.clone())) {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
                 Err(BaeError::ProfileNotFound(id.into()))
             }
             other => other.map(|()| {
-                bae(&self.shared).images.provision(&profile.available_sandboxes);
+                bae(&self.engine.shared).images.provision(&profile.available_sandboxes);
                 profile
             }),
         }
     }
 
-    pub fn bae_delete_profile(&self, id: &str) -> Result<(), BaeError> {
-        match self.bae_write(BaeWrite::DeleteProfile { id: id.to_string(), at: crate::time::now_rfc3339() }) {
+    pub fn delete_profile(&self, id: &str) -> Result<(), BaeError> {
+        match self.write(BaeWrite::DeleteProfile { id: id.to_string(), at: crate::time::now_rfc3339() }) {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
                 Err(BaeError::ProfileNotFound(id.into()))
             }
@@ -214,8 +235,8 @@ impl Engine {
     }
 
     /// A new client key for a profile: the record and the plaintext, shown once.
-    pub fn bae_create_key(&self, name: &str, profile_id: &str) -> Result<(KeyRecord, String), BaeError> {
-        let minted = self.bae().keyring.mint(KeyRole::Client);
+    pub fn create_key(&self, name: &str, profile_id: &str) -> Result<(KeyRecord, String), BaeError> {
+        let minted = self.settings().keyring.mint(KeyRole::Client);
         let key = KeyRecord {
             id: new_id("key_"),
             name: name.to_string(),
@@ -227,7 +248,7 @@ impl Engine {
             created_at: crate::time::now_rfc3339(),
             last_used_at: None,
         };
-        match self.bae_write(BaeWrite::InsertKey { key: key.clone(), digest: minted.digest.clone() }) {
+        match self.write(BaeWrite::InsertKey { key: key.clone(), digest: minted.digest.clone() }) {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
                 Err(BaeError::NoActiveProfile(profile_id.to_string()))
             }
@@ -235,35 +256,35 @@ impl Engine {
         }
     }
 
-    pub fn bae_client_keys(&self, after: u64, limit: usize) -> Result<Page<KeyRecord>, BaeError> {
-        Ok(self.shared.store.readers().bae_client_keys(after, limit)?)
+    pub fn client_keys(&self, after: u64, limit: usize) -> Result<Page<KeyRecord>, BaeError> {
+        Ok(self.engine.shared.store.readers().bae_client_keys(after, limit)?)
     }
 
     /// The active key of `role` a presented token is. Stamps `last_used_at` without waiting.
-    pub fn bae_authenticate(&self, role: KeyRole, token: &str) -> Result<Option<KeyRecord>, BaeError> {
+    pub fn authenticate(&self, role: KeyRole, token: &str) -> Result<Option<KeyRecord>, BaeError> {
         // A token of another role's shape cannot match; skip the lookup.
         let shaped = token.starts_with(role.prefix())
             && !(role == KeyRole::Client && (token.starts_with("bae_ses_") || token.starts_with("bae_admin_")));
         if !shaped {
             return Ok(None);
         }
-        let digest = self.bae().keyring.digest(token);
-        let found = self.shared.store.readers().bae_key_by_digest(role, &digest)?;
+        let digest = self.settings().keyring.digest(token);
+        let found = self.engine.shared.store.readers().bae_key_by_digest(role, &digest)?;
         if let Some(key) = &found {
             let now = crate::time::now_rfc3339();
             // `last_used_at` to the minute: a session's every call does not cost a write.
             let stale = key.last_used_at.as_deref().is_none_or(|at| at.get(..16) != now.get(..16));
             if stale {
                 let touch = BaeWrite::TouchKey { id: key.id.clone(), at: now };
-                self.shared.store.write_detached(vec![WriteOp::Bae(touch)])?;
+                self.engine.shared.store.write_detached(vec![WriteOp::Bae(touch)])?;
             }
         }
         Ok(found)
     }
 
     /// The session key a token is, if it was minted for `session_id`.
-    pub fn bae_session_key(&self, token: &str, session_id: &str) -> Result<KeyRecord, BaeError> {
-        match self.bae_authenticate(KeyRole::Session, token)? {
+    pub fn session_key(&self, token: &str, session_id: &str) -> Result<KeyRecord, BaeError> {
+        match self.authenticate(KeyRole::Session, token)? {
             Some(key) if key.session_id.as_deref() == Some(session_id) => Ok(key),
             _ => Err(BaeError::Unauthorized(Denied::SessionKey)),
         }
@@ -271,8 +292,8 @@ impl Engine {
 
     /// Every name a profile can give as a provider: each model id, and each provider's name
     /// (for its first model), with what it resolves to.
-    pub fn bae_providers(&self) -> Vec<(String, crate::providers::Target)> {
-        let models = &self.shared.models;
+    pub fn providers(&self) -> Vec<(String, crate::providers::Target)> {
+        let models = &self.engine.shared.models;
         let mut names = std::collections::BTreeMap::new();
         for info in models.infos() {
             names.entry(info.provider.clone()).or_insert_with(|| info.id.clone());
@@ -281,8 +302,8 @@ impl Engine {
         names.into_iter().filter_map(|(name, id)| Some((name, models.route(&id)?.target()))).collect()
     }
 
-    fn bae_write(&self, write: BaeWrite) -> Result<(), BaeError> {
-        match self.shared.store.write(vec![WriteOp::Bae(write)]) {
+    fn write(&self, write: BaeWrite) -> Result<(), BaeError> {
+        match self.engine.shared.store.write(vec![WriteOp::Bae(write)]) {
             Err(StoreError::Conflict(_)) => Err(BaeError::DuplicateProfileName),
             other => Ok(other?),
         }
@@ -291,13 +312,13 @@ impl Engine {
     /// The admin key at start: with auth disabled nothing; `rotate` revokes every admin key and
     /// mints a new one; else a new one is minted only when none is active. A minted key's
     /// plaintext goes to `key_file` (mode 0600) and nowhere else.
-    pub fn bae_admin_bootstrap(&self, key_file: &Path, rotate: bool) -> Result<AdminBootstrap, BaeError> {
+    pub fn admin_bootstrap(&self, key_file: &Path, rotate: bool) -> Result<AdminBootstrap, BaeError> {
         if rotate {
-            self.bae_write(BaeWrite::RevokeAdminKeys { at: crate::time::now_rfc3339() })?;
-        } else if self.shared.store.readers().bae_admin_key_exists()? {
+            self.write(BaeWrite::RevokeAdminKeys { at: crate::time::now_rfc3339() })?;
+        } else if self.engine.shared.store.readers().bae_admin_key_exists()? {
             return Ok(AdminBootstrap::Existing);
         }
-        let minted = self.bae().keyring.mint(KeyRole::Admin);
+        let minted = self.settings().keyring.mint(KeyRole::Admin);
         write_private(key_file, &minted.plaintext)
             .map_err(|e| BaeError::Engine(EngineError::Store(StoreError::Io(e))))?;
         let key = KeyRecord {
@@ -311,7 +332,7 @@ impl Engine {
             created_at: crate::time::now_rfc3339(),
             last_used_at: None,
         };
-        self.bae_write(BaeWrite::InsertKey { key, digest: minted.digest })?;
+        self.write(BaeWrite::InsertKey { key, digest: minted.digest })?;
         Ok(if rotate { AdminBootstrap::Rotated } else { AdminBootstrap::Minted })
     }
 }

@@ -7,13 +7,14 @@
 //! acted for. The turn is over; the session stays open and its next `sendMessage` starts a new
 //! turn from that history. Nothing is run again.
 
+use super::Bae;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
 use crate::bus::{Origin, Publication};
 use crate::domain::{Block, Event, Message, Role, ToolCall, ToolResult};
-use crate::engine::{Engine, EngineError};
+use crate::engine::EngineError;
 use crate::store::{UnsettledCall, WriteOp, BAE_TENANT};
 
 /// The result a killed call is recorded with.
@@ -22,10 +23,10 @@ pub const INTERRUPTED_RESULT: &str = "the server stopped before this call finish
 /// `meta.synthetic` of the messages that record killed calls.
 const SYNTHETIC_WHY: &str = "interrupted_tool_calls";
 
-impl Engine {
+impl Bae {
     /// Records every BAE call that started and never finished (see the module doc); how many.
-    pub fn bae_recover_calls(&self) -> Result<usize, EngineError> {
-        let unsettled = self.shared.store.readers().unsettled_calls(BAE_TENANT)?;
+    pub fn recover_calls(&self) -> Result<usize, EngineError> {
+        let unsettled = self.engine.shared.store.readers().unsettled_calls(BAE_TENANT)?;
         let count = unsettled.len();
         let mut by_turn: Vec<(String, Option<String>, Vec<ToolCall>)> = Vec::new();
         for UnsettledCall { session_id, actor, call } in unsettled {
@@ -75,7 +76,7 @@ impl Engine {
         let last = Event::MessageCompleted { session_id: session_id.to_string(), message: answered };
         let origin = Origin { actor: actor.map(Arc::from), turn: None };
         let publication = Publication::new(Some(Arc::from(BAE_TENANT)), origin, last).after(before).with_writes(writes);
-        match self.shared.bus.send_pending(publication).and_then(|committed| committed.recv().ok()) {
+        match self.engine.shared.bus.send_pending(publication).and_then(|committed| committed.recv().ok()) {
             Some(_) => Ok(()),
             None => Err(EngineError::Internal("the calls the last process left could not be recorded")),
         }

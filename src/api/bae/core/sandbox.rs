@@ -7,6 +7,7 @@
 //! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
 
 use super::bae;
+use super::Bae;
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -28,14 +29,14 @@ impl std::fmt::Debug for SandboxDriver {
     }
 }
 
-impl crate::engine::Engine {
+impl Bae {
     /// Queues every live profile's images for provisioning (at start).
-    pub fn bae_provision_profiles(&self) -> Result<(), super::BaeError> {
+    pub fn provision_profiles(&self) -> Result<(), super::BaeError> {
         let mut after = 0;
         loop {
-            let page = self.shared.store.readers().bae_profiles(after, 200)?;
+            let page = self.engine.shared.store.readers().bae_profiles(after, 200)?;
             for profile in &page.items {
-                bae(&self.shared).images.provision(&profile.available_sandboxes);
+                bae(&self.engine.shared).images.provision(&profile.available_sandboxes);
             }
             match page.next {
                 Some(next) => after = next,
@@ -45,27 +46,27 @@ impl crate::engine::Engine {
     }
 
     /// Each image's provisioning status, in the order given.
-    pub fn bae_image_statuses(&self, images: &[String]) -> Vec<ImageStatus> {
-        images.iter().map(|name| image_status(&bae(&self.shared).images, name)).collect()
+    pub fn image_statuses(&self, images: &[String]) -> Vec<ImageStatus> {
+        images.iter().map(|name| image_status(&bae(&self.engine.shared).images, name)).collect()
     }
 
     /// Runs `command` in the session's sandbox on the caller's thread; a driver failure is
     /// logged as `session.sandbox.error` (phase exec) and answered -32000.
-    pub fn bae_sandbox_exec(
+    pub fn sandbox_exec(
         &self,
         session_id: &str,
         key: &str,
         sandbox: &Running,
         command: &str,
     ) -> Result<crate::sandbox::ExecOutput, RpcError> {
-        let settings = &bae(&self.shared).settings;
+        let settings = &bae(&self.engine.shared).settings;
         match crate::sandbox::exec(settings.sandbox.0.as_ref(), sandbox, command, settings.sandbox_exec) {
             Ok(output) => Ok(output),
             Err(error) => {
                 let event = exec_failed(session_id, sandbox, &error.0, settings.sandbox.0.isolated());
                 let origin = crate::bus::Origin { actor: Some(Arc::from(key)), turn: None };
                 let tenant = Some(Arc::from(crate::store::BAE_TENANT));
-                let _ = self.shared.bus.publish_durable(tenant, origin, event);
+                let _ = self.engine.shared.bus.publish_durable(tenant, origin, event);
                 Err(RpcError::SandboxExecFailed(error.0))
             }
         }

@@ -6,6 +6,7 @@
 //! request that caused it is answered.
 
 use super::bae;
+use super::Bae;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -16,7 +17,7 @@ use super::{BaeError, Denied, RESERVED_TOOL};
 use crate::auth::keys::{new_id, KeyRole};
 use crate::bus::{Envelope, Origin};
 use crate::domain::{CloseReason, Event, Fault, SessionRecord, SessionStatus, SessionSummary};
-use crate::engine::{session, Engine};
+use crate::engine::session;
 use crate::providers::Target;
 use crate::store::{BaeSessionRecord, BaeState, BaeWrite, KeyRecord, Page, ProfileRecord, WriteOp, BAE_TENANT};
 
@@ -117,11 +118,11 @@ pub const BAE_EVENT_KINDS: &[&str] = &[
     "compaction.completed",
 ];
 
-impl Engine {
+impl Bae {
     /// Opens a session for a client key, in BAE's order of checks.
-    pub fn bae_open(&self, client: &KeyRecord, attach: Attach) -> Result<Attached, BaeError> {
+    pub fn open(&self, client: &KeyRecord, attach: Attach) -> Result<Attached, BaeError> {
         let profile_id = client.profile_id.clone().unwrap_or_default();
-        let Some(profile) = self.shared.store.readers().bae_profile(&profile_id)? else {
+        let Some(profile) = self.engine.shared.store.readers().bae_profile(&profile_id)? else {
             self.audit(client, &profile_id, &attach, Fault::ProfileUnavailable { profile_id: profile_id.clone() });
             return Err(BaeError::ProfileUnavailable);
         };
@@ -129,7 +130,7 @@ impl Engine {
         check_tools(&profile, &attach)?;
         let session_id = new_id("ses_");
         let now = crate::time::now_rfc3339();
-        let (key, minted) = self.session_key(client, &session_id, &now);
+        let (key, minted) = self.mint_session_key(client, &session_id, &now);
         let record = BaeSessionRecord {
             id: session_id.clone(),
             creator_key_id: client.id.clone(),
@@ -151,19 +152,19 @@ impl Engine {
         // The session, its key and `session.open` commit together.
         self.record_attached(&client.id, &session_id, false, &attach, writes)?;
         self.log_mcp_servers(&profile, &session_id);
-        bae(&self.shared).mcp.connect(
+        bae(&self.engine.shared).mcp.connect(
             &session_id,
             &profile.mcp_servers,
-            &self.bae().mcp_configs,
-            &self.bae().mcp_spawning,
+            &self.settings().mcp_configs,
+            &self.settings().mcp_spawning,
         );
         Ok(Attached { session_id, session_key: minted.plaintext, target: self.target_of(&model), profile })
     }
 
     /// Joins an open session of the same profile, in BAE's order of checks (after auth and
     /// the `compaction` refusal, which are the caller's).
-    pub fn bae_join(&self, client: &KeyRecord, session_id: &str, attach: Attach) -> Result<Attached, BaeError> {
-        let readers = self.shared.store.readers();
+    pub fn join(&self, client: &KeyRecord, session_id: &str, attach: Attach) -> Result<Attached, BaeError> {
+        let readers = self.engine.shared.store.readers();
         let session = readers.bae_session(session_id)?.ok_or_else(|| BaeError::SessionNotFound(session_id.into()))?;
         if session.state != BaeState::Open {
             return Err(BaeError::SessionEnded(session.state));
@@ -179,7 +180,7 @@ impl Engine {
         let model = self.primary_model(client, &profile, &attach)?;
         check_tools(&profile, &attach)?;
         let now = crate::time::now_rfc3339();
-        let (key, minted) = self.session_key(client, session_id, &now);
+        let (key, minted) = self.mint_session_key(client, session_id, &now);
         let tools = BaeWrite::SetClientTools {
             session_id: session_id.to_string(),
             key_id: client.id.clone(),
@@ -199,7 +200,7 @@ impl Engine {
 
     /// The model the profile's primary provider names; refused (and audited) if none.
     fn primary_model(&self, client: &KeyRecord, profile: &ProfileRecord, attach: &Attach) -> Result<String, BaeError> {
-        match self.shared.models.model_named(&profile.primary_provider) {
+        match self.engine.shared.models.model_named(&profile.primary_provider) {
             Some(info) => Ok(info.id.clone()),
             None => {
                 log::error!(
@@ -219,17 +220,17 @@ impl Engine {
     }
 
     fn target_of(&self, model: &str) -> Option<Target> {
-        self.shared.models.route(model).map(|route| route.target())
+        self.engine.shared.models.route(model).map(|route| route.target())
     }
 
     /// A new session key for `client` on `session_id`: its record and the minted key.
-    fn session_key(
+    fn mint_session_key(
         &self,
         client: &KeyRecord,
         session_id: &str,
         now: &str,
     ) -> (KeyRecord, crate::auth::keys::MintedKey) {
-        let minted = self.bae().keyring.mint(KeyRole::Session);
+        let minted = self.settings().keyring.mint(KeyRole::Session);
         let key = KeyRecord {
             id: new_id("key_"),
             name: session_id.to_string(),
@@ -263,7 +264,7 @@ impl Engine {
             subagent_tools: attach.subagent_tools.iter().map(|t| t.name.clone()).collect(),
         };
         let origin = Origin { actor: Some(Arc::from(client)), turn: None };
-        match self.shared.bus.publish_written(Some(Arc::from(BAE_TENANT)), origin, event, writes) {
+        match self.engine.shared.bus.publish_written(Some(Arc::from(BAE_TENANT)), origin, event, writes) {
             Some(_) => Ok(()),
             None => Err(BaeError::Engine(crate::engine::EngineError::Internal("the session could not be stored"))),
         }
@@ -272,7 +273,7 @@ impl Engine {
     /// Publishes a BAE session's event attributed to `actor` and waits for it to be durable.
     pub(super) fn publish_bae(&self, actor: &str, event: Event) -> Result<(), BaeError> {
         let origin = Origin { actor: Some(Arc::from(actor)), turn: None };
-        match self.shared.bus.publish_durable(Some(Arc::from(BAE_TENANT)), origin, event) {
+        match self.engine.shared.bus.publish_durable(Some(Arc::from(BAE_TENANT)), origin, event) {
             Some(_) => Ok(()),
             None => Err(BaeError::Engine(crate::engine::EngineError::Internal("an event could not be logged"))),
         }
@@ -296,7 +297,7 @@ impl Engine {
             created_at: now.clone(),
             closed_at: Some(now.clone()),
         };
-        let written = self.shared.store.write(vec![
+        let written = self.engine.shared.store.write(vec![
             WriteOp::InsertSession(engine_session(&id, "", &now)),
             WriteOp::Bae(BaeWrite::InsertSession(record)),
         ]);
@@ -311,7 +312,7 @@ impl Engine {
     /// MCP servers the profile names that are not configured are logged on every open.
     fn log_mcp_servers(&self, profile: &ProfileRecord, session_id: &str) {
         for name in &profile.mcp_servers {
-            if !self.bae().mcp_servers.iter().any(|server| server == name) {
+            if !self.settings().mcp_servers.iter().any(|server| server == name) {
                 log::error!(
                     "profile {} ({}), session {session_id}: MCP server {name:?} is not configured; skipped",
                     profile.id,
@@ -323,90 +324,86 @@ impl Engine {
 
     /// Closes a session (`DELETE`): attributed to its creator. The error is the state it
     /// was already in; its drivers, gate and waiters are freed either way.
-    pub fn bae_close(&self, session: &BaeSessionRecord) -> Result<(), BaeError> {
-        let record = self.bae_engine_record(&session.id)?;
+    pub fn close(&self, session: &BaeSessionRecord) -> Result<(), BaeError> {
+        let record = self.engine_record(&session.id)?;
         let actor = session.creator_key_id.clone();
-        let outcome = session::ask(&self.shared, &record, |reply| {
+        let outcome = session::ask(&self.engine.shared, &record, |reply| {
             super::runtime::door_op(BaeOp::Close { reason: CloseReason::ClientClose, actor, reply })
         })?;
         outcome.map_err(BaeError::SessionEnded)
     }
 
     /// Revokes a client key and its session keys; each session left with no key is closed.
-    pub fn bae_revoke_key(&self, id: &str) -> Result<(), BaeError> {
+    pub fn revoke_key(&self, id: &str) -> Result<(), BaeError> {
         let write = BaeWrite::RevokeClientKey { id: id.to_string(), at: crate::time::now_rfc3339() };
-        match self.shared.store.write(vec![WriteOp::Bae(write)]) {
+        match self.engine.shared.store.write(vec![WriteOp::Bae(write)]) {
             Err(crate::store::StoreError::NotFound) => return Err(BaeError::ClientKeyNotFound(id.to_string())),
             other => other?,
         }
-        for session_id in self.shared.store.readers().bae_sessions_of_key(id)? {
-            let record = self.bae_engine_record(&session_id)?;
+        for session_id in self.engine.shared.store.readers().bae_sessions_of_key(id)? {
+            let record = self.engine_record(&session_id)?;
             let key = id.to_string();
-            session::ask(&self.shared, &record, |reply| super::runtime::door_op(BaeOp::Revoked { key, reply }))?;
+            session::ask(&self.engine.shared, &record, |reply| super::runtime::door_op(BaeOp::Revoked { key, reply }))?;
         }
         Ok(())
     }
 
-    fn bae_engine_record(&self, id: &str) -> Result<SessionRecord, BaeError> {
-        self.shared.store.readers().session(id)?.ok_or_else(|| BaeError::SessionNotFound(id.to_string()))
+    fn engine_record(&self, id: &str) -> Result<SessionRecord, BaeError> {
+        self.engine.shared.store.readers().session(id)?.ok_or_else(|| BaeError::SessionNotFound(id.to_string()))
     }
 
-    pub fn bae_session(&self, id: &str) -> Result<Option<BaeSessionRecord>, BaeError> {
-        Ok(self.shared.store.readers().bae_session(id)?)
+    pub fn session(&self, id: &str) -> Result<Option<BaeSessionRecord>, BaeError> {
+        Ok(self.engine.shared.store.readers().bae_session(id)?)
     }
 
-    pub fn bae_sessions(
+    pub fn sessions(
         &self,
         after: u64,
         limit: usize,
         state: Option<BaeState>,
     ) -> Result<Page<BaeSessionRecord>, BaeError> {
-        Ok(self.shared.store.readers().bae_sessions(after, limit, state)?)
+        Ok(self.engine.shared.store.readers().bae_sessions(after, limit, state)?)
     }
 
     /// A page of a session's history, oldest first.
-    pub fn bae_events(&self, session_id: &str, after: u64, limit: usize) -> Result<Page<EventView>, BaeError> {
-        let page = self.shared.store.readers().bae_events(session_id, BAE_EVENT_KINDS, after, limit)?;
-        let store = &self.shared.store;
+    pub fn events(&self, session_id: &str, after: u64, limit: usize) -> Result<Page<EventView>, BaeError> {
+        let page = self.engine.shared.store.readers().bae_events(session_id, BAE_EVENT_KINDS, after, limit)?;
+        let store = &self.engine.shared.store;
         let items =
             page.items.into_iter().filter_map(|logged| Envelope::from_log(logged, store)).map(Arc::new).collect();
         Ok(Page { items, next: page.next })
     }
 
     /// The session's registered drivers, sorted (none when it has no live state).
-    pub fn bae_drivers(&self, session_id: &str) -> Result<Vec<String>, BaeError> {
-        let record = self.bae_engine_record(session_id)?;
-        Ok(session::ask(&self.shared, &record, |reply| super::runtime::door_op(BaeOp::Drivers { reply }))?)
+    pub fn drivers(&self, session_id: &str) -> Result<Vec<String>, BaeError> {
+        let record = self.engine_record(session_id)?;
+        Ok(session::ask(&self.engine.shared, &record, |reply| super::runtime::door_op(BaeOp::Drivers { reply }))?)
     }
 
     /// Ends every `session.subscribe` stream of the session.
-    pub fn bae_release_streams(&self, session_id: &str) -> Result<(), BaeError> {
+    pub fn release_streams(&self, session_id: &str) -> Result<(), BaeError> {
         let event = Event::StreamsReleased { session_id: session_id.to_string() };
-        self.shared.bus.publish(Some(BAE_TENANT), event);
+        self.engine.shared.bus.publish(Some(BAE_TENANT), event);
         Ok(())
     }
 
     /// The session a logged event belongs to.
-    pub fn bae_event_session(&self, seq: u64) -> Option<String> {
-        self.shared.store.readers().event_session(seq).ok().flatten()
+    pub fn event_session(&self, seq: u64) -> Option<String> {
+        self.engine.shared.store.readers().event_session(seq).ok().flatten()
     }
 
     /// Sends an RPC operation to the session's actor.
-    pub fn bae_op(&self, session_id: &str, op: BaeOp) -> Result<(), BaeError> {
-        let record = self.bae_engine_record(session_id)?;
-        session::Registry::send(&self.shared, &record, super::runtime::door_op(op))?;
+    pub fn op(&self, session_id: &str, op: BaeOp) -> Result<(), BaeError> {
+        let record = self.engine_record(session_id)?;
+        session::Registry::send(&self.engine.shared, &record, super::runtime::door_op(op))?;
         Ok(())
     }
 
     /// Whether a token is an active session key of `session_id`; 401 otherwise (a session
     /// that does not exist included).
-    pub fn bae_authorize_session(
-        &self,
-        token: &str,
-        session_id: &str,
-    ) -> Result<(KeyRecord, BaeSessionRecord), BaeError> {
-        let key = self.bae_session_key(token, session_id)?;
-        let session = self.bae_session(session_id)?.ok_or(BaeError::Unauthorized(Denied::SessionKey))?;
+    pub fn authorize_session(&self, token: &str, session_id: &str) -> Result<(KeyRecord, BaeSessionRecord), BaeError> {
+        let key = self.session_key(token, session_id)?;
+        let session = self.session(session_id)?.ok_or(BaeError::Unauthorized(Denied::SessionKey))?;
         Ok((key, session))
     }
 }

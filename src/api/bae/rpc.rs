@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use super::problem::Problem;
 use super::streams::{error_frame, RpcId, TurnKind, TurnStream, WatchStream};
 use super::{authorize_session, body, wire};
+use crate::api::bae::core::runtime::InvalidParams;
 use crate::api::bae::core::Bae;
 use crate::api::bae::core::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
 use crate::bus::{Filter, Scope};
@@ -102,7 +103,7 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             let key = context.key_id();
             reply(
                 &id,
-                context.ask(|reply| BaeOp::UpdateTools { key, tools, reply }),
+                context.ask(|reply| BaeOp::UpdateTools { key, tools: tools.map_err(InvalidParams), reply }),
                 &method,
                 serde_json::json!({ "updated": true }),
             )
@@ -113,10 +114,15 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             reply(&id, outcome, &method, serde_json::json!({ "unsubscribed": true }))
         }
         "session.sendMessage" => turn(context, id, TurnKind::Send, |key, run_id, reply| {
-            BaeOp::Send(Box::new(SendMessage { key, run_id, message: user_message(&params), reply }))
+            BaeOp::Send(Box::new(SendMessage {
+                key,
+                run_id,
+                message: user_message(&params).map_err(InvalidParams),
+                reply,
+            }))
         }),
         "session.compact" => turn(context, id, TurnKind::Compact, |key, run_id, reply| {
-            BaeOp::Compact(Box::new(Compact { key, run_id, prompt: prompt(&params), reply }))
+            BaeOp::Compact(Box::new(Compact { key, run_id, prompt: prompt(&params).map_err(InvalidParams), reply }))
         }),
         "session.subscribe" => watch(context, id, &params),
         "session.startRemoteSandbox" => {
@@ -162,7 +168,8 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
                 _ => local_subagent_report(&context.session_id, &params),
             };
             let key = context.key_id();
-            let asked = context.ask(|reply| BaeOp::Report { key, report: report.map(Box::new), reply });
+            let asked =
+                context.ask(|reply| BaeOp::Report { key, report: report.map(Box::new).map_err(InvalidParams), reply });
             reply(&id, asked, &method, serde_json::json!({ "reported": true }))
         }
         "session.cancelSubagent" => {
@@ -170,7 +177,7 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
             let subagent = subagent.map(str::to_string);
             let asked = subagent.clone().ok_or_else(|| "missing \"subagent_id\"".to_string());
             let key = context.key_id();
-            let cancelled = context.ask(|reply| BaeOp::CancelSubagent { key, id: asked, reply });
+            let cancelled = context.ask(|reply| BaeOp::CancelSubagent { key, id: asked.map_err(InvalidParams), reply });
             answer(&id, cancelled.map(|was_running| {
                 serde_json::json!({ "cancelled": true, "subagent_id": subagent, "was_running": was_running })
             }), &method)
@@ -366,7 +373,7 @@ fn user_message(params: &Map<String, Value>) -> Result<UserMessage, String> {
     };
     let content = message.get("content").cloned().ok_or("missing field `content`")?;
     // Checked now, so a malformed or oversized message never waits for the gate.
-    let parsed = crate::api::bae::core::merge::to_message(role, &content, &Default::default())?;
+    let parsed = crate::api::bae::core::merge::to_message(role, &content, &Default::default()).map_err(|why| why.0)?;
     within_limits(&parsed)?;
     Ok(UserMessage { role, content })
 }

@@ -72,7 +72,7 @@ impl BaeSession<'_> {
             return waiter.fail(error);
         }
         if let Some(why) = params_error {
-            return waiter.fail(RpcError::InvalidParams(why));
+            return waiter.fail(why.into());
         }
         if !self.state.recovered {
             self.recover_pause();
@@ -158,14 +158,14 @@ impl BaeSession<'_> {
     /// Merges a resume, stores the client's message and starts its turn.
     fn start_send(&mut self, send: SendMessage, pending: Option<(PausedTurn, bool)>) -> Result<(), RpcError> {
         let SendMessage { key, run_id, message, .. } = send;
-        let message = message.map_err(RpcError::InvalidParams)?;
+        let message = message?;
         let record = self.open_record()?;
         let (content, server_ids, names) = match pending {
             Some((paused, timed_out)) => self.merge_resume(&key, &message, &paused, timed_out)?,
             None if merge::has_tool_results(&message.content) => return Err(RpcError::NoPausedTurn),
             None => (message.content, HashSet::new(), HashMap::new()),
         };
-        let user = merge::to_message(message.role, &content, &names).map_err(RpcError::InvalidParams)?;
+        let user = merge::to_message(message.role, &content, &names)?;
         let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,
             Ok(None) => {
@@ -227,7 +227,7 @@ impl BaeSession<'_> {
     /// built-in one.
     fn start_compaction(&mut self, compact: Compact, pending: Option<(PausedTurn, bool)>) -> Result<(), RpcError> {
         let Compact { key, run_id, prompt, .. } = compact;
-        let prompt = prompt.map_err(RpcError::InvalidParams)?;
+        let prompt = prompt?;
         let record = self.open_record()?;
         let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
+use super::runtime::InvalidParams;
 use crate::domain::{Block, ImageAttachment, Message, Role, ToolResult};
 
 /// What a synthetic result says of a client call that never answered.
@@ -134,7 +135,7 @@ pub fn result_block(result: &ToolResult) -> Value {
 
 /// A client's message as the engine stores it. A string is one text block (remembered as a
 /// string, so it is shown back as one); `names` gives tool results the name of their call.
-pub fn to_message(role: Role, content: &Value, names: &HashMap<String, String>) -> Result<Message, String> {
+pub fn to_message(role: Role, content: &Value, names: &HashMap<String, String>) -> Result<Message, InvalidParams> {
     let mut message = Message::new(role);
     match content {
         Value::String(text) => {
@@ -154,7 +155,7 @@ pub fn to_message(role: Role, content: &Value, names: &HashMap<String, String>) 
 /// `meta` flag of a message whose content was a plain string.
 pub const PLAIN: &str = "plainText";
 
-fn to_block(block: &Value, names: &HashMap<String, String>) -> Result<Block, String> {
+fn to_block(block: &Value, names: &HashMap<String, String>) -> Result<Block, InvalidParams> {
     let kind = block.get("type").and_then(Value::as_str).unwrap_or_default();
     let text = |field: &str| block.get(field).and_then(Value::as_str).map(str::to_string);
     Ok(match kind {
@@ -189,7 +190,7 @@ fn to_block(block: &Value, names: &HashMap<String, String>) -> Result<Block, Str
                 name: None,
             })
         }
-        other => return Err(format!("unsupported content block type {other:?} in a client message")),
+        other => return Err(format!("unsupported content block type {other:?} in a client message").into()),
     })
 }
 

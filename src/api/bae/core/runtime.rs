@@ -30,6 +30,38 @@ use crate::engine::plan::SessionDoor;
 use crate::engine::session::{Op, SessionActor};
 use crate::store::{BaeSessionRecord, BaeState, BaeWrite, WriteOp, BAE_TENANT};
 
+/// Why a request's params are invalid, in BAE's words (answered `-32602`, after the checks
+/// that come first in BAE's order, such as whether the caller is a driver).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidParams(pub String);
+
+impl std::fmt::Display for InvalidParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl From<&str> for InvalidParams {
+    fn from(why: &str) -> InvalidParams {
+        InvalidParams(why.to_string())
+    }
+}
+
+impl From<String> for InvalidParams {
+    fn from(why: String) -> InvalidParams {
+        InvalidParams(why)
+    }
+}
+
+impl From<InvalidParams> for RpcError {
+    fn from(invalid: InvalidParams) -> RpcError {
+        RpcError::InvalidParams(invalid.0)
+    }
+}
+
+/// A request's params, parsed by the door, or why they are invalid.
+pub type Params<T> = Result<T, InvalidParams>;
+
 /// What the BAE door asks of a session's actor.
 pub enum BaeOp {
     RegisterDriver {
@@ -45,7 +77,7 @@ pub enum BaeOp {
     /// `session.updateClientTools`: `tools` is the parsed array, or why it is invalid.
     UpdateTools {
         key: String,
-        tools: Result<Vec<Value>, String>,
+        tools: Params<Vec<Value>>,
         reply: Sender<Result<(), RpcError>>,
     },
     /// Close an open session; the error is the state it was already in.
@@ -80,13 +112,13 @@ pub enum BaeOp {
     /// driver).
     Report {
         key: String,
-        report: Result<Box<Event>, String>,
+        report: Params<Box<Event>>,
         reply: Sender<Result<(), RpcError>>,
     },
     /// `session.cancelSubagent`: the id, or why the params are invalid; whether it was running.
     CancelSubagent {
         key: String,
-        id: Result<String, String>,
+        id: Params<String>,
         reply: Sender<Result<bool, RpcError>>,
     },
     /// The caller went away: its queued request leaves the queue, its running turn stops.
@@ -106,7 +138,7 @@ pub struct SendMessage {
     pub key: String,
     pub run_id: String,
     /// The message, or why the params are invalid.
-    pub message: Result<UserMessage, String>,
+    pub message: Params<UserMessage>,
     /// Answered once the turn holds the gate and has started (or why it cannot).
     pub reply: Sender<Result<Started, RpcError>>,
 }
@@ -122,7 +154,7 @@ pub struct Compact {
     pub key: String,
     pub run_id: String,
     /// The prompt param, or why it is invalid.
-    pub prompt: Result<Option<String>, String>,
+    pub prompt: Params<Option<String>>,
     pub reply: Sender<Result<Started, RpcError>>,
 }
 
@@ -284,7 +316,7 @@ impl BaeSession<'_> {
                 // client's own, and the report is telemetry.
                 let outcome = match (self.state.drivers.contains(&key), report) {
                     (false, _) => Err(RpcError::NotDriver),
-                    (true, Err(why)) => Err(RpcError::InvalidParams(why)),
+                    (true, Err(why)) => Err(why.into()),
                     (true, Ok(event)) => self.publish_bae(&key, *event),
                 };
                 let _ = reply.send(outcome);
@@ -362,12 +394,12 @@ impl BaeSession<'_> {
         Ok(())
     }
 
-    fn update_tools(&mut self, key: &str, tools: Result<Vec<Value>, String>) -> Result<(), RpcError> {
+    fn update_tools(&mut self, key: &str, tools: Params<Vec<Value>>) -> Result<(), RpcError> {
         if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
         let record = self.open_record()?;
-        let tools = tools.map_err(RpcError::InvalidParams)?;
+        let tools = tools?;
         let profile = match self.actor.shared.store.readers().bae_profile(&record.profile_id) {
             Ok(Some(profile)) => profile,
             _ => return Err(RpcError::Internal),

@@ -430,13 +430,13 @@ impl BaeSession<'_> {
     pub(crate) fn cancel_subagent(
         &mut self,
         key: &str,
-        id: Result<String, String>,
+        id: super::runtime::Params<String>,
     ) -> Result<bool, super::runtime::RpcError> {
         use super::runtime::RpcError;
         if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
-        let id = id.map_err(RpcError::InvalidParams)?;
+        let id = id?;
         match bae(&self.actor.shared).subagents.cancel(&self.actor.id, &id) {
             Err(NotTracked) => Err(RpcError::SubagentNotFound(id)),
             Ok(None) => Ok(false),

@@ -203,6 +203,7 @@ impl BusActor {
                     kind: event.kind().to_string(),
                     at: at.clone(),
                     body,
+                    form: crate::domain::STORED_FORM,
                 }),
                 Err(error) => {
                     log::error!("an event could not be serialized: {error}");

@@ -99,7 +99,7 @@ impl Envelope {
     /// The envelope of an event read back from the log, whole again: a `provider.request`'s
     /// stored messages, which the log keeps by id, are read back from `store`.
     pub(crate) fn from_log(logged: LoggedEvent, store: &Store) -> Option<Envelope> {
-        match serde_json::from_str::<Event>(&logged.body) {
+        match crate::store::decode_event(&logged) {
             Ok(mut event) => {
                 if let Event::ProviderRequest(request) = &mut event {
                     let ids = request.unresolved_ids();

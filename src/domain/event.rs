@@ -66,8 +66,9 @@ pub struct PluginRevision {
 }
 
 /// Everything the engine tells the world. The bus stamps each with a `seq` and a time; the
-/// event log keeps this serde form. Its names and field names are Kestrel's, so
-/// `api/kestrel/wire.rs` renders every event as it is but the two that carry a message.
+/// event log keeps this serde form (stored form `STORED_FORM`, pinned by the test below). No
+/// door shows it as it is: each renders the events it carries in its own shapes
+/// (`api/kestrel/wire.rs`, `api/bae/wire.rs`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum Event {
@@ -485,6 +486,102 @@ impl Event {
             Event::Subagent(step) => Some(&step.session_id),
             Event::Notice { session_id, .. } => session_id.as_deref(),
             Event::PluginsChanged { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod stored_form {
+    //! Form 1 of the stored events and messages, pinned: a change of what these serialize to is
+    //! a new stored form (`STORED_FORM`), with a reader of this one.
+
+    use super::*;
+    use crate::domain::{Block, Cost, ImageAttachment, SessionStatus};
+    use serde_json::json;
+
+    fn message() -> Message {
+        let mut call = ToolCall::new("call_1", "read", json!({ "path": "a" }).as_object().cloned().unwrap());
+        call.dispatch = Dispatch::Mcp { server: "tiny".into() };
+        let result = ToolResult {
+            call_id: "call_1".into(),
+            name: "read".into(),
+            ok: false,
+            content: "no".into(),
+            duration_ms: Some(3),
+            error: Some("no".into()),
+            data: Some(json!({ "exit": 1 })),
+            blocks: Some(vec![json!({ "type": "text", "text": "no" })]),
+        };
+        let image = ImageAttachment { mime_type: "image/png".into(), data: "AAAA".into(), name: Some("a.png".into()) };
+        Message {
+            id: "msg_1".into(),
+            role: Role::Assistant,
+            blocks: vec![
+                Block::Reasoning { text: "think".into() },
+                Block::Text { text: "hi".into() },
+                Block::Image(image),
+                Block::ToolCall(call),
+                Block::ToolResult(result),
+            ],
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+            model: Some("builtin/echo".into()),
+            meta: json!({ "partial": true }).as_object().cloned(),
+        }
+    }
+
+    fn cases() -> Vec<(Event, &'static str)> {
+        let usage = Usage {
+            input_tokens: 1,
+            output_tokens: 2,
+            total_tokens: 3,
+            cached_input_tokens: Some(1),
+            reasoning_tokens: None,
+            cost: Some(Cost { amount: 0.5, currency: "EUR".into() }),
+        };
+        let summary = SessionSummary {
+            id: "ses_1".into(),
+            title: "t".into(),
+            created_at: "a".into(),
+            updated_at: "b".into(),
+            status: SessionStatus::Running,
+            model: "builtin/echo".into(),
+            message_count: 2,
+            workspace: "/w".into(),
+        };
+        vec![
+            (
+                Event::SessionUpdated { session_id: "ses_1".into(), session: summary },
+                r#"{"type":"session.updated","sessionId":"ses_1","session":{"id":"ses_1","title":"t","createdAt":"a","updatedAt":"b","status":"running","model":"builtin/echo","messageCount":2,"workspace":"/w"}}"#,
+            ),
+            (
+                Event::RunFinished {
+                    session_id: "s".into(),
+                    run_id: "r".into(),
+                    status: RunOutcome::MaxSteps,
+                    usage: Some(usage),
+                },
+                r#"{"type":"run.finished","sessionId":"s","runId":"r","status":"max_steps","usage":{"inputTokens":1,"outputTokens":2,"totalTokens":3,"cachedInputTokens":1,"cost":{"amount":0.5,"currency":"EUR"}}}"#,
+            ),
+            (
+                Event::MessageCompleted { session_id: "s".into(), message: message() },
+                r#"{"type":"message.completed","sessionId":"s","message":{"id":"msg_1","role":"assistant","blocks":[{"type":"reasoning","text":"think"},{"type":"text","text":"hi"},{"type":"image","mimeType":"image/png","data":"AAAA","name":"a.png"},{"type":"tool_call","id":"call_1","name":"read","arguments":{"path":"a"},"dispatch":{"kind":"mcp","server":"tiny"}},{"type":"tool_result","callId":"call_1","name":"read","ok":false,"content":"no","durationMs":3,"error":"no","data":{"exit":1},"blocks":[{"text":"no","type":"text"}]}],"created_at":"2026-01-01T00:00:00.000Z","model":"builtin/echo","meta":{"partial":true}}}"#,
+            ),
+            (
+                Event::SessionFault { session_id: "s".into(), fault: Fault::AllProvidersFailed { attempts: 3 } },
+                r#"{"type":"session.fault","session_id":"s","fault":{"reason":"all_providers_failed","attempts":3}}"#,
+            ),
+            (
+                Event::Notice { level: NoticeLevel::Warn, message: "m".into(), session_id: None },
+                r#"{"type":"notice","level":"warn","message":"m"}"#,
+            ),
+        ]
+    }
+
+    #[test]
+    fn events_and_messages_keep_stored_form_1() {
+        for (event, stored) in cases() {
+            assert_eq!(serde_json::to_string(&event).unwrap(), stored);
+            assert_eq!(serde_json::from_str::<Event>(stored).unwrap(), event, "form 1 reads back");
         }
     }
 }

@@ -1,15 +1,22 @@
 //! The engine's model: messages as ordered content blocks, tool calls, sessions, models and
 //! tools here; usage and prices in `usage.rs`; the typed events the engine emits in `event.rs`.
 //!
-//! It belongs to no protocol. The store keeps messages and events in this form (their serde
-//! shape here is the stored one), and each front door maps them to its own wire shape in its
-//! own `wire.rs`: `api/kestrel/wire.rs` for Kestrel protocol 1.0.
+//! It belongs to no protocol. The store keeps messages and events in this form: their serde
+//! shape here is the stored one, form `STORED_FORM`, and nothing else. Each door maps them to
+//! its own wire shape (`api/kestrel/wire.rs`, `api/bae/wire.rs`), so a protocol's field can be
+//! renamed without touching what is stored. A change of this serde shape is a new stored form:
+//! bump `STORED_FORM` and keep a reader of the old one (`store::decode`); the test at the end
+//! of `event.rs` pins form 1.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 mod event;
 mod usage;
+
+/// The serde form of `Message` and `Event` that the store writes; each stored row says which
+/// form it holds.
+pub const STORED_FORM: i64 = 1;
 
 pub use event::*;
 pub use usage::*;

@@ -70,6 +70,7 @@ fn event(session: &str, kind: &str) -> LoggedEvent {
         kind: kind.into(),
         at: "2026-01-01T00:00:00Z".into(),
         body: "{}".into(),
+        form: crate::domain::STORED_FORM,
     }
 }
 

@@ -207,8 +207,27 @@ pub struct LoggedEvent {
     pub kind: String,
     /// When it was published (RFC 3339).
     pub at: String,
-    /// The event's JSON.
+    /// The event's JSON, in the stored form `form`.
     pub body: String,
+    pub form: i64,
+}
+
+/// A stored message's body, in its stored form.
+pub(crate) fn decode_message(body: &str, form: i64) -> Result<Message, StoreError> {
+    match form {
+        crate::domain::STORED_FORM => serde_json::from_str(body).map_err(|e| StoreError::Corrupt(e.to_string())),
+        other => Err(StoreError::Corrupt(format!("a message in stored form {other}, which this server does not read"))),
+    }
+}
+
+/// A logged event's body, in its stored form.
+pub fn decode_event(logged: &LoggedEvent) -> Result<crate::domain::Event, StoreError> {
+    match logged.form {
+        crate::domain::STORED_FORM => {
+            serde_json::from_str(&logged.body).map_err(|e| StoreError::Corrupt(e.to_string()))
+        }
+        other => Err(StoreError::Corrupt(format!("an event in stored form {other}, which this server does not read"))),
+    }
 }
 
 /// A call marked as started whose result was never recorded (`ReaderPool::unsettled_calls`).
@@ -326,5 +345,29 @@ impl Store {
     /// Ends what `node` left running (see `Recovery`).
     pub fn recover(&self, node: &str) -> Result<Vec<String>, StoreError> {
         self.backend.recover(node, &crate::time::now_rfc3339())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_in_a_form_this_server_does_not_read_is_refused_not_misread() {
+        let logged = |form| LoggedEvent {
+            seq: 1,
+            tenant: None,
+            session_id: None,
+            actor: None,
+            kind: "notice".into(),
+            at: "now".into(),
+            body: r#"{"type":"notice","level":"info","message":"m"}"#.into(),
+            form,
+        };
+        assert!(decode_event(&logged(crate::domain::STORED_FORM)).is_ok());
+        assert!(matches!(decode_event(&logged(2)), Err(StoreError::Corrupt(_))));
+        let body = serde_json::to_string(&Message::text_of(crate::domain::Role::User, "hi")).unwrap();
+        assert!(decode_message(&body, crate::domain::STORED_FORM).is_ok());
+        assert!(matches!(decode_message(&body, 0), Err(StoreError::Corrupt(_))));
     }
 }

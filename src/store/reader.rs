@@ -76,12 +76,12 @@ impl SessionReads for super::sqlite::Sqlite {
     fn messages(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
         self.with(|conn| {
             let mut statement =
-                conn.prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY rowid")?;
-            let rows = statement.query_map(params![session_id], |row| row.get::<_, String>(0))?;
+                conn.prepare_cached("SELECT body, form FROM messages WHERE session_id = ?1 ORDER BY rowid")?;
+            let rows = statement.query_map(params![session_id], |row| Ok((row.get::<_, String>(0)?, row.get(1)?)))?;
             let mut messages = Vec::new();
-            for body in rows {
-                let body = body?;
-                messages.push(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+            for row in rows {
+                let (body, form) = row?;
+                messages.push(super::decode_message(&body, form)?);
             }
             Ok(messages)
         })
@@ -95,13 +95,13 @@ impl SessionReads for super::sqlite::Sqlite {
     ) -> Result<std::collections::HashMap<String, Message>, StoreError> {
         self.with(|conn| {
             let mut found = std::collections::HashMap::with_capacity(ids.len());
-            let mut statement = conn.prepare_cached("SELECT body FROM messages WHERE session_id = ?1 AND id = ?2")?;
+            let mut statement =
+                conn.prepare_cached("SELECT body, form FROM messages WHERE session_id = ?1 AND id = ?2")?;
             for id in ids {
-                let body: Option<String> = statement.query_row(params![session_id, id], |row| row.get(0)).optional()?;
-                if let Some(body) = body {
-                    let message: Message =
-                        serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    found.insert(id.clone(), message);
+                let row: Option<(String, i64)> =
+                    statement.query_row(params![session_id, id], |row| Ok((row.get(0)?, row.get(1)?))).optional()?;
+                if let Some((body, form)) = row {
+                    found.insert(id.clone(), super::decode_message(&body, form)?);
                 }
             }
             Ok(found)
@@ -194,12 +194,12 @@ impl LogReads for super::sqlite::Sqlite {
         self.with(|conn| {
             let sql = match query.session {
                 Some(_) => {
-                    "SELECT seq, tenant, session_id, type, at, body, actor FROM events
+                    "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
                      WHERE session_id = ?4 AND seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL)
                      ORDER BY seq LIMIT ?5"
                 }
                 None => {
-                    "SELECT seq, tenant, session_id, type, at, body, actor FROM events
+                    "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
                      WHERE seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL) AND ?4 IS NULL
                      ORDER BY seq LIMIT ?5"
                 }
@@ -227,7 +227,7 @@ impl LogReads for super::sqlite::Sqlite {
         self.with(|conn| {
             let kinds = serde_json::to_string(kinds).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let mut statement = conn.prepare_cached(
-                "SELECT seq, tenant, session_id, type, at, body, actor FROM events
+                "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
                  WHERE session_id = ?1 AND seq > ?2 AND type IN (SELECT value FROM json_each(?3))
                  ORDER BY seq LIMIT ?4",
             )?;
@@ -277,7 +277,7 @@ pub struct EventQuery<'a> {
     pub session: Option<&'a str>,
 }
 
-/// A row of `SELECT seq, tenant, session_id, type, at, body, actor FROM events`.
+/// A row of `SELECT seq, tenant, session_id, type, at, body, actor, form FROM events`.
 pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
     Ok(LoggedEvent {
         seq: row.get::<_, i64>(0)? as u64,
@@ -287,6 +287,7 @@ pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
         at: row.get(4)?,
         body: row.get(5)?,
         actor: row.get(6)?,
+        form: row.get(7)?,
     })
 }
 

@@ -16,6 +16,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 use super::contract::{Committed, Reply};
 use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
+use crate::domain::STORED_FORM;
 
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
@@ -256,8 +257,8 @@ fn apply(
         WriteOp::AppendMessage { session_id, message, updated_at } => {
             let body = serde_json::to_string(message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let role = serde_json::to_value(message.role).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            tx.prepare_cached("INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)")?
-                .execute(params![message.id, session_id, role.as_str().unwrap_or(""), body])?;
+            tx.prepare_cached("INSERT INTO messages (id, session_id, role, body, form) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![message.id, session_id, role.as_str().unwrap_or(""), body, STORED_FORM])?;
             let changed = tx
                 .prepare_cached("UPDATE sessions SET message_count = message_count + 1, updated_at = ?2 WHERE id = ?1")?
                 .execute(params![session_id, updated_at])?;
@@ -345,27 +346,31 @@ fn compact_history(
 ) -> Result<(), StoreError> {
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
     for id in hidden {
-        let body: String = tx
-            .prepare_cached("SELECT body FROM messages WHERE id = ?1 AND session_id = ?2")?
-            .query_row(params![id, session_id], |r| r.get(0))?;
-        let mut message: crate::domain::Message = serde_json::from_str(&body).map_err(corrupt)?;
+        let (body, form): (String, i64) = tx
+            .prepare_cached("SELECT body, form FROM messages WHERE id = ?1 AND session_id = ?2")?
+            .query_row(params![id, session_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let mut message = super::decode_message(&body, form)?;
         message.meta.get_or_insert_with(Default::default).insert("compacted".into(), serde_json::Value::Bool(true));
         let body = serde_json::to_string(&message).map_err(corrupt)?;
-        tx.prepare_cached("UPDATE messages SET body = ?2 WHERE id = ?1")?.execute(params![id, body])?;
+        tx.prepare_cached("UPDATE messages SET body = ?2, form = ?3 WHERE id = ?1")?.execute(params![
+            id,
+            body,
+            STORED_FORM
+        ])?;
     }
-    let insert = |id: &str, role: &str, body: &str| -> Result<(), StoreError> {
-        tx.prepare_cached("INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![id, session_id, role, body])?;
+    let insert = |id: &str, role: &str, body: &str, form: i64| -> Result<(), StoreError> {
+        tx.prepare_cached("INSERT INTO messages (id, session_id, role, body, form) VALUES (?1, ?2, ?3, ?4, ?5)")?
+            .execute(params![id, session_id, role, body, form])?;
         Ok(())
     };
     let role = serde_json::to_value(summary.role).map_err(corrupt)?;
-    insert(&summary.id, role.as_str().unwrap_or(""), &serde_json::to_string(summary).map_err(corrupt)?)?;
+    insert(&summary.id, role.as_str().unwrap_or(""), &serde_json::to_string(summary).map_err(corrupt)?, STORED_FORM)?;
     for id in kept {
-        let (role, body): (String, String) = tx
-            .prepare_cached("SELECT role, body FROM messages WHERE id = ?1 AND session_id = ?2")?
-            .query_row(params![id, session_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let (role, body, form): (String, String, i64) = tx
+            .prepare_cached("SELECT role, body, form FROM messages WHERE id = ?1 AND session_id = ?2")?
+            .query_row(params![id, session_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         tx.prepare_cached("DELETE FROM messages WHERE id = ?1")?.execute([id])?;
-        insert(id, &role, &body)?;
+        insert(id, &role, &body, form)?;
     }
     tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?1")?.execute([session_id])?;
     Ok(())
@@ -399,7 +404,7 @@ fn append_events(
     trimmed_below: &mut Option<u64>,
 ) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(
-        "INSERT INTO events (seq, tenant, session_id, type, at, body, actor) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO events (seq, tenant, session_id, type, at, body, actor, form) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
     for (offset, event) in entries.iter().enumerate() {
         let Some(event) = event else { continue };
@@ -410,7 +415,8 @@ fn append_events(
             event.kind,
             event.at,
             event.body,
-            event.actor
+            event.actor,
+            STORED_FORM
         ])?;
     }
     let last = first + entries.len() as u64 - 1;

@@ -203,7 +203,8 @@ impl AdminApi {
                 let mut names = profile.available_sandboxes.clone();
                 names.sort();
                 names.dedup();
-                let images = self.bae.image_statuses(&names);
+                let images: Vec<Value> =
+                    self.bae.image_statuses(&names).iter().map(super::wire::image_status).collect();
                 items.push(json!({ "profile_id": profile.id, "images": images }));
             }
             match page.next {

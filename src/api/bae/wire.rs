@@ -9,7 +9,10 @@ use serde_json::{json, Map, Value};
 use crate::api::bae::core::compaction::SYNTHETIC;
 use crate::api::bae::core::merge::PLAIN;
 use crate::bus::{Envelope, Format};
-use crate::domain::{Block, Dispatch, Event, Message, ProviderRequest, ProviderResponse, Role, ToolResult, ToolSchema};
+use crate::domain::{
+    Block, CloseReason, CompactionTrigger, Dispatch, Event, Fault, ImageStatus, Message, ProviderRequest,
+    ProviderResponse, Role, ToolResult, ToolSchema,
+};
 
 /// The format BAE's streams use.
 pub const FORMAT: Format = Format::BaeNdjson;
@@ -65,7 +68,10 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             json!({ "client_version": client_version, "tools": tools, "sandbox_tools": sandbox_tools, "subagent_tools": subagent_tools }),
         ),
         Event::DriverRegistered { .. } => ("session.driver.register", json!({})),
-        Event::SandboxImages { images, .. } => ("session.sandbox.available", json!({ "images": images })),
+        Event::SandboxImages { images, .. } => {
+            let images: Vec<Value> = images.iter().map(image_status).collect();
+            ("session.sandbox.available", json!({ "images": images }))
+        }
         Event::Subagent(step) => subagent_event(step),
         Event::MessageCompleted { message, .. } => message_event(message),
         Event::ProviderRequest(request) => ("provider.request", provider_request(request)),
@@ -136,9 +142,19 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
             Some(error) => ("mcp.response", json!({ "server_name": server_name, "ok": false, "error": error })),
             None => ("mcp.response", json!({ "server_name": server_name, "ok": ok, "result": result })),
         },
-        Event::SessionFault { fault, .. } => ("session.error", serde_json::to_value(fault).ok()?),
-        Event::SessionClosed { reason, .. } => ("session.close", json!({ "reason": reason })),
+        Event::SessionFault { fault, .. } => ("session.error", fault_payload(fault)),
+        Event::SessionClosed { reason, .. } => {
+            let reason = match reason {
+                CloseReason::ClientClose => "client_close",
+                CloseReason::ClientKeyRevoked => "client_key_revoked",
+            };
+            ("session.close", json!({ "reason": reason }))
+        }
         Event::CompactionStarted { trigger, message_count, .. } => {
+            let trigger = match trigger {
+                CompactionTrigger::Auto => "auto",
+                CompactionTrigger::Client => "client",
+            };
             ("session.compaction.started", json!({ "trigger": trigger, "message_count": message_count }))
         }
         Event::CompactionCompleted(done) => (
@@ -153,6 +169,37 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
         ),
         _ => return None,
     })
+}
+
+/// An image's provisioning status as `session.sandbox.available` lists it.
+pub fn image_status(image: &ImageStatus) -> Value {
+    let mut status = json!({ "name": image.name, "status": image.status });
+    if let Some(detail) = &image.detail {
+        status["detail"] = json!(detail);
+    }
+    status
+}
+
+/// `session.error`'s payload: the fault's reason and what it carries.
+fn fault_payload(fault: &Fault) -> Value {
+    match fault {
+        Fault::ProviderConfig { detail } => json!({ "reason": "provider_config", "detail": detail }),
+        Fault::ProviderCallFailed { provider, detail } => {
+            json!({ "reason": "provider_call_failed", "provider": provider, "detail": detail })
+        }
+        Fault::AllProvidersFailed { attempts } => json!({ "reason": "all_providers_failed", "attempts": attempts }),
+        Fault::LoopLimit { max_iterations } => json!({ "reason": "loop_limit", "max_iterations": max_iterations }),
+        Fault::ProfileUnavailable { profile_id } => {
+            json!({ "reason": "profile_unavailable", "profile_id": profile_id })
+        }
+        Fault::PrimaryProviderUnavailable { profile_id, primary_provider } => json!({
+            "reason": "primary_provider_unavailable", "profile_id": profile_id, "primary_provider": primary_provider,
+        }),
+        Fault::DriverTurnAbandoned { owner_client_key_id } => {
+            json!({ "reason": "driver_turn_abandoned", "owner_client_key_id": owner_client_key_id })
+        }
+        Fault::ToolResultMergeInvalid { detail } => json!({ "reason": "tool_result_merge_invalid", "detail": detail }),
+    }
 }
 
 /// A client's message is `client.message.send`; the model's, and anything the server wrote

@@ -1,5 +1,6 @@
 //! `health`, `bootstrap` and `plugins`: what a client asks before anything else.
 
+use super::wire::WireTool;
 use serde_json::json;
 
 use super::{json, ApiError, KestrelApi};
@@ -26,6 +27,8 @@ pub fn health(api: &KestrelApi) -> Result<Reply, ApiError> {
 
 pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
     let models: Vec<_> = api.engine.models().infos().collect();
+    let tools = api.engine.tools().schemas();
+    let tools: Vec<WireTool<'_>> = tools.iter().map(WireTool::from).collect();
     Ok(json(
         200,
         &json!({
@@ -33,7 +36,7 @@ pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
             "version": env!("CARGO_PKG_VERSION"),
             "protocol": PROTOCOL_VERSION,
             "models": models,
-            "tools": api.engine.tools().schemas(),
+            "tools": tools,
             "plugins": api.plugins.infos(),
             "features": {
                 "streaming": true,

@@ -5,9 +5,8 @@ use serde_json::Value;
 
 use super::body::JsonBody;
 use super::idempotency;
-use super::wire::WireSession;
+use super::wire::{WireSession, WireSummary};
 use super::{json, ApiError, Caller, KestrelApi};
-use crate::domain::SessionSummary;
 use crate::engine::idempotency::Render;
 use crate::engine::{Created, NewSession};
 use crate::http::{Reply, Request};
@@ -15,11 +14,11 @@ use crate::store::SessionPatch;
 
 const MAX_TITLE_CHARS: usize = 200;
 
-// Bodies are serialized straight from the engine's types: going through `json!` would first
+// Bodies are serialized straight from borrowed wire views: going through `json!` would first
 // copy a whole transcript (images included) into a `Value` tree.
 #[derive(Serialize)]
 struct SessionList<'a> {
-    sessions: &'a [SessionSummary],
+    sessions: Vec<WireSummary<'a>>,
 }
 
 #[derive(Serialize)]
@@ -30,7 +29,7 @@ const MAX_PROMPT_CHARS: usize = 100_000;
 
 pub fn list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
     let sessions = api.engine.list_sessions(&caller.tenant)?;
-    Ok(json(200, &SessionList { sessions: &sessions }))
+    Ok(json(200, &SessionList { sessions: sessions.iter().map(WireSummary::from).collect() }))
 }
 
 pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Result<Reply, ApiError> {

@@ -1,15 +1,21 @@
-//! Kestrel protocol 1.0's shapes of the engine's model: `ChatMessage`, `SessionDetail`, and the
+//! Kestrel protocol 1.0's shapes of the engine's model: `ChatMessage`, `SessionDetail`,
+//! `SessionSummary`, tool calls and results, approvals, usage, tools, and the
 //! `ServerEventEnvelope` of the event streams.
 //!
-//! The engine keeps messages as ordered blocks (`domain::Message`); Kestrel shows a message as
-//! one `content` string with `images`, `reasoning`, `toolCalls`, and for a tool's answer
+//! The engine's types serialize to its stored form (`domain`), which is not this: every shape
+//! the Kestrel door shows is written here, so renaming a field of the protocol never touches
+//! what the store keeps. The engine keeps messages as ordered blocks; Kestrel shows a message
+//! as one `content` string with `images`, `reasoning`, `toolCalls`, and for a tool's answer
 //! `toolCallId` and `toolName`. Borrowed views, so nothing is copied before it is serialized.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::bus::{Envelope, Format};
-use crate::domain::{Event, ImageAttachment, Message, Role, SessionDetail, SessionSummary, ToolCall, Usage};
+use crate::domain::{
+    ApprovalRequest, Cost, DeltaChannel, Dispatch, Event, ImageAttachment, Message, NoticeLevel, Role, RunOutcome,
+    SessionDetail, SessionSummary, ToolCall, ToolResult, ToolSchema, Usage,
+};
 
 /// Kestrel's `ChatMessage`.
 #[derive(Serialize)]
@@ -19,11 +25,11 @@ pub struct WireMessage<'a> {
     role: Role,
     content: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    images: Vec<&'a ImageAttachment>,
+    images: Vec<WireImage<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    tool_calls: Vec<&'a ToolCall>,
+    tool_calls: Vec<WireToolCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -46,9 +52,9 @@ impl<'a> From<&'a Message> for WireMessage<'a> {
             role: message.role,
             // A tool's answer is its result's content; anything else, its text.
             content: result.map_or_else(|| message.text(), |r| r.content.clone()),
-            images: message.images().collect(),
+            images: message.images().map(WireImage::from).collect(),
             reasoning: message.reasoning(),
-            tool_calls: message.tool_calls().collect(),
+            tool_calls: message.tool_calls().map(WireToolCall::from).collect(),
             tool_call_id: result.map(|r| r.call_id.as_str()),
             tool_name: result.map(|r| r.name.as_str()),
             created_at: &message.created_at,
@@ -64,22 +70,22 @@ impl<'a> From<&'a Message> for WireMessage<'a> {
 #[serde(rename_all = "camelCase")]
 pub struct WireSession<'a> {
     #[serde(flatten)]
-    summary: &'a SessionSummary,
+    summary: WireSummary<'a>,
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     system_prompt: Option<&'a str>,
     /// What every model call of the session counted (and cost, where priced).
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Usage>,
+    usage: Option<WireUsage>,
 }
 
 impl<'a> From<&'a SessionDetail> for WireSession<'a> {
     fn from(detail: &'a SessionDetail) -> WireSession<'a> {
         WireSession {
-            summary: &detail.summary,
+            summary: WireSummary::from(&detail.summary),
             messages: detail.messages.iter().map(WireMessage::from).collect(),
             system_prompt: detail.system_prompt.as_deref(),
-            usage: session_usage(&detail.messages),
+            usage: session_usage(&detail.messages).as_ref().map(WireUsage::from),
         }
     }
 }
@@ -117,20 +123,338 @@ struct RewoundEvent<'a> {
     messages: Vec<WireMessage<'a>>,
 }
 
-/// An event as Kestrel's `SessionEvent`.
-pub fn event_json(event: &Event) -> Result<String, serde_json::Error> {
-    match event {
+/// An event as Kestrel's `SessionEvent`; `None` for an event no Kestrel stream carries (a BAE
+/// session's, which the `@bae` tenant keeps from every Kestrel stream).
+pub fn event_json(event: &Event) -> Option<Result<String, serde_json::Error>> {
+    let kind = event.kind();
+    let wire = match event {
         Event::MessageStarted { session_id, message } | Event::MessageCompleted { session_id, message } => {
-            let wire = MessageEvent { kind: event.kind(), session_id, message: WireMessage::from(message) };
-            serde_json::to_string(&wire)
+            let wire = MessageEvent { kind, session_id, message: WireMessage::from(message) };
+            return Some(serde_json::to_string(&wire));
         }
         Event::SessionRewound { session_id, message_id, messages } => {
             let messages: Vec<WireMessage<'_>> = messages.iter().map(WireMessage::from).collect();
-            let wire = RewoundEvent { kind: event.kind(), session_id, message_id, messages };
-            serde_json::to_string(&wire)
+            let wire = RewoundEvent { kind, session_id, message_id, messages };
+            return Some(serde_json::to_string(&wire));
         }
-        // Every other event's own serde shape is Kestrel's.
-        other => serde_json::to_string(other),
+        Event::SessionUpdated { session_id, session } => {
+            WireEvent::SessionUpdated { session_id, session: WireSummary::from(session) }
+        }
+        Event::RunStarted { session_id, run_id } => WireEvent::RunStarted { session_id, run_id },
+        Event::RunFinished { session_id, run_id, status, usage } => WireEvent::RunFinished {
+            session_id,
+            run_id,
+            status: outcome_name(*status),
+            usage: usage.as_ref().map(WireUsage::from),
+        },
+        Event::RunFailed { session_id, run_id, error } => WireEvent::RunFailed { session_id, run_id, error },
+        Event::MessageDelta { session_id, message_id, channel, delta } => {
+            let channel = match channel {
+                DeltaChannel::Text => "text",
+                DeltaChannel::Reasoning => "reasoning",
+            };
+            WireEvent::MessageDelta { session_id, message_id, channel, delta }
+        }
+        Event::ToolStarted { session_id, call } => {
+            WireEvent::ToolStarted { session_id, call: WireToolCall::from(call) }
+        }
+        Event::ToolFinished { session_id, result, dispatch } => WireEvent::ToolFinished {
+            session_id,
+            result: WireToolResult::from(result),
+            dispatch: WireDispatch::of(dispatch),
+        },
+        Event::ApprovalRequested { session_id, approval } => {
+            WireEvent::ApprovalRequested { session_id, approval: WireApproval::from(approval) }
+        }
+        Event::ApprovalResolved { session_id, approval_id, approved } => {
+            WireEvent::ApprovalResolved { session_id, approval_id, approved: *approved }
+        }
+        Event::SessionDeleted { session_id } => WireEvent::SessionDeleted { session_id },
+        Event::ContextCompacted { session_id, removed_messages, kept_messages, tokens_before, tokens_after } => {
+            WireEvent::ContextCompacted {
+                session_id,
+                removed_messages: *removed_messages,
+                kept_messages: *kept_messages,
+                tokens_before: *tokens_before,
+                tokens_after: *tokens_after,
+            }
+        }
+        Event::Notice { level, message, session_id } => {
+            let level = match level {
+                NoticeLevel::Info => "info",
+                NoticeLevel::Warn => "warn",
+                NoticeLevel::Error => "error",
+            };
+            WireEvent::Notice { level, message, session_id: session_id.as_deref() }
+        }
+        _ => return None,
+    };
+    Some(serde_json::to_string(&wire))
+}
+
+/// The protocol's events besides the two that carry a message and `session.rewound`.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum WireEvent<'a> {
+    #[serde(rename = "session.updated", rename_all = "camelCase")]
+    SessionUpdated { session_id: &'a str, session: WireSummary<'a> },
+    #[serde(rename = "run.started", rename_all = "camelCase")]
+    RunStarted { session_id: &'a str, run_id: &'a str },
+    #[serde(rename = "run.finished", rename_all = "camelCase")]
+    RunFinished {
+        session_id: &'a str,
+        run_id: &'a str,
+        status: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        usage: Option<WireUsage>,
+    },
+    #[serde(rename = "run.failed", rename_all = "camelCase")]
+    RunFailed { session_id: &'a str, run_id: &'a str, error: &'a str },
+    #[serde(rename = "message.delta", rename_all = "camelCase")]
+    MessageDelta { session_id: &'a str, message_id: &'a str, channel: &'static str, delta: &'a str },
+    #[serde(rename = "tool.started", rename_all = "camelCase")]
+    ToolStarted { session_id: &'a str, call: WireToolCall<'a> },
+    #[serde(rename = "tool.finished", rename_all = "camelCase")]
+    ToolFinished {
+        session_id: &'a str,
+        result: WireToolResult<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        dispatch: Option<WireDispatch<'a>>,
+    },
+    #[serde(rename = "approval.requested", rename_all = "camelCase")]
+    ApprovalRequested { session_id: &'a str, approval: WireApproval<'a> },
+    #[serde(rename = "approval.resolved", rename_all = "camelCase")]
+    ApprovalResolved { session_id: &'a str, approval_id: &'a str, approved: bool },
+    #[serde(rename = "session.deleted", rename_all = "camelCase")]
+    SessionDeleted { session_id: &'a str },
+    #[serde(rename = "context.compacted", rename_all = "camelCase")]
+    ContextCompacted {
+        session_id: &'a str,
+        removed_messages: u64,
+        kept_messages: u64,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
+    #[serde(rename = "notice", rename_all = "camelCase")]
+    Notice {
+        level: &'static str,
+        message: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        session_id: Option<&'a str>,
+    },
+}
+
+fn outcome_name(outcome: RunOutcome) -> &'static str {
+    match outcome {
+        RunOutcome::Completed => "completed",
+        RunOutcome::Cancelled => "cancelled",
+        RunOutcome::MaxSteps => "max_steps",
+        RunOutcome::Paused => "paused",
+    }
+}
+
+/// Kestrel's `SessionSummary`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireSummary<'a> {
+    id: &'a str,
+    title: &'a str,
+    created_at: &'a str,
+    updated_at: &'a str,
+    status: &'static str,
+    model: &'a str,
+    message_count: u64,
+    workspace: &'a str,
+}
+
+impl<'a> From<&'a SessionSummary> for WireSummary<'a> {
+    fn from(summary: &'a SessionSummary) -> WireSummary<'a> {
+        WireSummary {
+            id: &summary.id,
+            title: &summary.title,
+            created_at: &summary.created_at,
+            updated_at: &summary.updated_at,
+            status: summary.status.as_str(),
+            model: &summary.model,
+            message_count: summary.message_count,
+            workspace: &summary.workspace,
+        }
+    }
+}
+
+/// Kestrel's `ImageAttachment`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireImage<'a> {
+    mime_type: &'a str,
+    data: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+}
+
+impl<'a> From<&'a ImageAttachment> for WireImage<'a> {
+    fn from(image: &'a ImageAttachment) -> WireImage<'a> {
+        WireImage { mime_type: &image.mime_type, data: &image.data, name: image.name.as_deref() }
+    }
+}
+
+/// Kestrel's `ToolCall`.
+#[derive(Serialize)]
+struct WireToolCall<'a> {
+    id: &'a str,
+    name: &'a str,
+    arguments: &'a Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dispatch: Option<WireDispatch<'a>>,
+}
+
+impl<'a> From<&'a ToolCall> for WireToolCall<'a> {
+    fn from(call: &'a ToolCall) -> WireToolCall<'a> {
+        WireToolCall {
+            id: &call.id,
+            name: &call.name,
+            arguments: &call.arguments,
+            dispatch: WireDispatch::of(&call.dispatch),
+        }
+    }
+}
+
+/// Who ran a call, when not the server's own tools.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum WireDispatch<'a> {
+    Client,
+    Mcp { server: &'a str },
+    Sandbox,
+    Subagent,
+}
+
+impl<'a> WireDispatch<'a> {
+    fn of(dispatch: &'a Dispatch) -> Option<WireDispatch<'a>> {
+        Some(match dispatch {
+            Dispatch::Server => return None,
+            Dispatch::Client => WireDispatch::Client,
+            Dispatch::Mcp { server } => WireDispatch::Mcp { server },
+            Dispatch::Sandbox => WireDispatch::Sandbox,
+            Dispatch::Subagent => WireDispatch::Subagent,
+        })
+    }
+}
+
+/// Kestrel's `ToolResult`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireToolResult<'a> {
+    call_id: &'a str,
+    name: &'a str,
+    ok: bool,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blocks: Option<&'a Vec<Value>>,
+}
+
+impl<'a> From<&'a ToolResult> for WireToolResult<'a> {
+    fn from(result: &'a ToolResult) -> WireToolResult<'a> {
+        WireToolResult {
+            call_id: &result.call_id,
+            name: &result.name,
+            ok: result.ok,
+            content: &result.content,
+            duration_ms: result.duration_ms,
+            error: result.error.as_deref(),
+            data: result.data.as_ref(),
+            blocks: result.blocks.as_ref(),
+        }
+    }
+}
+
+/// Kestrel's `ApprovalRequest`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireApproval<'a> {
+    id: &'a str,
+    call_id: &'a str,
+    tool_name: &'a str,
+    arguments: &'a Map<String, Value>,
+    created_at: &'a str,
+}
+
+impl<'a> From<&'a ApprovalRequest> for WireApproval<'a> {
+    fn from(approval: &'a ApprovalRequest) -> WireApproval<'a> {
+        WireApproval {
+            id: &approval.id,
+            call_id: &approval.call_id,
+            tool_name: &approval.tool_name,
+            arguments: &approval.arguments,
+            created_at: &approval.created_at,
+        }
+    }
+}
+
+/// Kestrel's `Usage`, with its `cost` when the model is priced.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireUsage {
+    input_tokens: u64,
+    output_tokens: u64,
+    total_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cost: Option<WireCost>,
+}
+
+#[derive(Serialize)]
+struct WireCost {
+    amount: f64,
+    currency: String,
+}
+
+impl From<&Usage> for WireUsage {
+    fn from(usage: &Usage) -> WireUsage {
+        WireUsage {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            total_tokens: usage.total_tokens,
+            cached_input_tokens: usage.cached_input_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
+            cost: usage
+                .cost
+                .as_ref()
+                .map(|Cost { amount, currency }| WireCost { amount: *amount, currency: currency.clone() }),
+        }
+    }
+}
+
+/// Kestrel's `ToolInfo` of a tool the server offers.
+#[derive(Serialize)]
+pub struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permission: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    category: Option<&'a str>,
+}
+
+impl<'a> From<&'a ToolSchema> for WireTool<'a> {
+    fn from(tool: &'a ToolSchema) -> WireTool<'a> {
+        WireTool {
+            name: &tool.name,
+            description: &tool.description,
+            parameters: &tool.parameters,
+            permission: tool.permission.as_deref(),
+            category: tool.category.as_deref(),
+        }
     }
 }
 
@@ -138,12 +462,13 @@ pub fn event_json(event: &Event) -> Result<String, serde_json::Error> {
 /// Built once per envelope, by the first stream that sends it.
 pub fn sse_frame(envelope: &Envelope) -> String {
     match event_json(&envelope.event) {
-        Ok(event) => format!(
+        None => String::new(),
+        Some(Ok(event)) => format!(
             "id: {seq}\ndata: {{\"seq\":{seq},\"at\":\"{at}\",\"event\":{event}}}\n\n",
             seq = envelope.seq,
             at = envelope.at
         ),
-        Err(error) => {
+        Some(Err(error)) => {
             log::error!("event {} could not be serialized: {error}", envelope.seq);
             String::new()
         }

@@ -10,6 +10,7 @@
 //! Runs on a `kestrel-run` worker: as a client's `session.compact` (its own worker, holding
 //! the turn gate) or at the end of a turn whose usage passed an `auto` session's size.
 
+use super::turn::BaeRun;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -41,7 +42,7 @@ pub(crate) struct CompactionJob {
     pub repair: Option<PausedTurn>,
 }
 
-impl Run {
+impl BaeRun<'_> {
     /// A client's compaction: repair a reclaimed turn's history if needed, then summarize.
     pub(crate) fn compact(&self, job: &CompactionJob, usage: &mut Usage) -> Result<(), EngineError> {
         if let Some(paused) = &job.repair {
@@ -76,7 +77,7 @@ impl Run {
         let chain = self
             .resolve_chain(primary, fallbacks)
             .map_err(|d| EngineError::Compaction(format!("provider_config: {d}")))?;
-        let mut recorded = super::turn::Recorded { run: self, stored: 0, fault_first: false };
+        let mut recorded = super::turn::Recorded { run: self.run, stored: 0, fault_first: false };
         let written = self
             .summarize_messages(&chain, &mut recorded, &history, prompt, None)
             .map_err(|why| EngineError::Compaction(why.to_string()))?;
@@ -175,7 +176,7 @@ impl crate::engine::plan::TurnPlan for CompactionJob {
 
     /// A compaction is one summary, no loop.
     fn whole(&self, run: &Run, usage: &mut Usage) -> Option<Result<(), EngineError>> {
-        Some(run.compact(self, usage))
+        Some(BaeRun { run }.compact(self, usage))
     }
 
     fn open(&self, _: &Run) -> Result<crate::engine::plan::Opening, EngineError> {

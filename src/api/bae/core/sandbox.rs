@@ -7,6 +7,7 @@
 //! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
 
 use super::bae;
+use super::turn::BaeRun;
 use super::Bae;
 use std::sync::Arc;
 
@@ -343,7 +344,7 @@ impl BaeSession<'_> {
     }
 }
 
-impl crate::engine::run::Run {
+impl BaeRun<'_> {
     /// An auto-mode sandbox tool's call: `input.command` runs in the session's remote sandbox,
     /// with `sandbox.request`, `sandbox.response` and `tool.result` (BAE's content format).
     pub(crate) fn call_sandbox(&self, call: &crate::domain::ToolCall) -> crate::domain::ToolResult {

@@ -13,6 +13,7 @@
 //! (not in `result.events`), as in BAE.
 
 use super::bae;
+use super::turn::BaeRun;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -25,7 +26,6 @@ use super::turn::BaeTurn;
 use super::RESERVED_TOOL;
 use crate::bus::Origin;
 use crate::domain::{Dispatch, Event, SubagentStep, ToolCall, ToolResult, ToolSchema};
-use crate::engine::run::Run;
 use crate::sandbox::{Ending, Running, Supervised};
 use crate::store::BAE_TENANT;
 
@@ -270,7 +270,7 @@ impl Outcome {
 /// A launch refused: the reason, in BAE's words.
 struct Refused(String);
 
-impl Run {
+impl BaeRun<'_> {
     /// A call of a subagent tool (`launch_subagent` or `remote_subagent_status`), answered
     /// with one text block holding a JSON object, and its `tool.result`.
     pub(crate) fn call_subagent(&self, turn: &BaeTurn, call: &ToolCall) -> ToolResult {

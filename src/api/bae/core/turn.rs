@@ -113,7 +113,7 @@ pub(crate) fn effective_history(mut messages: Vec<Message>) -> Vec<Message> {
     messages
 }
 
-impl Run {
+impl BaeRun<'_> {
     /// Stores and announces the client's message, then the tool results it carries.
     pub(crate) fn open_bae_turn(&self, turn: &BaeTurn) -> Result<(), EngineError> {
         let Some(user) = &self.user else { return Ok(()) };
@@ -187,7 +187,7 @@ impl Run {
             tools.to_mut().push(super::subagent::status_tool());
         }
         let request = CompletionRequest { system_prompt: None, messages: &history, tools: &tools };
-        let mut recorded = Recorded { run: self, stored, fault_first: true };
+        let mut recorded = Recorded { run: self.run, stored, fault_first: true };
         match chain.call(&request, &mut recorded, &self.cancel) {
             Ok(answered) => {
                 usage.add(&answered.completion.usage);
@@ -339,6 +339,20 @@ impl Run {
     }
 }
 
+/// A BAE turn's (or compaction's) run, with the door's steps on it; everything else is the
+/// run's own (`Deref`).
+pub(crate) struct BaeRun<'r> {
+    pub run: &'r Run,
+}
+
+impl std::ops::Deref for BaeRun<'_> {
+    type Target = Run;
+
+    fn deref(&self) -> &Run {
+        self.run
+    }
+}
+
 /// A profile's primary provider that is not configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unconfigured(pub String);
@@ -406,7 +420,7 @@ impl Watch for Recorded<'_> {
         self.run.publish(Event::ProviderResponse(Box::new(response)));
         if attempt == 0 && self.fault_first {
             let fault = Fault::ProviderCallFailed { provider: target.wire.to_string(), detail: refusal.error.clone() };
-            self.run.fault(fault);
+            BaeRun { run: self.run }.fault(fault);
         }
     }
 
@@ -448,12 +462,12 @@ impl crate::engine::plan::TurnPlan for BaeTurn {
     }
 
     fn open(&self, run: &Run) -> Result<crate::engine::plan::Opening, EngineError> {
-        run.open_bae_turn(self)?;
+        BaeRun { run }.open_bae_turn(self)?;
         Ok(Ok(Vec::new()))
     }
 
     fn route(&self, run: &Run, _: &crate::domain::SessionRecord) -> Result<Option<Route>, EngineError> {
-        Ok(run.bae_chain(&self.primary, &self.fallbacks))
+        Ok(BaeRun { run }.bae_chain(&self.primary, &self.fallbacks))
     }
 
     fn step_limit(&self, _: &crate::engine::EngineConfig) -> u32 {
@@ -461,7 +475,7 @@ impl crate::engine::plan::TurnPlan for BaeTurn {
     }
 
     fn limit_reached(&self, run: &Run) -> Result<Stop, EngineError> {
-        run.bae_loop_limit()
+        BaeRun { run }.bae_loop_limit()
     }
 
     fn ask(
@@ -472,11 +486,11 @@ impl crate::engine::plan::TurnPlan for BaeTurn {
         usage: &mut Usage,
         tail: &[Message],
     ) -> Result<Step, EngineError> {
-        run.ask_chain(self, route, usage, tail)
+        BaeRun { run }.ask_chain(self, route, usage, tail)
     }
 
     fn keep_answer(&self, run: &Run, answer: Message, usage: &Usage) -> Result<(), EngineError> {
-        run.keep_bae_answer(self, answer, usage)
+        BaeRun { run }.keep_bae_answer(self, answer, usage)
     }
 
     fn dispatch(
@@ -486,6 +500,6 @@ impl crate::engine::plan::TurnPlan for BaeTurn {
         _: &crate::domain::SessionRecord,
         tail: &mut Vec<Message>,
     ) -> Result<Option<Stop>, EngineError> {
-        run.dispatch_bae(self, answer, tail)
+        BaeRun { run }.dispatch_bae(self, answer, tail)
     }
 }

@@ -20,6 +20,7 @@ pub type Open<'a> = &'a (dyn Fn(&std::path::Path) -> Result<Opened, StoreError> 
 pub fn run_all(open: Open<'_>) {
     batches_commit_whole_or_not_at_all(open);
     seqs_are_commit_ordered_however_many_nodes_write(open);
+    seqs_never_go_back_when_the_last_events_are_deleted(open);
     a_turn_claim_is_compare_and_set(open);
     recovery_ends_only_what_its_node_held(open);
 }
@@ -174,6 +175,26 @@ pub fn seqs_are_commit_ordered_however_many_nodes_write(open: Open<'_>) {
     assert_eq!(seen, logged, "the reader's cursor missed nothing: nothing committed behind it");
     let last = ranges.last().map_or(0, |&(first, size)| first + size - 1);
     assert_eq!(opened[0].0.last_seq().expect("reads"), last);
+    close(opened);
+}
+
+/// Deleting the session whose events hold the highest seqs, or allocating seqs no kept event
+/// takes, never lets a later append reuse a seq.
+pub fn seqs_never_go_back_when_the_last_events_are_deleted(open: Open<'_>) {
+    let (_dir, opened) = nodes(open, 1);
+    let backend = &*opened[0].0;
+    write(backend, vec![session("old", SessionStatus::Idle), session("kept", SessionStatus::Idle)]).expect("sessions");
+    let first = write(backend, vec![append(vec![Some(event("kept", "a"))])]).expect("an append").first_seq.unwrap();
+    let last = write(backend, vec![append(vec![Some(event("old", "b")), Some(event("old", "c"))])]);
+    let last = last.expect("an append").first_seq.unwrap() + 1;
+    write(backend, vec![WriteOp::DeleteSession { id: "old".into() }]).expect("a delete");
+    assert_eq!(backend.last_seq().expect("reads"), last, "the deleted events' seqs stay allocated");
+    let deltas = write(backend, vec![append(vec![Some(event("kept", "d")), None, None])]).expect("an append");
+    assert_eq!(deltas.first_seq, Some(last + 1));
+    assert_eq!(backend.last_seq().expect("reads"), last + 3, "seqs no kept event took stay allocated");
+    let next = write(backend, vec![append(vec![Some(event("kept", "e"))])]).expect("an append");
+    assert_eq!(next.first_seq, Some(last + 4));
+    assert!(first < last);
     close(opened);
 }
 

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crossbeam_channel::{bounded, Sender};
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use super::contract::{Claims, Recovery, Reply, Seqs, TurnClaim, Writes};
 use super::lock::DataDirLock;
@@ -62,11 +62,7 @@ impl Writes for Sqlite {
 
 impl Seqs for Sqlite {
     fn last_seq(&self) -> Result<u64, StoreError> {
-        self.with(|conn| {
-            let value: Option<i64> =
-                conn.query_row("SELECT value FROM meta WHERE key = 'seq_last'", [], |row| row.get(0)).optional()?;
-            Ok(value.unwrap_or(0) as u64)
-        })
+        self.with(|conn| Ok(conn.query_row(super::writer::LAST_SEQ, [], |row| row.get::<_, i64>(0))? as u64))
     }
 }
 

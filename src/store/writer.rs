@@ -168,43 +168,55 @@ impl Writer {
     }
 }
 
-/// The log's seqs within one transaction: read from `meta.seq_last` on first use, written
-/// back once at the end.
+/// The log's seqs within one transaction. The last seq allocated is the larger of
+/// `meta.seq_last` and the log's last seq: an allocation that ends with a kept event needs no
+/// write of its own (the event is the record), one that ends with a delta writes `seq_last`,
+/// and deleting a session's events keeps their seqs in `seq_last` first.
 #[derive(Default)]
 struct SeqCursor {
     last: Option<u64>,
-    changed: bool,
+    /// Whether `seq_last` must be written: the last seq allocated is not a kept event's.
+    unrecorded: bool,
 }
+
+/// The last seq allocated: what `seq_last` says, or the log's last if higher.
+pub(super) const LAST_SEQ: &str = "SELECT max(coalesce((SELECT value FROM meta WHERE key = 'seq_last'), 0),
+                               coalesce((SELECT max(seq) FROM events), 0))";
 
 impl SeqCursor {
     /// `count` consecutive seqs above `floor` and every seq allocated before; the first.
-    fn take(&mut self, tx: &Transaction<'_>, count: u64, floor: u64) -> Result<u64, StoreError> {
+    /// `last_kept`: whether the last of them goes to a kept event.
+    fn take(&mut self, tx: &Transaction<'_>, count: u64, floor: u64, last_kept: bool) -> Result<u64, StoreError> {
         let last = match self.last {
             Some(last) => last,
-            None => {
-                let stored: Option<i64> = tx
-                    .prepare_cached("SELECT value FROM meta WHERE key = 'seq_last'")?
-                    .query_row([], |row| row.get(0))
-                    .optional()?;
-                stored.unwrap_or(0) as u64
-            }
+            None => tx.prepare_cached(LAST_SEQ)?.query_row([], |row| row.get::<_, i64>(0))? as u64,
         };
         let first = last.max(floor) + 1;
         self.last = Some(first + count - 1);
-        self.changed = true;
+        self.unrecorded = !last_kept;
         Ok(first)
     }
 
     fn store(&self, tx: &Transaction<'_>) -> Result<(), StoreError> {
-        if let (true, Some(last)) = (self.changed, self.last) {
+        if let (true, Some(last)) = (self.unrecorded, self.last) {
             tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('seq_last', ?1)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                 ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
             )?
             .execute([last as i64])?;
         }
         Ok(())
     }
+}
+
+/// Keeps the log's last seq in `seq_last` before events are deleted, so it never goes back.
+fn remember_last_seq(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO meta (key, value) VALUES ('seq_last', ({LAST_SEQ}))
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    ))?
+    .execute([])?;
+    Ok(())
 }
 
 fn respond(reply: Option<Reply>, result: Result<Committed, StoreError>) {
@@ -251,7 +263,8 @@ fn apply(
         WriteOp::UpdateSession { id, patch, updated_at } => update_session(tx, id, patch, updated_at)?,
         WriteOp::DeleteSession { id } => {
             tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?.execute([id])?;
-            // The transcript goes, and so does what the log says of it.
+            // The transcript goes, and so does what the log says of it; not its seqs.
+            remember_last_seq(tx)?;
             tx.prepare_cached("DELETE FROM events WHERE session_id = ?1")?.execute([id])?;
         }
         WriteOp::AppendMessage { session_id, message, updated_at } => {
@@ -312,7 +325,8 @@ fn apply(
             if entries.is_empty() {
                 return Ok(None);
             }
-            let first = seqs.take(tx, entries.len() as u64, *floor)?;
+            let last_kept = entries.last().is_some_and(Option::is_some);
+            let first = seqs.take(tx, entries.len() as u64, *floor, last_kept)?;
             append_events(tx, first, entries, *keep, trimmed_below)?;
             return Ok(Some(first));
         }

@@ -399,7 +399,7 @@ fn hanging_docker(dir: &std::path::Path) -> std::path::PathBuf {
     let (log, program) = (dir.join("calls.log"), dir.join("docker"));
     let script = format!(
         "#!/bin/sh\nfor a in \"$@\"; do printf '[%s]' \"$a\" >> {log}; done; echo >> {log}\n\
-         case \"$1\" in image) exit 0 ;; run) sleep 30; echo late ;; stop) exit 0 ;; esac\nexit 2\n",
+         case \"$1\" in image) exit 0 ;; run) sleep 29.731; echo late ;; stop) exit 0 ;; esac\nexit 2\n",
         log = log.display()
     );
     std::fs::write(&program, script).unwrap();
@@ -453,12 +453,12 @@ fn while_a_sandbox_start_hangs_the_session_answers_everything_else_and_close_can
     let error = &answer.last().unwrap()["error"];
     assert_eq!(error["code"], -32012, "the cancelled start failed (sandbox_start_failed): {answer:?}");
     assert!(error["message"].as_str().unwrap().contains("closed before its sandbox started"), "{error}");
-    assert!(
-        !std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x0030"))
-                && std::fs::read_to_string(p.path().join("stat")).is_ok_and(|s| !s.contains(") Z "))),
-        "the hung docker run was killed"
-    );
+    // The cancel kills the hung `docker run` (its own sleep, by its unique length) at once.
+    let hung = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x0029.731"))
+                && std::fs::read_to_string(p.path().join("stat")).is_ok_and(|s| !s.contains(") Z "))
+        })
+    };
+    crate::support::wait_until("the hung docker run to be killed", || !hung());
 }

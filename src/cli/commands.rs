@@ -28,15 +28,29 @@ pub(super) fn segment(id: &str) -> Result<&str, CliError> {
     }
 }
 
+/// Every session, walked a page at a time (`?limit&cursor`), most recently updated first.
+fn every_session(client: &Client) -> Result<Vec<Value>, CliError> {
+    const PAGE: usize = 500;
+    let mut sessions = Vec::new();
+    let mut path = format!("/api/sessions?limit={PAGE}");
+    loop {
+        let page = client.call("GET", &path, None)?;
+        sessions.extend(page["sessions"].as_array().cloned().unwrap_or_default());
+        match page["nextCursor"].as_str() {
+            Some(cursor) => path = format!("/api/sessions?limit={PAGE}&cursor={cursor}"),
+            None => return Ok(sessions),
+        }
+    }
+}
+
 pub fn sessions(args: &SessionsArgs) -> Result<(), CliError> {
     let client = Client::new(&args.remote);
     match args.action.as_ref().unwrap_or(&SessionsAction::List) {
         SessionsAction::List => {
-            let listed = client.call("GET", "/api/sessions", None)?;
+            let sessions = every_session(&client)?;
             if args.json {
-                return say(&pretty(&listed["sessions"]));
+                return say(&pretty(&Value::Array(sessions)));
             }
-            let sessions = listed["sessions"].as_array().cloned().unwrap_or_default();
             if sessions.is_empty() {
                 return say("no sessions");
             }

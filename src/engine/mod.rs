@@ -243,6 +243,16 @@ impl Engine {
         Ok(self.shared.store.readers().sessions_of(tenant)?)
     }
 
+    /// A page of a walk of the tenant's sessions (`SessionReads::sessions_page`).
+    pub fn list_sessions_page(
+        &self,
+        tenant: &str,
+        walk: &crate::store::SessionWalk,
+        limit: usize,
+    ) -> Result<crate::store::WalkPage, EngineError> {
+        Ok(self.shared.store.readers().sessions_page(tenant, walk, limit)?)
+    }
+
     /// Claims an Idempotency-Key for a request, or finds the answer it already got.
     pub fn idempotency(&self, tenant: &str, key: &str, fingerprint: &str) -> Result<Lookup<'_>, EngineError> {
         self.shared.idempotency(tenant, key, fingerprint)

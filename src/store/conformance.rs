@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::{Backend, EventQuery, LoggedEvent, StoreError, TurnClaim, WriteOp};
+use super::{Backend, EventQuery, LoggedEvent, SessionPatch, SessionWalk, StoreError, TurnClaim, WriteOp};
 use crate::domain::{Message, Role, SessionRecord, SessionStatus, SessionSummary};
 
 /// An open handle and how to close it.
@@ -23,6 +23,7 @@ pub fn run_all(open: Open<'_>) {
     seqs_never_go_back_when_the_last_events_are_deleted(open);
     a_turn_claim_is_compare_and_set(open);
     recovery_ends_only_what_its_node_held(open);
+    a_walk_keeps_each_session_where_it_stood(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.
@@ -273,5 +274,46 @@ pub fn recovery_ends_only_what_its_node_held(open: Open<'_>) {
     assert_eq!(status("theirs"), SessionStatus::Running, "another node's turn is left alone");
     assert_eq!(status("idle"), SessionStatus::Idle);
     a.claim_turn(&claim("mine", "a"), Vec::new()).expect("an interrupted session is claimed again");
+    close(opened);
+}
+
+/// A walk lists the sessions as they stood at its start, each once, at the place it had
+/// then, however other nodes move them or add more between its pages.
+pub fn a_walk_keeps_each_session_where_it_stood(open: Open<'_>) {
+    let (_dir, opened) = nodes(open, 2);
+    let stamp = |n: usize| format!("2026-01-01T00:00:{:02}.000Z", n);
+    let created = |n: usize| match session(&format!("s{n:02}"), SessionStatus::Idle) {
+        WriteOp::InsertSession(mut record) => {
+            record.summary.updated_at = stamp(n);
+            WriteOp::InsertSession(record)
+        }
+        _ => unreachable!("session() inserts"),
+    };
+    let touch = |n: usize, at: usize| WriteOp::UpdateSession {
+        id: format!("s{n:02}"),
+        patch: SessionPatch { title: Some(format!("moved at {at}")), ..SessionPatch::default() },
+        updated_at: stamp(at),
+    };
+    write(&*opened[0].0, (0..10).map(created).collect()).expect("ten sessions");
+    let reader = &*opened[1].0;
+    let page = |walk: &SessionWalk| reader.sessions_page("t", walk, 3).expect("a page");
+    let first = page(&SessionWalk { as_of: None, after: None });
+    let ids = |page: &super::WalkPage| page.sessions.iter().map(|w| w.summary.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&first), ["s09", "s08", "s07"]);
+    // Between pages, another node moves one listed and one not yet listed to the top, and
+    // adds a session.
+    write(&*opened[1].0, vec![touch(8, 40), touch(2, 41), created(50)]).expect("moves");
+    let mut listed = ids(&first);
+    let mut walk = SessionWalk { as_of: Some(first.as_of), after: None };
+    let mut last = first;
+    while let Some(at) = last.sessions.last() {
+        walk.after = Some((at.position.clone(), at.summary.id.clone()));
+        last = page(&walk);
+        listed.extend(ids(&last));
+    }
+    let expected: Vec<String> = (0..10).rev().map(|n| format!("s{n:02}")).collect();
+    assert_eq!(listed, expected, "each once, where it stood at the start");
+    let fresh = page(&SessionWalk { as_of: None, after: None });
+    assert_eq!(ids(&fresh), ["s50", "s02", "s08"], "a new walk sees the moves");
     close(opened);
 }

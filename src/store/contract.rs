@@ -23,7 +23,7 @@ use crossbeam_channel::Sender;
 
 use super::{
     BaeSessionRecord, BaeState, CheckpointEntry, CheckpointRecord, EventQuery, IdempotentAnswer, KeyRecord,
-    LoggedEvent, Page, ProfileRecord, StoreError, UnsettledCall, WriteOp,
+    LoggedEvent, Page, ProfileRecord, SessionWalk, StoreError, UnsettledCall, WalkPage, WriteOp,
 };
 use crate::auth::keys::KeyRole;
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
@@ -85,6 +85,10 @@ pub trait SessionReads: Send + Sync {
     fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError>;
     /// A tenant's sessions, most recently updated first.
     fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError>;
+    /// Up to `limit` of a tenant's sessions that existed at the walk's start, after its place,
+    /// ordered by `updated_at` as of the start (most recent first, ties by id, descending). A
+    /// session updated since keeps its place, so a walk lists every session once.
+    fn sessions_page(&self, tenant: &str, walk: &SessionWalk, limit: usize) -> Result<WalkPage, StoreError>;
     /// A session's messages, in order.
     fn messages(&self, session_id: &str) -> Result<Vec<Message>, StoreError>;
     /// The session's messages with these ids, by id (the ones that are gone are left out).

@@ -230,6 +230,33 @@ pub fn decode_event(logged: &LoggedEvent) -> Result<crate::domain::Event, StoreE
     }
 }
 
+/// Where a walk of a tenant's sessions is (migration 0011 tells how a walk stays stable):
+/// its start (`as_of`, a tick of the walk clock; `None` for a first page, which starts the
+/// walk) and, after its first page, the place of the last session listed (`after`: that
+/// session's `updated_at` as of the start, and its id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionWalk {
+    pub as_of: Option<i64>,
+    pub after: Option<(String, String)>,
+}
+
+/// A page of a walk: the walk's start and the sessions listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WalkPage {
+    pub as_of: i64,
+    pub sessions: Vec<Walked>,
+}
+
+/// A session as a walk lists it: its place (`updated_at` as of the walk's start) and summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Walked {
+    pub position: String,
+    pub summary: crate::domain::SessionSummary,
+}
+
+/// How long a walk may last: moves are kept a minute longer than this.
+pub const WALK_TTL_MS: i64 = 15 * 60 * 1000;
+
 /// A call marked as started whose result was never recorded (`ReaderPool::unsettled_calls`).
 #[derive(Debug, Clone)]
 pub struct UnsettledCall {

@@ -9,7 +9,9 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
 use super::contract::{LogReads, SessionReads};
-use super::{IdempotentAnswer, LoggedEvent, Page, StoreError, UnsettledCall, IDEMPOTENCY_TTL_MS};
+use super::{
+    IdempotentAnswer, LoggedEvent, Page, SessionWalk, StoreError, UnsettledCall, WalkPage, Walked, IDEMPOTENCY_TTL_MS,
+};
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
 
 /// Idle connections kept for reuse; more may be open at once under load.
@@ -70,6 +72,43 @@ impl SessionReads for super::sqlite::Sqlite {
                 sessions.push(row??.summary);
             }
             Ok(sessions)
+        })
+    }
+
+    fn sessions_page(&self, tenant: &str, walk: &SessionWalk, limit: usize) -> Result<WalkPage, StoreError> {
+        self.with(|conn| {
+            // One snapshot for the clock and both queries.
+            let snapshot = conn.unchecked_transaction()?;
+            let as_of = match walk.as_of {
+                Some(as_of) => as_of,
+                None => snapshot.query_row("SELECT tick FROM walk_clock", [], |row| row.get(0))?,
+            };
+            let (position, id) = match &walk.after {
+                Some((position, id)) => (Some(position.as_str()), Some(id.as_str())),
+                None => (None, None),
+            };
+            // Those not moved since the start, where they stand: a range of the index.
+            let mut unmoved = snapshot.prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS}, updated_at FROM sessions
+                 WHERE tenant = ?1 AND moved_tick <= ?2
+                   AND (?3 IS NULL OR updated_at < ?3 OR (updated_at = ?3 AND id < ?4))
+                 ORDER BY updated_at DESC, id DESC LIMIT ?5"
+            ))?;
+            let mut page = walked(unmoved.query_map(params![tenant, as_of, position, id, limit as i64], walked_row)?)?;
+            // Those moved since (few), at the place their first move since took them from.
+            let mut moved = snapshot.prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS}, (SELECT from_updated_at FROM session_moves m
+                     WHERE m.session_id = s.id AND m.tick > ?2 ORDER BY m.tick LIMIT 1) AS place
+                 FROM sessions s WHERE tenant = ?1 AND moved_tick > ?2 AND born_tick <= ?2"
+            ))?;
+            let after = |walked: &Walked| match (position, id) {
+                (Some(position), Some(id)) => (walked.position.as_str(), walked.summary.id.as_str()) < (position, id),
+                _ => true,
+            };
+            page.extend(walked(moved.query_map(params![tenant, as_of], walked_row)?)?.into_iter().filter(after));
+            page.sort_by(|a, b| (&b.position, &b.summary.id).cmp(&(&a.position, &a.summary.id)));
+            page.truncate(limit);
+            Ok(WalkPage { as_of, sessions: page })
         })
     }
 
@@ -293,6 +332,25 @@ pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
 
 const SESSION_COLUMNS: &str =
     "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count";
+
+/// A row of a walk: the session's columns, then its place (`NULL` when its moves are gone:
+/// the row is left out).
+fn walked_row(row: &Row<'_>) -> rusqlite::Result<Option<Result<Walked, StoreError>>> {
+    let Some(position) = row.get::<_, Option<String>>(10)? else { return Ok(None) };
+    Ok(Some(session_from_row(row)?.map(|record| Walked { position, summary: record.summary })))
+}
+
+fn walked(
+    rows: impl Iterator<Item = rusqlite::Result<Option<Result<Walked, StoreError>>>>,
+) -> Result<Vec<Walked>, StoreError> {
+    let mut found = Vec::new();
+    for row in rows {
+        if let Some(walked) = row? {
+            found.push(walked?);
+        }
+    }
+    Ok(found)
+}
 
 fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SessionRecord, StoreError>> {
     let status: String = row.get(6)?;

@@ -18,6 +18,9 @@ use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 use crate::domain::STORED_FORM;
 
+/// How often moves of sessions older than any walk are pruned.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
 
@@ -26,6 +29,8 @@ pub(super) struct Writer {
     /// Every logged event below this seq that may be dropped has been; `None` until the first
     /// trim. Keeps each trim a range on the primary key however much BAE history is kept.
     trimmed_below: Option<u64>,
+    /// When moves of sessions older than any walk were last pruned.
+    pruned_at: std::time::Instant,
 }
 
 pub struct WriterHandle {
@@ -56,7 +61,7 @@ impl Writer {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::migrate::migrate(&mut conn)?;
-        Ok(Writer { conn, trimmed_below: None })
+        Ok(Writer { conn, trimmed_below: None, pruned_at: std::time::Instant::now() })
     }
 
     pub(super) fn spawn(
@@ -162,7 +167,16 @@ impl Writer {
             committed.push(Committed { first_seq });
         }
         seqs.store(&tx)?;
+        let prune = self.pruned_at.elapsed() > PRUNE_EVERY;
+        if prune {
+            // A range of `session_moves_by_time`: about a minute's moves.
+            let cutoff = crate::time::rfc3339_from_millis(crate::time::now_millis() - super::WALK_TTL_MS - 60_000);
+            tx.prepare_cached("DELETE FROM session_moves WHERE moved_at < ?1")?.execute([cutoff])?;
+        }
         tx.commit()?;
+        if prune {
+            self.pruned_at = std::time::Instant::now();
+        }
         self.trimmed_below = trimmed_below;
         Ok(committed)
     }

@@ -433,3 +433,32 @@ fn the_list_is_live_a_dropped_stream_catches_up_and_sessions_are_renamed_and_del
     browser.wait_for("the session gone from the list", &format!("!{link}"));
     assert_eq!(server.get(&format!("/api/sessions/{id}")).status, 404);
 }
+
+#[test]
+fn the_sidebar_loads_sessions_a_page_at_a_time() {
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start();
+    let ids: Vec<String> = (0..230).map(|i| server.create_session(json!({ "title": format!("s{i}") }))).collect();
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the first page", "document.querySelectorAll('.session-link').length === 100");
+    // The newest first; the oldest is on no page yet.
+    let newest = format!("document.querySelector('.session-link').dataset.id === '{}'", ids[229]);
+    browser.wait_for("the newest on top", &newest);
+    browser.click("#more-sessions");
+    browser.wait_for("the second page", "document.querySelectorAll('.session-link').length === 200");
+    // A session an event brings in while paging is not listed twice by the next page.
+    assert_eq!(server.patch(&format!("/api/sessions/{}", ids[5]), json!({ "title": "moved" })).status, 200);
+    browser.wait_for("the moved one on top", "document.querySelector('.session-link .title').textContent === 'moved'");
+    browser.click("#more-sessions");
+    browser.wait_for(
+        "every session once",
+        "document.querySelectorAll('.session-link').length === 230 && !document.querySelector('#more-sessions')",
+    );
+    let listed =
+        browser.eval("return [...document.querySelectorAll('.session-link')].map(e => e.dataset.id)", json!([]));
+    let mut listed: Vec<String> = serde_json::from_value(listed).unwrap();
+    listed.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(listed, expected);
+}

@@ -2,7 +2,10 @@
 
 use serde_json::json;
 
-use crate::support::{event_type, TestServer, WAIT};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::support::{event_type, wait_until, TestServer, WAIT};
 
 #[test]
 fn create_uses_defaults_and_get_returns_the_detail() {
@@ -118,4 +121,133 @@ fn delete_removes_the_transcript_and_emits_session_deleted() {
 fn unknown_session_ids_are_404_on_every_session_route() {
     let server = TestServer::start();
     server.client().assert_session_hidden("ses_missing");
+}
+
+/// Walks `/api/sessions` a page at a time, following `nextCursor`; the ids in order.
+fn walk(client: &crate::support::Client, limit: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut path = format!("/api/sessions?limit={limit}");
+    loop {
+        let page = client.get(&path);
+        assert_eq!(page.status, 200, "{}", page.text);
+        let sessions = page.json["sessions"].as_array().unwrap();
+        assert!(sessions.len() <= limit);
+        ids.extend(sessions.iter().map(|s| s["id"].as_str().unwrap().to_owned()));
+        match page.json.get("nextCursor").and_then(|c| c.as_str()) {
+            Some(cursor) => {
+                assert_eq!(sessions.len(), limit, "only the last page is short");
+                path = format!("/api/sessions?limit={limit}&cursor={cursor}");
+            }
+            None => return ids,
+        }
+    }
+}
+
+#[test]
+fn paging_walks_most_recent_first_and_ends_without_a_cursor() {
+    let server = TestServer::start();
+    let ids: Vec<String> = (0..25).map(|i| server.create_session(json!({ "title": format!("s{i}") }))).collect();
+    let whole = server.get("/api/sessions").json;
+    assert!(whole.get("nextCursor").is_none(), "the whole list has no cursor");
+    let whole: Vec<String> =
+        whole["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(whole.len(), 25);
+    // Unchanged sessions page in exactly the order of the whole list, at every page size.
+    for limit in [1, 7, 25, 1000] {
+        assert_eq!(walk(&server.client(), limit), whole, "limit {limit}");
+    }
+    let mut sorted = whole.clone();
+    sorted.sort();
+    let mut created = ids.clone();
+    created.sort();
+    assert_eq!(sorted, created);
+    let first = server.get("/api/sessions?cursor=").status;
+    assert_eq!(first, 400, "an empty cursor is not one the server gave");
+}
+
+#[test]
+fn a_walk_lists_every_session_once_while_sessions_are_updated_and_created() {
+    let server = TestServer::start();
+    let before: Vec<String> = (0..120).map(|i| server.create_session(json!({ "title": format!("s{i}") }))).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let patched = Arc::new(AtomicUsize::new(0));
+    let churn = {
+        let (client, before, stop, patched) = (server.client(), before.clone(), stop.clone(), patched.clone());
+        std::thread::spawn(move || {
+            // Patching moves a session to the top of the order, from below a walk's place
+            // to above it; creating adds sessions the walk did not start with.
+            let mut created = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let n = patched.load(Ordering::Relaxed);
+                let id = &before[(n * 37) % before.len()];
+                let answer = client.patch_json(&format!("/api/sessions/{id}"), json!({ "title": format!("p{n}") }));
+                assert_eq!(answer.status, 200, "{}", answer.text);
+                patched.fetch_add(1, Ordering::Relaxed);
+                if n % 5 == 0 {
+                    created.push(
+                        client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_owned(),
+                    );
+                }
+            }
+            created
+        })
+    };
+    wait_until("the churn has begun", || patched.load(Ordering::Relaxed) > 0);
+    // Enough walks that each one sees updates between its pages.
+    let mut walks = 0;
+    let deadline = std::time::Instant::now() + WAIT;
+    while walks < 6 && std::time::Instant::now() < deadline {
+        let listed = walk(&server.client(), 9);
+        let mut unique = listed.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), listed.len(), "a session was listed twice");
+        for id in &before {
+            assert!(listed.contains(id), "{id} was skipped");
+        }
+        walks += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let created = churn.join().unwrap();
+    assert_eq!(walks, 6);
+    // A walk started after the churn sees the created ones too, in the whole list's order.
+    let listed = walk(&server.client(), 50);
+    assert_eq!(listed.len(), before.len() + created.len());
+    let whole = server.get("/api/sessions").json;
+    let whole: Vec<&str> = whole["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, whole);
+}
+
+#[test]
+fn paging_rejects_bad_limits_and_cursors_and_keeps_to_the_tenant() {
+    let server = TestServer::start_with(|config| {
+        for (tenant, token) in [("acme", "acme-token"), ("globex", "globex-token")] {
+            config.auth.tokens.push(kestrel::config::TokenConfig::new(tenant, token));
+        }
+    });
+    let acme = server.client().with_token(Some("acme-token"));
+    let globex = server.client().with_token(Some("globex-token"));
+    let acme_ids: Vec<String> = (0..4)
+        .map(|_| acme.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    let globex_id = globex.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_owned();
+    for limit in ["0", "1001", "-1", "ten", "1.5", ""] {
+        acme.get(&format!("/api/sessions?limit={limit}")).assert_error(400, "invalid_query");
+    }
+    for cursor in ["%%%", "bm90IGpzb24", "e30", "eyJhc09mIjoxLCJ0IjowLCJwb3MiOiIiLCJpZCI6IiJ9"] {
+        acme.get(&format!("/api/sessions?limit=2&cursor={cursor}")).assert_error(400, "invalid_cursor");
+    }
+    // A cursor from one tenant's walk, presented by another, walks only the other's sessions.
+    let page = acme.get("/api/sessions?limit=1");
+    let cursor = page.json["nextCursor"].as_str().unwrap();
+    let crossed = globex.get(&format!("/api/sessions?limit=10&cursor={cursor}"));
+    assert_eq!(crossed.status, 200);
+    for session in crossed.json["sessions"].as_array().unwrap() {
+        assert_eq!(session["id"], globex_id.as_str(), "acme's sessions reached globex");
+    }
+    let mut walked = walk(&acme, 3);
+    walked.sort();
+    let mut expected = acme_ids.clone();
+    expected.sort();
+    assert_eq!(walked, expected);
 }

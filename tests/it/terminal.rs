@@ -215,3 +215,21 @@ fn ctrl_c_cancels_the_run_and_the_chat_goes_on() {
     assert!(rest.contains("Echo: still here"), "{rest}");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+#[test]
+fn sessions_list_walks_every_page() {
+    let server = TestServer::start();
+    // More than one page of the CLI's walk (500).
+    let mut ids: Vec<String> = (0..520).map(|_| server.create_session(serde_json::json!({}))).collect();
+    let listed = run(&server, &["sessions", "list", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let sessions: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    let mut walked: Vec<String> =
+        sessions.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(walked[0], *ids.last().unwrap(), "the most recent first");
+    walked.sort();
+    ids.sort();
+    assert_eq!(walked, ids);
+    let plain = stdout(&run(&server, &["sessions"]));
+    assert_eq!(plain.lines().count(), 520);
+}

@@ -167,7 +167,7 @@ impl KestrelApi {
             (Kind::Config, _) => Ok(json(200, &self.config_view)),
             (Kind::Metrics, _) => Ok(metrics_reply(self.engine.render_metrics()?)),
             (Kind::Plugins, _) => meta::plugins(self),
-            (Kind::Sessions, "GET") => sessions::list(self, &caller),
+            (Kind::Sessions, "GET") => sessions::list(self, &caller, request),
             (Kind::Sessions, _) => sessions::create(self, &caller, request),
             (Kind::Session, "GET") => sessions::get(self, &caller, id, request),
             (Kind::Session, "PATCH") => sessions::patch(self, &caller, id, request),

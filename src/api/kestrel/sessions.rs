@@ -1,5 +1,7 @@
 //! Session routes: list, create, get, patch, delete.
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -10,7 +12,8 @@ use super::{json, ApiError, Caller, KestrelApi};
 use crate::engine::idempotency::Render;
 use crate::engine::{Created, NewSession};
 use crate::http::{Reply, Request};
-use crate::store::SessionPatch;
+use crate::store::{SessionPatch, SessionWalk, Walked, WALK_TTL_MS};
+use crate::time::now_millis;
 
 const MAX_TITLE_CHARS: usize = 200;
 
@@ -19,17 +22,78 @@ const MAX_TITLE_CHARS: usize = 200;
 #[derive(Serialize)]
 struct SessionList<'a> {
     sessions: Vec<WireSummary<'a>>,
+    #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
+/// The most sessions one page answers.
+const MAX_PAGE: usize = 1000;
 #[derive(Serialize)]
 struct OneSession<'a> {
     session: WireSession<'a>,
 }
 const MAX_PROMPT_CHARS: usize = 100_000;
 
-pub fn list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
-    let sessions = api.engine.list_sessions(&caller.tenant)?;
-    Ok(json(200, &SessionList { sessions: sessions.iter().map(WireSummary::from).collect() }))
+/// With neither `limit` nor `cursor`, every session (the protocol's answer); with either, one
+/// page of a walk, and `nextCursor` while more remain.
+pub fn list(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply, ApiError> {
+    let (limit, cursor) = (request.query("limit"), request.query("cursor"));
+    if limit.is_none() && cursor.is_none() {
+        let sessions = api.engine.list_sessions(&caller.tenant)?;
+        let sessions = sessions.iter().map(WireSummary::from).collect();
+        return Ok(json(200, &SessionList { sessions, next_cursor: None }));
+    }
+    let limit = match limit.map(str::parse::<usize>) {
+        None => 100,
+        Some(Ok(limit @ 1..=MAX_PAGE)) => limit,
+        Some(_) => return Err(ApiError::bad_request("invalid_query", "`limit` must be an integer from 1 to 1000")),
+    };
+    let (walk, started) = match cursor {
+        Some(cursor) => Cursor::decode(cursor)?,
+        None => (SessionWalk { as_of: None, after: None }, now_millis()),
+    };
+    // One more than asked says whether another page follows.
+    let mut page = api.engine.list_sessions_page(&caller.tenant, &walk, limit + 1)?;
+    let more = page.sessions.len() > limit;
+    page.sessions.truncate(limit);
+    let next_cursor = match page.sessions.last() {
+        Some(last) if more => Some(Cursor::encode(page.as_of, started, last)),
+        _ => None,
+    };
+    let sessions = page.sessions.iter().map(|walked| WireSummary::from(&walked.summary)).collect();
+    Ok(json(200, &SessionList { sessions, next_cursor }))
+}
+
+/// A walk's place, as an opaque token: base64url of `{"asOf", "t", "pos", "id"}` (the walk
+/// clock's tick at the start, the start in milliseconds, the last session's place and id).
+#[derive(Serialize, serde::Deserialize)]
+struct Cursor {
+    #[serde(rename = "asOf")]
+    as_of: i64,
+    t: i64,
+    pos: String,
+    id: String,
+}
+
+impl Cursor {
+    fn encode(as_of: i64, started: i64, last: &Walked) -> String {
+        let cursor = Cursor { as_of, t: started, pos: last.position.clone(), id: last.summary.id.clone() };
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&cursor).unwrap_or_default())
+    }
+
+    /// A cursor this server made, whose walk has not outlived the moves it relies on; and the
+    /// walk's start.
+    fn decode(token: &str) -> Result<(SessionWalk, i64), ApiError> {
+        let invalid =
+            || ApiError::bad_request("invalid_cursor", "`cursor` is not one this server gave, or has expired");
+        let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
+        let cursor: Cursor = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+        let age = now_millis().saturating_sub(cursor.t);
+        if !(0..WALK_TTL_MS).contains(&age) || cursor.as_of < 0 {
+            return Err(invalid());
+        }
+        Ok((SessionWalk { as_of: Some(cursor.as_of), after: Some((cursor.pos, cursor.id)) }, cursor.t))
+    }
 }
 
 pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Result<Reply, ApiError> {

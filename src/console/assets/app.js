@@ -8,7 +8,10 @@ import { Plugins } from "./plugins.js";
 
 const api = new Api();
 const app = document.getElementById("app");
-const state = { bootstrap: null, sessions: [], view: null, stream: null, plugins: null };
+const state = { bootstrap: null, sessions: [], nextCursor: null, view: null, stream: null, plugins: null };
+
+// The sidebar loads sessions a page at a time, most recently updated first.
+const PAGE = 100;
 
 async function start() {
   try {
@@ -63,8 +66,26 @@ function layout() {
 
 async function refreshSessions() {
   try {
-    state.sessions = (await api.get("/api/sessions")).sessions || [];
+    const page = await api.get(`/api/sessions?limit=${PAGE}`);
+    state.sessions = page.sessions || [];
+    state.nextCursor = page.nextCursor || null;
   } catch (error) {
+    toast(error.message, "error");
+  }
+  renderSessions();
+}
+
+// The next page of the walk; a session an event already brought in is not listed twice.
+async function loadMoreSessions() {
+  if (!state.nextCursor) return;
+  try {
+    const page = await api.get(`/api/sessions?limit=${PAGE}&cursor=${encodeURIComponent(state.nextCursor)}`);
+    const known = new Set(state.sessions.map((s) => s.id));
+    state.sessions.push(...(page.sessions || []).filter((s) => !known.has(s.id)));
+    state.nextCursor = page.nextCursor || null;
+  } catch (error) {
+    // An expired walk starts again from the top.
+    if (error.code === "invalid_cursor") return refreshSessions();
     toast(error.message, "error");
   }
   renderSessions();
@@ -99,6 +120,9 @@ function renderSessions() {
     h("span", { class: "meta" },
       h("span", { class: `badge ${session.status}` }, session.status),
       h("span", { class: "muted" }, `${session.messageCount} msgs · ${when(session.updatedAt)}`))));
+  }
+  if (state.nextCursor) {
+    list.append(h("button", { type: "button", class: "link small pad", id: "more-sessions", onclick: loadMoreSessions }, "Load more"));
   }
 }
 

@@ -430,10 +430,18 @@ impl Server {
         if let Err(error) = bae.provision_profiles() {
             log::error!("sandbox images were not queued for provisioning: {error:?}");
         }
-        match engine.collect_checkpoint_garbage() {
-            Ok(0) => {}
-            Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),
-            Err(error) => log::warn!("checkpoint blobs were not collected: {error}"),
+        // In the background: a data dir of many blobs must not hold up the start, and
+        // captures wait for a collection (and it for them), never race it.
+        let collector = engine.clone();
+        let collected = std::thread::Builder::new().name("kestrel-collect".into()).spawn(move || {
+            match collector.collect_checkpoint_garbage() {
+                Ok(0) => {}
+                Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),
+                Err(error) => log::warn!("checkpoint blobs were not collected: {error}"),
+            }
+        });
+        if let Err(error) = collected {
+            log::warn!("checkpoint blobs were not collected: {error}");
         }
         for problem in plugins.problems() {
             engine.bus().publish(None, Event::Notice { level: NoticeLevel::Warn, message: problem, session_id: None });

@@ -54,6 +54,10 @@ pub struct Entry {
     pub mode: u32,
     /// The modification time, in nanoseconds since the epoch (0 before it).
     pub modified_ns: u128,
+    /// The inode's change time, likewise: unlike `modified_ns` no call can set it back.
+    pub changed_ns: u128,
+    pub inode: u64,
+    pub device: u64,
 }
 
 /// An open directory.
@@ -114,6 +118,11 @@ impl Dir {
             Err(nix::errno::Errno::ENOENT) => Ok(None),
             Err(errno) => Err(errno.into()),
         }
+    }
+
+    /// The directory itself, as its handle sees it.
+    pub fn itself(&self) -> io::Result<Entry> {
+        Ok(entry_of(OsString::from("."), &fstat(&self.fd)?))
     }
 
     /// Every entry but `.` and `..`, unsorted. An entry gone between the listing and its
@@ -229,8 +238,17 @@ pub enum ReadError {
 }
 
 fn entry_of(name: OsString, stat: &FileStat) -> Entry {
-    let modified_ns = (stat.st_mtime.max(0) as u128) * 1_000_000_000 + stat.st_mtime_nsec.max(0) as u128;
-    Entry { name, kind: Kind::of(stat), size: stat.st_size.max(0) as u64, mode: stat.st_mode & 0o7777, modified_ns }
+    let nanos = |secs: i64, nsec: i64| (secs.max(0) as u128) * 1_000_000_000 + nsec.max(0) as u128;
+    Entry {
+        name,
+        kind: Kind::of(stat),
+        size: stat.st_size.max(0) as u64,
+        mode: stat.st_mode & 0o7777,
+        modified_ns: nanos(stat.st_mtime, stat.st_mtime_nsec),
+        changed_ns: nanos(stat.st_ctime, stat.st_ctime_nsec),
+        inode: stat.st_ino,
+        device: stat.st_dev,
+    }
 }
 
 /// `openat` with `O_NOFOLLOW` on a link answers `ELOOP`; say what happened.

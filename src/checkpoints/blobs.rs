@@ -1,6 +1,13 @@
 //! File contents, stored once each under `<data_dir>/blobs/<first two hex>/<sha-256 hex>`.
 //! A blob is written to a temporary file, synced, and renamed into place, so a name always
 //! holds its whole content; a checkpoint's manifest commits only after its new blobs are.
+//!
+//! A capture stores its new blobs as one `Batch`: each is written to its temporary file at
+//! once, and they are made durable together at the end. Up to `FSYNC_EACH` new blobs (a run
+//! that changed a few files) are synced one by one; past that, one `syncfs` of the blob
+//! store's filesystem writes them all, which costs one journal commit instead of one per file
+//! (it also flushes whatever else is dirty on that filesystem, which is why small batches do
+//! not use it). Only then are they renamed into place and their directories synced.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,22 +33,17 @@ impl BlobStore {
         self.dir.join(&digest[..2]).join(digest)
     }
 
-    /// Stores `content` under `digest` unless it is there already; whether it was new.
+    /// Stores `content` under `digest` unless it is there already, durably; whether it was new.
     pub fn put(&self, digest: &str, content: &[u8]) -> std::io::Result<bool> {
-        let path = self.path(digest);
-        if path.exists() {
-            return Ok(false);
-        }
-        let parent = path.parent().expect("a blob has a directory");
-        std::fs::create_dir_all(parent)?;
-        // Unique per call: two checkpoints storing the same content at once must not share
-        // (and truncate) one temporary file.
-        let temporary = parent.join(format!(".{digest}.{}", uuid::Uuid::new_v4().simple()));
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(content)?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, &path)?;
-        Ok(true)
+        let mut batch = self.batch();
+        let new = batch.put(digest, content)?;
+        batch.finish()?;
+        Ok(new)
+    }
+
+    /// A batch of new blobs, durable together at `Batch::finish`.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch { store: self, pending: Vec::new(), open: Vec::new(), seen: std::collections::HashSet::new() }
     }
 
     pub fn get(&self, digest: &str) -> std::io::Result<Vec<u8>> {
@@ -57,6 +59,20 @@ impl BlobStore {
             std::fs::File::open(dir)?.sync_all()?;
         }
         Ok(())
+    }
+
+    /// Removes the temporary files of batches that never finished (a crash mid-capture); only
+    /// while no batch is being written. How many.
+    pub fn remove_leftovers(&self) -> std::io::Result<usize> {
+        let Ok(shards) = std::fs::read_dir(&self.dir) else { return Ok(0) };
+        let mut removed = 0;
+        for shard in shards.flatten().filter_map(|shard| std::fs::read_dir(shard.path()).ok()) {
+            for file in shard.flatten().filter(|file| file.file_name().as_encoded_bytes().starts_with(b".")) {
+                std::fs::remove_file(file.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// Removes a blob no checkpoint refers to any more.
@@ -77,6 +93,70 @@ impl BlobStore {
             .filter_map(|file| file.file_name().into_string().ok())
             .filter(|name| name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
             .collect()
+    }
+}
+
+/// New blobs written to temporary files, not yet durable nor in place.
+pub struct Batch<'a> {
+    store: &'a BlobStore,
+    /// (temporary, final) paths.
+    pending: Vec<(PathBuf, PathBuf)>,
+    /// The first `FSYNC_EACH` files, kept open to be synced one by one.
+    open: Vec<std::fs::File>,
+    seen: std::collections::HashSet<String>,
+}
+
+/// Batches of up to this many new blobs sync each file; larger ones sync the filesystem once.
+const FSYNC_EACH: usize = 8;
+
+impl Batch<'_> {
+    /// Writes `content` under `digest` unless the store or this batch has it; whether it was new.
+    pub fn put(&mut self, digest: &str, content: &[u8]) -> std::io::Result<bool> {
+        let path = self.store.path(digest);
+        if self.seen.contains(digest) || path.exists() {
+            return Ok(false);
+        }
+        let parent = path.parent().expect("a blob has a directory");
+        std::fs::create_dir_all(parent)?;
+        // Unique per call: two checkpoints storing the same content at once must not share
+        // (and truncate) one temporary file.
+        let temporary = parent.join(format!(".{digest}.{}", uuid::Uuid::new_v4().simple()));
+        let mut file = std::fs::File::create(&temporary)?;
+        self.pending.push((temporary, path));
+        file.write_all(content)?;
+        if self.pending.len() <= FSYNC_EACH {
+            self.open.push(file);
+        } else {
+            self.open.clear();
+        }
+        self.seen.insert(digest.to_string());
+        Ok(true)
+    }
+
+    /// Makes every new blob durable, puts it in place and syncs the directories it went to.
+    pub fn finish(mut self) -> std::io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        match self.pending.len() <= FSYNC_EACH {
+            true => self.open.iter().try_for_each(std::fs::File::sync_all)?,
+            false => nix::unistd::syncfs(std::fs::File::open(&self.store.dir)?)?,
+        }
+        self.open.clear();
+        for (temporary, path) in std::mem::take(&mut self.pending) {
+            std::fs::rename(&temporary, &path)?;
+        }
+        let digests: Vec<String> = self.seen.drain().collect();
+        self.store.sync_dirs(&digests)
+    }
+}
+
+impl Drop for Batch<'_> {
+    /// A batch abandoned (an error, a capture past its deadline) leaves no temporary file.
+    fn drop(&mut self) {
+        for (temporary, _) in &self.pending {
+            let _ = std::fs::remove_file(temporary);
+        }
     }
 }
 

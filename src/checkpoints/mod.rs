@@ -9,6 +9,7 @@
 
 pub mod blobs;
 pub mod ignore;
+pub mod stats;
 pub mod tree;
 
 use std::collections::HashMap;
@@ -16,13 +17,14 @@ use std::ffi::OsStr;
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use blobs::BlobStore;
+use stats::{Known, Stamp, StatCache};
 use tree::{Found, Limits, WalkError};
 
-use crate::dirfd::{Dir, Kind};
+use crate::dirfd::{Dir, Entry, Kind};
 use crate::store::{CheckpointEntry, CheckpointKind, CheckpointRecord, Store, StoreError, WriteOp};
 
 /// `[checkpoints]` in the config file.
@@ -140,12 +142,17 @@ pub struct Taking<'a> {
 pub struct Checkpoints {
     store: Store,
     blobs: Arc<BlobStore>,
+    stats: Arc<StatCache>,
+    /// Held to read by every taking from its capture to its manifest's commit, and to write
+    /// by a collection of blobs, which so never removes a blob a manifest is about to name.
+    collecting: RwLock<()>,
     config: CheckpointConfig,
 }
 
 impl Checkpoints {
     pub fn new(store: Store, data_dir: &Path, config: CheckpointConfig) -> Checkpoints {
-        Checkpoints { store, blobs: Arc::new(BlobStore::new(data_dir)), config }
+        let blobs = Arc::new(BlobStore::new(data_dir));
+        Checkpoints { store, blobs, stats: Arc::default(), collecting: RwLock::new(()), config }
     }
 
     fn limits(&self) -> Limits {
@@ -173,6 +180,7 @@ impl Checkpoints {
         if !self.config.enabled {
             return Err(CheckpointError::Disabled("checkpoints are switched off in the config".into()));
         }
+        let _taking = self.collecting.read().unwrap_or_else(|e| e.into_inner());
         let found = self.capture(taking.workspace)?;
         let entries: Vec<CheckpointEntry> = found
             .into_iter()
@@ -197,9 +205,12 @@ impl Checkpoints {
     /// `capture_timeout_secs`: past that the capture is told to stop and this answers
     /// `TimedOut`, so the caller (a session's actor) is never held by a hung read.
     fn capture(&self, workspace: &Path) -> Result<Vec<Found>, CheckpointError> {
-        let (blobs, limits, root) = (Arc::clone(&self.blobs), self.limits(), workspace.to_path_buf());
+        let (blobs, stats, limits) = (Arc::clone(&self.blobs), Arc::clone(&self.stats), self.limits());
+        let root = workspace.to_path_buf();
         let timeout = Duration::from_secs(self.config.capture_timeout_secs.max(1));
-        with_deadline(timeout, move |stop| capture_tree(&blobs, &root, limits, stop))
+        let captured = with_deadline(timeout, move |stop| capture_tree(&blobs, &stats, &root, limits, stop))?;
+        log::debug!("checkpoint capture read {} of {} files", captured.read, captured.found.len());
+        Ok(captured.found)
     }
 
     /// Puts checkpoint `id` back, after a safety checkpoint of the workspace as it is:
@@ -285,6 +296,10 @@ impl Checkpoints {
 
     /// Deletes the blobs no checkpoint refers to (after sessions went, with their checkpoints).
     pub fn collect_garbage(&self) -> Result<usize, CheckpointError> {
+        let _collecting = self.collecting.write().unwrap_or_else(|e| e.into_inner());
+        // A remembered digest must name a stored blob.
+        self.stats.forget_all();
+        self.blobs.remove_leftovers()?;
         let mut removed = 0;
         for digest in self.blobs.digests() {
             if !self.store.readers().blob_referenced(&digest)? {
@@ -296,28 +311,57 @@ impl Checkpoints {
     }
 }
 
-/// Reads `root`'s tree into `blobs` (the walk of `tree.rs`); the new blobs' directories are
-/// synced before it answers, so a manifest naming them can commit.
+/// What a capture found, and how many files it read (the others it knew unchanged).
+struct Captured {
+    found: Vec<Found>,
+    read: usize,
+}
+
+/// Reads `root`'s tree into `blobs` (the walk of `tree.rs`), reading only the files `stats`
+/// does not know unchanged; the new blobs are durable and in place before it answers, so a
+/// manifest naming them can commit.
 fn capture_tree(
     blobs: &BlobStore,
+    stats: &StatCache,
     root: &Path,
     limits: Limits,
     stop: &AtomicBool,
-) -> Result<Vec<Found>, CheckpointError> {
+) -> Result<Captured, CheckpointError> {
+    let started_ns = stats::now_ns();
     let root = Dir::open(root)?;
-    let mut new = Vec::new();
-    let mut keep = |content: &[u8]| {
-        let digest = BlobStore::digest(content);
-        if blobs.put(&digest, content)? {
-            new.push(digest.clone());
-        }
-        Ok(digest)
-    };
-    let found = tree::walk(&root, limits, Some(&mut keep), stop)?;
-    if !new.is_empty() {
-        blobs.sync_dirs(&new)?;
+    let this = root.itself().map(|entry| (entry.device, entry.inode))?;
+    let mut capture = Capture { batch: blobs.batch(), known: stats.take(this), seen: Known::new(), read: 0 };
+    let found = tree::walk(&root, limits, Some(&mut capture), stop)?;
+    capture.batch.finish()?;
+    stats.remember(this, capture.seen, started_ns);
+    Ok(Captured { found, read: capture.read })
+}
+
+/// A capture's keeping: new contents into a batch of blobs, each file's stamp remembered.
+struct Capture<'a> {
+    batch: blobs::Batch<'a>,
+    /// What the last capture of this workspace read.
+    known: Known,
+    /// What this one read or knew.
+    seen: Known,
+    /// How many files it read.
+    read: usize,
+}
+
+impl tree::Keep for Capture<'_> {
+    fn known(&mut self, path: &str, entry: &Entry) -> Option<String> {
+        let (stamp, digest) = self.known.remove_entry(path).filter(|(_, (stamp, _))| *stamp == Stamp::of(entry))?.1;
+        self.seen.insert(path.to_string(), (stamp, digest.clone()));
+        Some(digest)
     }
-    Ok(found)
+
+    fn keep(&mut self, path: &str, opened: &Entry, content: &[u8]) -> std::io::Result<String> {
+        let digest = BlobStore::digest(content);
+        self.batch.put(&digest, content)?;
+        self.seen.insert(path.to_string(), (Stamp::of(opened), digest.clone()));
+        self.read += 1;
+        Ok(digest)
+    }
 }
 
 /// Runs `work` on a `kestrel-capture` thread and waits for it at most `timeout`; past that
@@ -371,6 +415,120 @@ fn chmod_dir(dir: &Dir, mode: u32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn capture(blobs: &BlobStore, stats: &StatCache, root: &Path) -> Captured {
+        let limits = Limits { max_files: 1000, max_bytes: 1 << 30 };
+        capture_tree(blobs, stats, root, limits, &AtomicBool::new(false)).expect("a capture")
+    }
+
+    fn digest_of<'a>(captured: &'a Captured, path: &str) -> &'a str {
+        captured.found.iter().find(|f| f.path == path).and_then(|f| f.digest.as_deref()).expect("the file")
+    }
+
+    /// Sets a file's modification time back to what it was, as `touch -d`, `cp -p` or
+    /// `rsync -t` would after changing it.
+    fn set_modified(path: &Path, seconds: i64, nanos: i64) {
+        let at = std::time::UNIX_EPOCH + Duration::new(seconds as u64, nanos as u32);
+        let file = std::fs::File::options().write(true).open(path).expect("the file");
+        file.set_times(std::fs::FileTimes::new().set_modified(at)).expect("utimensat");
+    }
+
+    #[test]
+    fn an_unchanged_tree_is_not_read_again_and_a_changed_file_is_whatever_its_mtime_says() {
+        let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (blobs, stats) = (BlobStore::new(data.path()), StatCache::with_racy_window(0));
+        for i in 0..50 {
+            std::fs::write(workspace.path().join(format!("f{i}")), format!("content {i:04}")).unwrap();
+        }
+        let first = capture(&blobs, &stats, workspace.path());
+        assert_eq!(first.read, 50);
+        let again = capture(&blobs, &stats, workspace.path());
+        assert_eq!(again.read, 0, "nothing changed, nothing read");
+        assert_eq!(again.found.len(), 50);
+        // Same size, and the modification time put back to the nanosecond: the change time
+        // still moved, so the file is read.
+        let lied = workspace.path().join("f7");
+        let before = std::fs::metadata(&lied).unwrap();
+        std::fs::write(&lied, "CONTENT 0007").unwrap();
+        set_modified(&lied, before.mtime(), before.mtime_nsec());
+        let after = std::fs::metadata(&lied).unwrap();
+        assert_eq!(
+            (after.len(), after.mtime(), after.mtime_nsec()),
+            (before.len(), before.mtime(), before.mtime_nsec())
+        );
+        let third = capture(&blobs, &stats, workspace.path());
+        assert_eq!(third.read, 1);
+        assert_eq!(digest_of(&third, "f7"), BlobStore::digest(b"CONTENT 0007"));
+        assert_eq!(blobs.get(digest_of(&third, "f7")).unwrap(), b"CONTENT 0007");
+        // A file replaced by a rename (another inode) is read too.
+        let replacement = workspace.path().join(".new");
+        std::fs::write(&replacement, "content 0009").unwrap();
+        std::fs::rename(&replacement, workspace.path().join("f8")).unwrap();
+        let fourth = capture(&blobs, &stats, workspace.path());
+        assert_eq!(fourth.read, 1);
+        assert_eq!(digest_of(&fourth, "f8"), BlobStore::digest(b"content 0009"));
+    }
+
+    #[test]
+    fn a_file_changed_just_before_a_capture_is_read_again_by_the_next() {
+        let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // The real window: these files all changed within it.
+        let (blobs, stats) = (BlobStore::new(data.path()), StatCache::default());
+        let file = workspace.path().join("racy");
+        std::fs::write(&file, "one").unwrap();
+        assert_eq!(capture(&blobs, &stats, workspace.path()).read, 1);
+        // Written again at once, in what may be the same timestamp tick, times put back:
+        // without the window the stamp could match and the change be missed.
+        let before = std::fs::metadata(&file).unwrap();
+        std::fs::write(&file, "two").unwrap();
+        set_modified(&file, before.mtime(), before.mtime_nsec());
+        let second = capture(&blobs, &stats, workspace.path());
+        assert_eq!(second.read, 1, "a racily clean file is read again");
+        assert_eq!(digest_of(&second, "racy"), BlobStore::digest(b"two"));
+    }
+
+    #[test]
+    fn collecting_blobs_forgets_every_stamp_and_removes_leftover_temporaries() {
+        let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (store, writer) = Store::open(data.path()).unwrap();
+        let mut checkpoints = Checkpoints::new(store, data.path(), CheckpointConfig::default());
+        checkpoints.stats = Arc::new(StatCache::with_racy_window(0));
+        std::fs::write(workspace.path().join("kept"), "kept").unwrap();
+        assert_eq!(capture(&checkpoints.blobs, &checkpoints.stats, workspace.path()).read, 1);
+        let shard = data.path().join("blobs/00");
+        std::fs::create_dir_all(&shard).unwrap();
+        std::fs::write(shard.join(".00ab.leftover"), "half a blob").unwrap();
+        // No manifest names the blob: it is collected, and the stamp naming it forgotten, so
+        // the next capture stores the content again rather than naming a missing blob.
+        assert_eq!(checkpoints.collect_garbage().unwrap(), 1);
+        assert!(!shard.join(".00ab.leftover").exists());
+        let again = capture(&checkpoints.blobs, &checkpoints.stats, workspace.path());
+        assert_eq!(again.read, 1);
+        assert_eq!(checkpoints.blobs.get(digest_of(&again, "kept")).unwrap(), b"kept");
+        writer.shutdown();
+    }
+
+    #[test]
+    fn a_large_batch_is_durable_and_in_place_and_an_abandoned_one_leaves_nothing() {
+        let data = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::new(data.path());
+        let contents: Vec<Vec<u8>> = (0..40).map(|i| format!("blob {i}").into_bytes()).collect();
+        let mut batch = blobs.batch();
+        for content in &contents {
+            assert!(batch.put(&BlobStore::digest(content), content).unwrap());
+        }
+        assert!(!batch.put(&BlobStore::digest(&contents[0]), &contents[0]).unwrap(), "once per batch");
+        batch.finish().unwrap();
+        for content in &contents {
+            assert_eq!(&blobs.get(&BlobStore::digest(content)).unwrap(), content);
+        }
+        let mut abandoned = blobs.batch();
+        abandoned.put(&BlobStore::digest(b"never"), b"never").unwrap();
+        drop(abandoned);
+        assert_eq!(blobs.remove_leftovers().unwrap(), 0, "a dropped batch removed its temporaries");
+        assert!(blobs.get(&BlobStore::digest(b"never")).is_err());
+    }
 
     #[test]
     fn a_capture_past_its_deadline_is_abandoned_and_told_to_stop() {

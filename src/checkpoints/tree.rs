@@ -49,26 +49,41 @@ pub enum WalkError {
     Io(std::io::Error),
 }
 
-/// What the walk does with each regular file's content: nothing (sizes from `lstat` only),
-/// or hand it over and keep the digest it answers.
-pub type Keep<'a> = &'a mut dyn FnMut(&[u8]) -> std::io::Result<String>;
+/// What a walk that captures does with each regular file: the digest of a file known
+/// unchanged since it was last read, or of the content it reads.
+pub trait Keep {
+    /// The digest of a file its `lstat` entry shows unchanged, which is then not read.
+    fn known(&mut self, _path: &str, _entry: &Entry) -> Option<String> {
+        None
+    }
+
+    /// Keeps the content of a file read through a handle that `opened` describes (its
+    /// `fstat`, taken before the read); its digest.
+    fn keep(&mut self, path: &str, opened: &Entry, content: &[u8]) -> std::io::Result<String>;
+}
+
+impl<F: FnMut(&[u8]) -> std::io::Result<String>> Keep for F {
+    fn keep(&mut self, _path: &str, _opened: &Entry, content: &[u8]) -> std::io::Result<String> {
+        self(content)
+    }
+}
 
 struct Walk<'a> {
     limits: Limits,
     rules: IgnoreRules,
     files: u64,
     bytes: u64,
-    keep: Option<Keep<'a>>,
+    keep: Option<&'a mut dyn Keep>,
     stop: &'a AtomicBool,
     found: Vec<Found>,
 }
 
 /// Every file and directory of `root` not ignored, by path (parents before children). With
-/// `keep`, every file is read and given to it.
+/// `keep`, every file it does not know is read and given to it.
 pub fn walk<'a>(
     root: &Dir,
     limits: Limits,
-    keep: Option<Keep<'a>>,
+    keep: Option<&'a mut dyn Keep>,
     stop: &'a AtomicBool,
 ) -> Result<Vec<Found>, WalkError> {
     let rules = match root.read_file(OsStr::new(".gitignore"), IGNORE_FILE_LIMIT) {
@@ -123,9 +138,16 @@ impl Walk<'_> {
             )));
         }
         let room = self.limits.max_bytes.saturating_sub(self.bytes);
-        if self.keep.is_none() {
+        let known = match self.keep.as_mut() {
+            Some(keep) => keep.known(&path, entry),
+            None => {
+                self.count(entry.size)?;
+                return Ok(Some(Found { path, is_dir: false, size: entry.size, mode: entry.mode, digest: None }));
+            }
+        };
+        if let Some(digest) = known {
             self.count(entry.size)?;
-            return Ok(Some(Found { path, is_dir: false, size: entry.size, mode: entry.mode, digest: None }));
+            return Ok(Some(Found { path, is_dir: false, size: entry.size, mode: entry.mode, digest: Some(digest) }));
         }
         let (content, opened) = match dir.read_file(&entry.name, room) {
             Ok(read) => read,
@@ -135,7 +157,7 @@ impl Walk<'_> {
         };
         self.count(content.len() as u64)?;
         let Some(keep) = self.keep.as_mut() else { return Ok(None) };
-        let digest = keep(&content).map_err(WalkError::Io)?;
+        let digest = keep.keep(&path, &opened, &content).map_err(WalkError::Io)?;
         let size = content.len() as u64;
         Ok(Some(Found { path, is_dir: false, size, mode: opened.mode, digest: Some(digest) }))
     }

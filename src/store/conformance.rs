@@ -24,6 +24,7 @@ pub fn run_all(open: Open<'_>) {
     a_turn_claim_is_compare_and_set(open);
     recovery_ends_only_what_its_node_held(open);
     a_walk_keeps_each_session_where_it_stood(open);
+    the_log_drops_its_oldest_past_capacity_but_never_bae_history(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.
@@ -315,5 +316,33 @@ pub fn a_walk_keeps_each_session_where_it_stood(open: Open<'_>) {
     assert_eq!(listed, expected, "each once, where it stood at the start");
     let fresh = page(&SessionWalk { as_of: None, after: None });
     assert_eq!(ids(&fresh), ["s50", "s02", "s08"], "a new walk sees the moves");
+    close(opened);
+}
+
+/// Past its capacity (`keep`) the log drops its oldest events, however far behind a lowered
+/// capacity leaves it, while the writer goes on committing; a BAE session's events stay.
+pub fn the_log_drops_its_oldest_past_capacity_but_never_bae_history(open: Open<'_>) {
+    let (_dir, opened) = nodes(open, 1);
+    let backend = &*opened[0].0;
+    let bae = |n: usize| LoggedEvent { tenant: Some(super::BAE_TENANT.into()), ..event("b", &format!("bae.{n}")) };
+    let unbounded = |entries| WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX };
+    for chunk in 0..10 {
+        let mut entries: Vec<_> = (0..1_000).map(|_| Some(event("s", "e"))).collect();
+        entries[chunk] = Some(bae(chunk));
+        write(backend, vec![unbounded(entries)]).expect("a chunk of events");
+    }
+    let query = |tenant| EventQuery { after: 0, before: i64::MAX as u64, tenant, session: None };
+    let count = |tenant| backend.events(&query(tenant), 1_000_000).expect("the log reads").len();
+    assert_eq!(count("t"), 9_990);
+    let kept = WriteOp::AppendLog { entries: vec![Some(event("s", "last"))], floor: 0, keep: 100 };
+    write(backend, vec![kept]).expect("an append with a lower capacity commits at once");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while count("t") > 101 && std::time::Instant::now() < deadline {
+        // The writer drops the rest while idle: a commit gives it the chance.
+        write(backend, vec![]).expect("an empty commit");
+    }
+    let left = backend.events(&query("t"), 1_000).expect("the log reads");
+    assert!(left.len() <= 101 && left.last().is_some_and(|e| e.kind == "last"), "{} left", left.len());
+    assert_eq!(count(super::BAE_TENANT), 10, "BAE history stays");
     close(opened);
 }

@@ -26,9 +26,8 @@ const MAX_BATCH: usize = 4096;
 
 pub(super) struct Writer {
     conn: Connection,
-    /// Every logged event below this seq that may be dropped has been; `None` until the first
-    /// trim. Keeps each trim a range on the primary key however much BAE history is kept.
-    trimmed_below: Option<u64>,
+    /// How far the oldest events have been dropped, and how far they should be.
+    trim: Trim,
     /// When moves of sessions older than any walk were last pruned.
     pruned_at: std::time::Instant,
 }
@@ -61,7 +60,7 @@ impl Writer {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::migrate::migrate(&mut conn)?;
-        Ok(Writer { conn, trimmed_below: None, pruned_at: std::time::Instant::now() })
+        Ok(Writer { conn, trim: Trim::default(), pruned_at: std::time::Instant::now() })
     }
 
     pub(super) fn spawn(
@@ -81,9 +80,18 @@ impl Writer {
         let mut batch: Vec<(Vec<WriteOp>, Option<Reply>)> = Vec::new();
         loop {
             let mut stop = false;
-            match inbox.recv() {
+            // While old events are still to be dropped, an idle writer drops them a step at a time.
+            let next = match self.trim.behind() {
+                true => inbox.try_recv().map_err(|error| error.is_disconnected()),
+                false => inbox.recv().map_err(|_| true),
+            };
+            match next {
                 Ok(WriterMsg::Write { ops, reply }) => batch.push((ops, reply)),
-                Ok(WriterMsg::Shutdown) | Err(_) => stop = true,
+                Ok(WriterMsg::Shutdown) | Err(true) => stop = true,
+                Err(false) => {
+                    self.trim_while_idle();
+                    continue;
+                }
             }
             while !stop && batch.len() < MAX_BATCH {
                 match inbox.try_recv() {
@@ -100,6 +108,26 @@ impl Writer {
             }
         }
         log::debug!("store writer stopped");
+    }
+
+    /// One step of trimming in a transaction of its own.
+    fn trim_while_idle(&mut self) {
+        let mut trim = self.trim;
+        let stepped =
+            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from).and_then(
+                |tx| {
+                    trim.step(&tx)?;
+                    Ok(tx.commit()?)
+                },
+            );
+        match stepped {
+            Ok(()) => self.trim = trim,
+            Err(error) => {
+                // Tried again with the next append.
+                log::warn!("dropping the oldest events failed: {error}");
+                self.trim.goal = self.trim.below.unwrap_or(0);
+            }
+        }
     }
 
     fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<Reply>)>) {
@@ -153,20 +181,21 @@ impl Writer {
     }
 
     fn commit<'a>(&mut self, messages: impl Iterator<Item = &'a [WriteOp]>) -> Result<Vec<Committed>, StoreError> {
-        let mut trimmed_below = self.trimmed_below;
+        let mut trim = self.trim;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut seqs = SeqCursor::default();
         let mut committed = Vec::new();
         for ops in messages {
             let mut first_seq = None;
             for op in ops {
-                if let Some(first) = apply(&tx, op, &mut trimmed_below, &mut seqs)? {
+                if let Some(first) = apply(&tx, op, &mut trim, &mut seqs)? {
                     first_seq = Some(first);
                 }
             }
             committed.push(Committed { first_seq });
         }
         seqs.store(&tx)?;
+        trim.step(&tx)?;
         let prune = self.pruned_at.elapsed() > PRUNE_EVERY;
         if prune {
             // A range of `session_moves_by_time`: about a minute's moves.
@@ -177,7 +206,7 @@ impl Writer {
         if prune {
             self.pruned_at = std::time::Instant::now();
         }
-        self.trimmed_below = trimmed_below;
+        self.trim = trim;
         Ok(committed)
     }
 }
@@ -247,12 +276,7 @@ fn respond(reply: Option<Reply>, result: Result<Committed, StoreError>) {
 }
 
 /// Applies one op; a log append answers with its first seq.
-fn apply(
-    tx: &Transaction<'_>,
-    op: &WriteOp,
-    trimmed_below: &mut Option<u64>,
-    seqs: &mut SeqCursor,
-) -> Result<Option<u64>, StoreError> {
+fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCursor) -> Result<Option<u64>, StoreError> {
     match op {
         WriteOp::InsertSession(record) => {
             let s = &record.summary;
@@ -341,7 +365,8 @@ fn apply(
             }
             let last_kept = entries.last().is_some_and(Option::is_some);
             let first = seqs.take(tx, entries.len() as u64, *floor, last_kept)?;
-            append_events(tx, first, entries, *keep, trimmed_below)?;
+            append_events(tx, first, entries)?;
+            trim.goal = trim.goal.max((first + entries.len() as u64 - 1).saturating_sub(*keep));
             return Ok(Some(first));
         }
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
@@ -424,13 +449,7 @@ fn record_idempotent(tx: &Transaction<'_>, record: &super::IdempotentAnswer) -> 
 }
 
 /// Inserts the kept entries, the batch's first entry at seq `first`.
-fn append_events(
-    tx: &Transaction<'_>,
-    first: u64,
-    entries: &[Option<super::LoggedEvent>],
-    keep: u64,
-    trimmed_below: &mut Option<u64>,
-) -> Result<(), StoreError> {
+fn append_events(tx: &Transaction<'_>, first: u64, entries: &[Option<super::LoggedEvent>]) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(
         "INSERT INTO events (seq, tenant, session_id, type, at, body, actor, form) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
@@ -447,20 +466,52 @@ fn append_events(
             STORED_FORM
         ])?;
     }
-    let last = first + entries.len() as u64 - 1;
-    // The oldest go as new ones come, but never a BAE session's: that is its history. Only
-    // the seqs not trimmed before are looked at, so this stays a range on the primary key.
-    let below = last.saturating_sub(keep);
-    let from = trimmed_below.unwrap_or(0);
-    if below > from {
-        tx.prepare_cached("DELETE FROM events WHERE seq >= ?1 AND seq < ?2 AND tenant IS NOT ?3")?.execute(params![
-            from as i64,
-            below as i64,
-            super::BAE_TENANT
-        ])?;
-        *trimmed_below = Some(below);
-    }
     Ok(())
+}
+
+/// The most events one trimming step drops: what bounds the time it adds to a commit (a few
+/// milliseconds), however far behind the log is after its capacity was lowered.
+const TRIM_STEP: i64 = 2_000;
+
+/// Dropping the oldest events as new ones come (`AppendLog::keep`), but never a BAE
+/// session's: that is its history. A step drops at most `TRIM_STEP` events, as a range on
+/// the primary key from where the last step ended; every commit takes one step, and an idle
+/// writer takes steps until the log is within its capacity.
+#[derive(Debug, Clone, Copy, Default)]
+struct Trim {
+    /// Every event below this seq that may be dropped has been; `None` before the first step.
+    below: Option<u64>,
+    /// Every event below this seq may be dropped.
+    goal: u64,
+}
+
+impl Trim {
+    fn behind(&self) -> bool {
+        self.below.unwrap_or(0) < self.goal
+    }
+
+    fn step(&mut self, tx: &Transaction<'_>) -> Result<(), StoreError> {
+        if !self.behind() {
+            return Ok(());
+        }
+        let from = match self.below {
+            Some(below) => below as i64,
+            None => tx.query_row("SELECT coalesce(min(seq), 0) FROM events", [], |row| row.get(0))?,
+        };
+        let last: Option<i64> = tx
+            .prepare_cached(
+                "SELECT max(seq) FROM (SELECT seq FROM events WHERE seq >= ?1 AND seq < ?2 ORDER BY seq LIMIT ?3)",
+            )?
+            .query_row(params![from, self.goal as i64, TRIM_STEP], |row| row.get(0))?;
+        let Some(last) = last else {
+            self.below = Some(self.goal);
+            return Ok(());
+        };
+        tx.prepare_cached("DELETE FROM events WHERE seq >= ?1 AND seq <= ?2 AND tenant IS NOT ?3")?
+            .execute(params![from, last, super::BAE_TENANT])?;
+        self.below = Some(last as u64 + 1);
+        Ok(())
+    }
 }
 
 fn update_session(tx: &Transaction<'_>, id: &str, patch: &SessionPatch, updated_at: &str) -> Result<(), StoreError> {

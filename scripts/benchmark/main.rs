@@ -8,6 +8,9 @@
 mod bae;
 mod client;
 mod relay;
+mod report;
+mod scale;
+mod streams;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -26,22 +29,81 @@ const WRITER_EVENTS: usize = 1_000_000;
 /// Events a reconnect is behind in the log-replay row.
 const LOGGED_EVENTS: usize = 50_000;
 
+/// What to run, from the command line: `[bae | scale | relay | streams] [--scale] [--save FILE]
+/// [--compare FILE]`.
+struct Args {
+    /// `bae`, `scale`, `relay` or `streams`: only those rows.
+    only: Option<String>,
+    /// The scale rows too (`--scale`).
+    scale: bool,
+    save: Option<String>,
+    compare: Option<String>,
+}
+
+fn args() -> Args {
+    let mut args = Args { only: None, scale: false, save: None, compare: None };
+    let mut given = std::env::args().skip(1);
+    while let Some(arg) = given.next() {
+        match arg.as_str() {
+            "bae" | "scale" | "relay" | "streams" => args.only = Some(arg),
+            "--scale" => args.scale = true,
+            "--save" => args.save = given.next(),
+            "--compare" => args.compare = given.next(),
+            other => {
+                eprintln!("usage: benchmark [bae | scale | relay | streams] [--scale] [--save FILE] [--compare FILE] ({other:?}?)");
+                std::process::exit(2);
+            }
+        }
+    }
+    args
+}
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("floor-server") => return floor_server(),
         Some("fake-provider") => return relay::fake_provider(),
+        Some("bare-relay") => return relay::bare_relay(),
         Some("fake-messages") => return bae::fake_messages(),
         _ => {}
     }
+    let args = args();
     let quick = std::env::var("BENCH_QUICK").is_ok();
-    println!("kestrel benchmark ({} cores); medians of {ROUNDS} rounds where a round repeats", cores());
+    println!("kestrel benchmark ({}); medians of {ROUNDS} rounds where a round repeats", report::machine());
     println!();
-    println!("{:<60} {:>16} {:>16} {:>8}", "measure", "kestrel", "floor", "ratio");
-    // `benchmark bae`: the BAE rows alone.
-    if std::env::args().nth(1).as_deref() == Some("bae") {
-        return bae::rows(quick);
+    report::header();
+    match args.only.as_deref() {
+        Some("bae") => bae::rows(quick),
+        Some("scale") => scale::rows(quick),
+        Some("relay") => relay::rows(),
+        Some("streams") => streams::rows(quick),
+        _ => {
+            everyday_rows(quick);
+            if args.scale {
+                scale::rows(quick);
+            }
+        }
     }
+    println!();
+    println!("ratio = kestrel / floor (or target): above 1 is better for rates, below 1 for times and memory.");
+    println!("floor: a bare tiny_http server with a thread per request: a fixed JSON body for");
+    println!("requests; for streams, pre-built frames of the same size broadcast to every open");
+    println!("stream, with no bus, seq, store or filtering. For the writer: the same rows inserted");
+    println!("by one rusqlite connection in 4096-row transactions. For the log replay: the same");
+    println!("events read straight from the log table by one rusqlite connection. For the relay:");
+    println!("a bare relay that reads the provider's SSE, parses it and writes SSE frames, with no");
+    println!("store, bus or seq. The scale rows' floors are said in the README.");
+    if let Some(path) = &args.save {
+        report::save(path);
+    }
+    if let Some(path) = &args.compare {
+        if report::compare(path) {
+            std::process::exit(1);
+        }
+    }
+}
 
+/// The rows on small, fresh data.
+fn everyday_rows(quick: bool) {
     let floor = Spawned::floor();
     let kestrel = Spawned::kestrel(&[]);
     create_sessions(&kestrel.host, 100);
@@ -58,8 +120,7 @@ fn main() {
         ("GET /api/health, 32 keep-alive clients", &mut health),
         ("GET /api/sessions (100 stored), 32 clients", &mut sessions),
     ] {
-        let rate = median(rates);
-        row(label, format!("{rate:.0} req/s"), format!("{floor_rate:.0} req/s"), rate / floor_rate);
+        report::vs_floor(label, median(rates), "req/s", floor_rate);
     }
     drop(kestrel);
 
@@ -71,72 +132,39 @@ fn main() {
         let floor = Spawned::floor();
         let (floor_elapsed, floor_events, _) = fan_out(&floor.host, FanOutTarget::Floor, subscribers);
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        row(
+        report::vs_floor(
             &format!("{DELTAS} deltas to {subscribers} SSE stream(s): last run.finished"),
-            format!("{:.0} ms", ms(elapsed)),
-            format!("{:.0} ms", ms(floor_elapsed)),
-            elapsed.as_secs_f64() / floor_elapsed.as_secs_f64(),
+            ms(elapsed),
+            "ms",
+            ms(floor_elapsed),
         );
         let rate = events as f64 / elapsed.as_secs_f64();
         let floor_rate = floor_events as f64 / floor_elapsed.as_secs_f64();
-        row(
-            &format!("  events/s delivered ({reconnects} drop-and-replay reconnects)"),
-            format!("{rate:.0} ev/s"),
-            format!("{floor_rate:.0} ev/s"),
-            rate / floor_rate,
-        );
+        report::vs_floor(&format!("  events/s delivered ({subscribers} streams)"), rate, "ev/s", floor_rate);
+        report::info(&format!("  drop-and-replay reconnects ({subscribers} streams)"), reconnects as f64, "");
     }
 
-    let idle = if quick { 100 } else { 1000 };
-    let kestrel = Spawned::kestrel(&[]);
-    let (rss, peak) = idle_streams_rss(&kestrel, "/api/events", idle);
-    drop(kestrel);
-    let idle_floor = Spawned::floor();
-    let (floor_rss, floor_peak) = idle_streams_rss(&idle_floor, "/stream", idle);
-    row(
-        &format!("RSS with {idle} idle SSE streams (peak)"),
-        format!("{rss} MiB ({peak})"),
-        format!("{floor_rss} MiB ({floor_peak})"),
-        rss as f64 / floor_rss.max(1) as f64,
-    );
+    streams::rows(quick);
 
     let logged = if quick { LOGGED_EVENTS * 2 / 5 } else { LOGGED_EVENTS };
     let (replayed, read) = log_replay(logged);
-    row(
+    report::vs_floor(
         &format!("reconnect {logged} events back: replay from the log"),
-        format!("{:.0} ms", replayed.as_secs_f64() * 1000.0),
-        format!("{:.0} ms", read.as_secs_f64() * 1000.0),
-        replayed.as_secs_f64() / read.as_secs_f64(),
+        replayed.as_secs_f64() * 1000.0,
+        "ms",
+        read.as_secs_f64() * 1000.0,
     );
 
-    let events = if quick { WRITER_EVENTS / 10 } else { WRITER_EVENTS };
-    let (direct, relayed) = relay::measure();
-    row(
-        &format!("{} provider deltas: read directly vs. relayed to SSE", relay::RELAY_DELTAS),
-        format!("{:.0} ms", relayed.as_secs_f64() * 1000.0),
-        format!("{:.0} ms", direct.as_secs_f64() * 1000.0),
-        relayed.as_secs_f64() / direct.as_secs_f64(),
-    );
+    relay::rows();
 
     settle_disk();
     bae::rows(quick);
 
     settle_disk();
+    let events = if quick { WRITER_EVENTS / 10 } else { WRITER_EVENTS };
     let writer = writer_events_per_second(events);
     let raw = raw_sqlite_events_per_second(events);
-    row(
-        &format!("writer thread: {events} small events"),
-        format!("{writer:.0} ev/s"),
-        format!("{raw:.0} ev/s"),
-        writer / raw,
-    );
-    println!();
-    println!("ratio = kestrel / floor: above 1 is better for rates, below 1 for times and memory.");
-    println!("floor: a bare tiny_http server with a thread per request: a fixed JSON body for");
-    println!("requests; for streams, pre-built frames of the same size broadcast to every open");
-    println!("stream, with no bus, seq, store or filtering. For the writer: the same rows inserted");
-    println!("by one rusqlite connection in 4096-row transactions. For the log replay: the same");
-    println!("events read straight from the log table by one rusqlite connection.");
+    report::vs_floor(&format!("writer thread: {events} small events"), writer, "ev/s", raw);
 }
 
 /// `count` events in the log (a session's title patched `count` times, four clients at
@@ -203,15 +231,6 @@ fn settle_disk() {
     let _ = Command::new("sync").status();
 }
 
-fn row(label: &str, kestrel: String, floor: String, ratio: f64) {
-    let ratio = if ratio.is_nan() { String::new() } else { format!("{ratio:.2}") };
-    println!("{label:<60} {kestrel:>16} {floor:>16} {ratio:>8}");
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     values[values.len() / 2]
@@ -236,8 +255,7 @@ impl Spawned {
         let data = tempfile::tempdir().unwrap();
         let config_path = data.path().join("kestrel.toml");
         std::fs::write(&config_path, config).unwrap();
-        let binary = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kestrel");
-        let mut command = Command::new(binary);
+        let mut command = Command::new(Spawned::binary());
         command
             .arg("--config")
             .arg(&config_path)
@@ -252,14 +270,39 @@ impl Spawned {
         Spawned::wait_ready(command, Some(data))
     }
 
+    /// The release binary on a data dir and workspace of the caller's, with `config`.
+    fn kestrel_on(data: &std::path::Path, workspace: &std::path::Path, config: &str) -> Spawned {
+        let config_path = data.with_extension("toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut command = Command::new(Spawned::binary());
+        command
+            .arg("--config")
+            .arg(&config_path)
+            .env("KESTREL_ADDR", "127.0.0.1:0")
+            .env("KESTREL_DATA_DIR", data)
+            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
+            .env("KESTREL_WORKSPACE", workspace)
+            .env("RUST_LOG", "error");
+        Spawned::wait_ready(command, None)
+    }
+
+    fn binary() -> std::path::PathBuf {
+        std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("kestrel")
+    }
+
     fn floor() -> Spawned {
         Spawned::helper("floor-server")
     }
 
     /// This program in one of its server modes.
     fn helper(mode: &str) -> Spawned {
+        Spawned::helper_with(mode, &[])
+    }
+
+    /// This program in one of its server modes, with more environment.
+    fn helper_with(mode: &str, env: &[(&str, &str)]) -> Spawned {
         let mut command = Command::new(std::env::current_exe().unwrap());
-        command.arg(mode);
+        command.arg(mode).envs(env.iter().copied());
         Spawned::wait_ready(command, None)
     }
 
@@ -281,6 +324,12 @@ impl Spawned {
 
     fn data_dir(&self) -> std::path::PathBuf {
         self._data.as_ref().expect("a kestrel child has a data dir").path().join("data")
+    }
+
+    /// Stops the child with SIGTERM and waits for it to exit.
+    fn stop(mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
     }
 }
 
@@ -439,29 +488,6 @@ fn fan_out(host: &str, target: FanOutTarget, subscribers: usize) -> (Duration, u
     }
     assert_eq!(unfinished, 0, "{unfinished} subscriber(s) never saw run.finished");
     (last - started, events, reconnects)
-}
-
-/// RSS of a server process holding `count` idle streams, opened one after another.
-fn idle_streams_rss(server: &Spawned, path: &str, count: usize) -> (u64, u64) {
-    let streams: Vec<_> = (0..count).map(|_| open_stream(&server.host, path, None).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(500));
-    let figures = rss_of(server.child.id());
-    drop(streams);
-    figures
-}
-
-/// (VmRSS, VmHWM) of a process, in MiB.
-fn rss_of(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|line| line.starts_with(name))
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb / 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }
 
 fn session_op(id: &str) -> WriteOp {

@@ -370,6 +370,7 @@ impl Server {
         sweep_commands(&store, &node, "left by the previous run of this data dir");
         let bus_config = BusConfig {
             replay_capacity: config.server.replay_buffer,
+            replay_bytes: config.server.replay_buffer_bytes.max(1),
             subscriber_capacity: config.server.subscriber_buffer.max(1),
             log_capacity: config.server.event_log_events.max(1),
             renderers: crate::api::RENDERERS,

@@ -56,11 +56,14 @@ pub fn rows(quick: bool) {
     let turns_per_s = 1000.0 / (sends.iter().sum::<f64>() / sends.len() as f64);
     report::info("  turns/s (one client)", turns_per_s, "/s");
     for clients in CONCURRENT {
-        let (mut latencies, elapsed, errors) = concurrent_turns(&kestrel.host, &key, clients, if quick { 1 } else { 2 });
+        let (mut latencies, elapsed, errors) =
+            concurrent_turns(&kestrel.host, &key, clients, if quick { 1 } else { 2 });
         let rate = latencies.len() as f64 / elapsed.as_secs_f64();
         let (p50, p99) = (percentile(&mut latencies, 0.5), percentile(&mut latencies, 0.99));
         match clients {
-            16 => report::vs_target(&format!("BAE sendMessage turn, {clients} clients: p99"), p99, "ms", 20.0, "≤ 20 ms"),
+            16 => {
+                report::vs_target(&format!("BAE sendMessage turn, {clients} clients: p99"), p99, "ms", 20.0, "≤ 20 ms")
+            }
             _ => report::info(&format!("BAE sendMessage turn, {clients} clients: p99"), p99, "ms"),
         }
         report::info(&format!("  p50 ({clients} clients)"), p50, "ms");

@@ -240,7 +240,11 @@ fn slow_provider() -> (String, crossbeam_channel::Receiver<Instant>, crossbeam_c
 }
 
 /// Every request on one connection (clients keep it alive), answered as `slow_provider` says.
-fn answer_slowly(socket: TcpStream, sent: &crossbeam_channel::Sender<Instant>, finish: &crossbeam_channel::Receiver<()>) {
+fn answer_slowly(
+    socket: TcpStream,
+    sent: &crossbeam_channel::Sender<Instant>,
+    finish: &crossbeam_channel::Receiver<()>,
+) {
     socket.set_nodelay(true).unwrap();
     let mut writer = socket.try_clone().unwrap();
     let mut reader = BufReader::new(socket);
@@ -249,7 +253,8 @@ fn answer_slowly(socket: TcpStream, sent: &crossbeam_channel::Sender<Instant>, f
         format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"fast\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n")
     };
     while let Ok((_, headers)) = read_head(&mut reader) {
-        let length = headers.iter().find(|(name, _)| name == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+        let length =
+            headers.iter().find(|(name, _)| name == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
         let mut body = vec![0; length];
         if std::io::Read::read_exact(&mut reader, &mut body).is_err() {
             return;

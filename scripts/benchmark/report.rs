@@ -86,7 +86,10 @@ pub fn save(path: &str) {
 /// What the rows were measured on: cores, the CPU's model, memory.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|line| line.strip_prefix("model name")).map_or("", |rest| rest.trim_start_matches([' ', '\t', ':']));
+    let model = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .map_or("", |rest| rest.trim_start_matches([' ', '\t', ':']));
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let memory = meminfo
         .lines()

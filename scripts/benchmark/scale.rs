@@ -288,7 +288,13 @@ fn startup(data: &Path, workspace: &Path) {
         times.push(started.elapsed().as_secs_f64() * 1000.0);
         kestrel.stop();
     }
-    report::vs_target("start-up on the scale data dir: first /api/health 200", median(&mut times), "ms", 1000.0, "< 1 s");
+    report::vs_target(
+        "start-up on the scale data dir: first /api/health 200",
+        median(&mut times),
+        "ms",
+        1000.0,
+        "< 1 s",
+    );
 }
 
 /// `clients` keep-alive clients asking `path` for `ROUND`: the rate and every latency (ms).
@@ -337,7 +343,12 @@ fn session_list(host: &str, size: Size, floor_rate: f64) {
         let (rate, mut latencies) = load(host, &path, BULK_TOKEN, 32);
         let p95 = percentile(&mut latencies, 0.95);
         let sessions = size.bulk_sessions + size.default_sessions;
-        report::vs_floor(&format!("session list, {label} of 100 ({sessions} stored), 32 clients"), rate, "req/s", floor_rate);
+        report::vs_floor(
+            &format!("session list, {label} of 100 ({sessions} stored), 32 clients"),
+            rate,
+            "req/s",
+            floor_rate,
+        );
         report::vs_target(&format!("  p95 ({label})"), p95, "ms", 20.0, "< 20 ms");
     }
     let (_, mut latencies) = load(host, "/api/sessions", DEFAULT_TOKEN, 16);
@@ -351,7 +362,13 @@ fn big_session(host: &str, facts: &Facts) {
     let messages = get_json(host, &path, DEFAULT_TOKEN)["session"]["messages"].as_array().unwrap().len();
     let (_, mut latencies) = load(host, &path, DEFAULT_TOKEN, 8);
     let p95 = percentile(&mut latencies, 0.95);
-    report::vs_target(&format!("GET /api/sessions/:id ({messages} messages), 8 clients: p95"), p95, "ms", 50.0, "< 50 ms");
+    report::vs_target(
+        &format!("GET /api/sessions/:id ({messages} messages), 8 clients: p95"),
+        p95,
+        "ms",
+        50.0,
+        "< 50 ms",
+    );
 }
 
 fn bae_history(host: &str, facts: &Facts) {
@@ -375,7 +392,13 @@ fn bae_history(host: &str, facts: &Facts) {
     for (label, path) in [("first page", first), ("middle page", deep)] {
         let (_, mut latencies) = load(host, &path, &facts.bae_key, 8);
         let p95 = percentile(&mut latencies, 0.95);
-        report::vs_target(&format!("BAE history ({total} pages of 100), {label}, 8 clients: p95"), p95, "ms", 50.0, "< 50 ms");
+        report::vs_target(
+            &format!("BAE history ({total} pages of 100), {label}, 8 clients: p95"),
+            p95,
+            "ms",
+            50.0,
+            "< 50 ms",
+        );
     }
 }
 
@@ -398,7 +421,9 @@ fn replay(host: &str, data: &Path, counts: &[usize]) {
             .prepare("SELECT seq, tenant, session_id, type, at, body FROM events WHERE seq > ?1 AND tenant = 'bulk' ORDER BY seq LIMIT ?2")
             .unwrap();
         let read = statement
-            .query_map(rusqlite::params![after, count as i64], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(5)?)))
+            .query_map(rusqlite::params![after, count as i64], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(5)?))
+            })
             .unwrap()
             .count();
         let floor = started.elapsed().as_secs_f64() * 1000.0;
@@ -451,7 +476,12 @@ fn checkpoints(host: &str, root: &Path, workspace: &Path) {
     let first = take();
     let mut unchanged: Vec<f64> = (0..3).map(|_| take()).collect();
     let files = walk_count(workspace);
-    report::vs_floor(&format!("checkpoint of a {files}-file workspace, first (floor: tar + fsync)"), first, "ms", tar_ms);
+    report::vs_floor(
+        &format!("checkpoint of a {files}-file workspace, first (floor: tar + fsync)"),
+        first,
+        "ms",
+        tar_ms,
+    );
     report::vs_target("  the same, unchanged since the last", median(&mut unchanged), "ms", 100.0, "< 100 ms");
 }
 
@@ -482,10 +512,12 @@ fn prune(data: &Path, workspace: &Path, size: Size) {
                     let mut latencies = Vec::new();
                     let mut n = 0;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let path = format!("/api/sessions/ses_{:032x}", 100 + client * 1000 + n % 1000);
+                        let session = (size.big_sessions + client * 1000 + n % 1000) % size.default_sessions;
+                        let path = format!("/api/sessions/ses_{session:032x}");
                         let body = format!(r#"{{"title":"t{n}"}}"#);
                         let started = Instant::now();
-                        let answer = connection.request_as("PATCH", &path, Some(DEFAULT_TOKEN), body.as_bytes()).unwrap();
+                        let answer =
+                            connection.request_as("PATCH", &path, Some(DEFAULT_TOKEN), body.as_bytes()).unwrap();
                         assert_eq!(answer.status, 200);
                         latencies.push(started.elapsed().as_secs_f64() * 1000.0);
                         n += 1;
@@ -496,8 +528,9 @@ fn prune(data: &Path, workspace: &Path, size: Size) {
             .collect();
         // Done when the log is within its capacity (a little over: what came meanwhile).
         loop {
-            let (first, last): (i64, i64) =
-                db.query_row("SELECT min(seq), max(seq) FROM events", [], |row| Ok((row.get(0)?, row.get(1)?))).unwrap();
+            let (first, last): (i64, i64) = db
+                .query_row("SELECT min(seq), max(seq) FROM events", [], |row| Ok((row.get(0)?, row.get(1)?)))
+                .unwrap();
             if ((last - first) as usize) < keep + keep / 10 || started.elapsed() > Duration::from_secs(600) {
                 break;
             }
@@ -513,7 +546,11 @@ fn prune(data: &Path, workspace: &Path, size: Size) {
     let commits = after.count - before.count;
     let over_50 = commits - (after.at_most(0.05) - before.at_most(0.05));
     let p99_bound = after.bound_of(0.99, &before);
-    report::info(&format!("pruning the log {}M → {}M events while serving writes", size.events / 1_000_000, keep / 1_000_000), took, "ms");
+    report::info(
+        &format!("pruning the log {}M → {}M events while serving writes", size.events / 1_000_000, keep / 1_000_000),
+        took,
+        "ms",
+    );
     report::vs_target("  writer commits over 50 ms meanwhile", over_50, "", 1.0, "0");
     report::info("  writer commit p99 meanwhile (histogram bound)", p99_bound * 1000.0, "ms");
     report::info("  PATCH p99 meanwhile (4 clients)", percentile(&mut latencies, 0.99), "ms");

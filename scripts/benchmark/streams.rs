@@ -52,7 +52,13 @@ pub fn rows(quick: bool) {
     drop(floor);
     report::vs_floor(&format!("RSS with {count} idle SSE streams"), rss as f64, "MiB", floor_rss as f64);
     if !quick {
-        report::vs_target(&format!("  RSS with {count} idle SSE streams, target"), rss as f64, "MiB", 600.0, "< 600 MiB");
+        report::vs_target(
+            &format!("  RSS with {count} idle SSE streams, target"),
+            rss as f64,
+            "MiB",
+            600.0,
+            "< 600 MiB",
+        );
     }
     report::info(&format!("  peak RSS ({count} streams)"), peak as f64, "MiB");
     let per = |now: u64, before: u64| (now.saturating_sub(before)) as f64 / count as f64;

@@ -59,6 +59,9 @@ pub(super) struct BusActor {
     /// A sender into our own inbox, handed to each `Subscription` so its drop can unsubscribe.
     own_tx: Sender<BusMsg>,
     ring: VecDeque<Arc<Envelope>>,
+    /// What the ring's envelopes weigh (`Event::weight`), twice: an envelope also caches its
+    /// rendered frames.
+    ring_bytes: usize,
     /// Deltas numbered here whose batches are still in flight.
     in_flight_len: u64,
     /// Batches sent to the log and not yet committed.
@@ -86,6 +89,7 @@ impl BusActor {
             next_subscriber_id: 0,
             own_tx,
             ring: VecDeque::with_capacity(config.replay_capacity.min(1 << 16)),
+            ring_bytes: 0,
             in_flight_len: 0,
             appending: 0,
             acks: Vec::new(),
@@ -256,6 +260,23 @@ impl BusActor {
         WriteOp::AppendLog { entries, floor, keep: self.config.log_capacity }
     }
 
+    /// Keeps an envelope for replays, dropping the oldest past the ring's count or its bytes
+    /// (`BusConfig::replay_bytes`): a replay of what the ring dropped reads the log.
+    fn keep_in_ring(&mut self, envelope: &Arc<Envelope>) {
+        if self.config.replay_capacity == 0 {
+            return;
+        }
+        let weight = 2 * envelope.event.weight();
+        while self.ring.len() >= self.config.replay_capacity
+            || (!self.ring.is_empty() && self.ring_bytes + weight > self.config.replay_bytes)
+        {
+            let Some(oldest) = self.ring.pop_front() else { break };
+            self.ring_bytes -= 2 * oldest.event.weight();
+        }
+        self.ring_bytes += weight;
+        self.ring.push_back(Arc::clone(envelope));
+    }
+
     /// A batch's commit is known: give its entries their seqs, fan out, confirm. If it carried
     /// writes and failed, each event's writes are tried alone and the events whose writes
     /// failed are dropped; the rest are appended again. Publishers are told after the fan-out:
@@ -287,12 +308,7 @@ impl BusActor {
         for (offset, stamped) in batch.into_iter().enumerate() {
             let Stamped { at, tenant, origin, event, .. } = stamped;
             let envelope = Arc::new(Envelope::new(first + offset as u64, at, tenant, origin, event));
-            if self.config.replay_capacity > 0 {
-                if self.ring.len() == self.config.replay_capacity {
-                    self.ring.pop_front();
-                }
-                self.ring.push_back(Arc::clone(&envelope));
-            }
+            self.keep_in_ring(&envelope);
             envelopes.push(envelope);
         }
         if let Some(last) = envelopes.last() {

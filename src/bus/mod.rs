@@ -383,6 +383,9 @@ pub struct BusHandle {
 #[derive(Debug, Clone, Copy)]
 pub struct BusConfig {
     pub replay_capacity: usize,
+    /// The most the replay ring holds, in bytes (`Event::weight`), whatever its count: a
+    /// long BAE session's `provider.request`s each carry its whole history.
+    pub replay_bytes: usize,
     pub subscriber_capacity: usize,
     /// Logged events kept: older ones are dropped as new ones are written.
     pub log_capacity: u64,

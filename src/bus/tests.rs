@@ -21,7 +21,13 @@ fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
     let dir = tempfile::tempdir().unwrap();
     let (bus, handle, writer) = start(
         dir.path(),
-        BusConfig { replay_capacity: 100, subscriber_capacity: 2, log_capacity: 1000, renderers: [None, None, None] },
+        BusConfig {
+            replay_bytes: 1 << 30,
+            replay_capacity: 100,
+            subscriber_capacity: 2,
+            log_capacity: 1000,
+            renderers: [None, None, None],
+        },
     );
     let slow = bus.subscribe(filter(), None).unwrap();
     let fast = bus.subscribe(filter(), None).unwrap();
@@ -57,8 +63,13 @@ fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
 #[test]
 fn seqs_continue_above_the_log_after_a_restart_deltas_included() {
     let dir = tempfile::tempdir().unwrap();
-    let config =
-        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None, None] };
+    let config = BusConfig {
+        replay_bytes: 1 << 30,
+        replay_capacity: 10,
+        subscriber_capacity: 10,
+        log_capacity: 1000,
+        renderers: [None, None, None],
+    };
     let (bus, handle, writer) = start(dir.path(), config);
     let sub = bus.subscribe(filter(), None).unwrap();
     bus.publish(None, notice("before"));
@@ -93,7 +104,13 @@ fn replay_and_filters_respect_tenant_and_session() {
     let dir = tempfile::tempdir().unwrap();
     let (bus, handle, writer) = start(
         dir.path(),
-        BusConfig { replay_capacity: 10, subscriber_capacity: 10, log_capacity: 1000, renderers: [None, None, None] },
+        BusConfig {
+            replay_bytes: 1 << 30,
+            replay_capacity: 10,
+            subscriber_capacity: 10,
+            log_capacity: 1000,
+            renderers: [None, None, None],
+        },
     );
     let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
     bus.publish(Some("t"), deleted("a"));
@@ -123,8 +140,13 @@ fn replay(subscription: &mut Subscription) -> Vec<Arc<Envelope>> {
 #[test]
 fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let config =
-        BusConfig { replay_capacity: 5, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None, None] };
+    let config = BusConfig {
+        replay_bytes: 1 << 30,
+        replay_capacity: 5,
+        subscriber_capacity: 100,
+        log_capacity: 1000,
+        renderers: [None, None, None],
+    };
     let (bus, handle, writer) = start(dir.path(), config);
     let live = bus.subscribe(filter(), None).unwrap();
     let delta = |i: usize| Event::MessageDelta {
@@ -161,6 +183,45 @@ fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
     assert!(replayed.iter().all(|e| matches!(*e.event, Event::Notice { .. })));
     assert!(replayed.windows(2).all(|w| w[0].seq < w[1].seq));
     drop(late);
+    handle.shutdown();
+    writer.shutdown();
+}
+
+#[test]
+fn the_ring_holds_at_most_its_bytes_and_replays_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = BusConfig {
+        replay_bytes: 4 * 1024 * 1024,
+        replay_capacity: 10_000,
+        subscriber_capacity: 100,
+        log_capacity: 1000,
+        renderers: [None, None, None],
+    };
+    let (bus, handle, writer) = start(dir.path(), config);
+    // Unlogged deltas of 256 KiB: only the ring holds them, and only a budget's worth.
+    let live = bus.subscribe(filter(), None).unwrap();
+    let delta = "d".repeat(256 * 1024);
+    for _ in 0..64 {
+        let event = Event::MessageDelta {
+            session_id: "s".into(),
+            message_id: "m".into(),
+            channel: crate::domain::DeltaChannel::Text,
+            delta: delta.clone(),
+        };
+        bus.publish(Some("t"), event);
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 64 {
+        seen.extend(live.recv_timeout(Duration::from_secs(5)).unwrap().iter().map(|e| e.seq));
+    }
+    let last = *seen.last().unwrap();
+    let mut subscription = bus.subscribe(filter(), Some(0)).unwrap();
+    let replayed = replay(&mut subscription);
+    let held: usize = replayed.iter().map(|envelope| 2 * envelope.event.weight()).sum();
+    assert!(held <= 4 * 1024 * 1024, "{held} bytes held");
+    assert!((4..=8).contains(&replayed.len()), "{} kept", replayed.len());
+    assert_eq!(replayed.last().unwrap().seq, last, "the newest are kept");
+    drop((live, subscription));
     handle.shutdown();
     writer.shutdown();
 }

@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub sse_ping_interval_ms: u64,
     /// Envelopes kept in memory for `Last-Event-ID` replay.
     pub replay_buffer: usize,
+    /// The most memory those envelopes may hold, in bytes (older ones replay from the log).
+    pub replay_buffer_bytes: usize,
     /// Envelopes queued for one stream before it is dropped as too slow.
     pub subscriber_buffer: usize,
     /// Events (all but token deltas) kept in the durable log for replay; older ones are dropped.
@@ -140,6 +142,7 @@ impl Default for ServerConfig {
             body_limit_bytes: 16 * 1024 * 1024,
             sse_ping_interval_ms: 15_000,
             replay_buffer: 10_000,
+            replay_buffer_bytes: 64 * 1024 * 1024,
             subscriber_buffer: 4096,
             event_log_events: 1_000_000,
             write_timeout_ms: 30_000,

@@ -400,6 +400,20 @@ pub struct CompactionCompleted {
 }
 
 impl Event {
+    /// About how many bytes of memory the event holds: what the bus's replay ring counts
+    /// against its budget. A `provider.request` holds the whole conversation it sent.
+    pub fn weight(&self) -> usize {
+        const BASE: usize = 256;
+        BASE + match self {
+            Event::ProviderRequest(request) => {
+                request.messages.iter().map(Message::weight).sum::<usize>() + request.tools.len() * 512
+            }
+            Event::MessageCompleted { message, .. } => message.weight(),
+            Event::MessageDelta { delta, .. } => delta.len(),
+            _ => BASE,
+        }
+    }
+
     /// The event's `type` on the wire.
     pub fn kind(&self) -> &'static str {
         match self {

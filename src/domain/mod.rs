@@ -116,6 +116,17 @@ impl Message {
         }
     }
 
+    /// About how many bytes of memory the message holds.
+    pub fn weight(&self) -> usize {
+        let block = |block: &Block| match block {
+            Block::Text { text } | Block::Reasoning { text } => 32 + text.len(),
+            Block::Image(image) => 64 + image.data.len(),
+            Block::ToolCall(call) => 128 + call.name.len() + call.arguments.len() * 96,
+            Block::ToolResult(result) => 128 + result.content.len() + result.error.as_ref().map_or(0, String::len),
+        };
+        160 + self.blocks.iter().map(block).sum::<usize>() + self.meta.as_ref().map_or(0, |meta| meta.len() * 96)
+    }
+
     /// A message of one text block (none when `text` is empty).
     pub fn text_of(role: Role, text: impl Into<String>) -> Message {
         let mut message = Message::new(role);

@@ -19,7 +19,13 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
     let (store, writer) = Store::open(data).unwrap();
     let (bus, bus_handle) = Bus::start(
         store.clone(),
-        BusConfig { replay_capacity: 100, subscriber_capacity: 100, log_capacity: 1000, renderers: [None, None, None] },
+        BusConfig {
+            replay_bytes: 1 << 30,
+            replay_capacity: 100,
+            subscriber_capacity: 100,
+            log_capacity: 1000,
+            renderers: [None, None, None],
+        },
     )
     .unwrap();
     let echo = Echo { delay: Duration::ZERO, context_window: 1_000_000, pricing: None };

@@ -83,28 +83,24 @@ impl SessionReads for super::sqlite::Sqlite {
                 Some(as_of) => as_of,
                 None => snapshot.query_row("SELECT tick FROM walk_clock", [], |row| row.get(0))?,
             };
-            let (position, id) = match &walk.after {
-                Some((position, id)) => (Some(position.as_str()), Some(id.as_str())),
-                None => (None, None),
-            };
-            // Those not moved since the start, where they stand: a range of the index.
+            // Those not moved since the start, where they stand: a range of the walk's index
+            // (named: left to itself the planner may take the other and sort the tenant). A
+            // first page starts above every timestamp.
             let mut unmoved = snapshot.prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS}, updated_at FROM sessions
-                 WHERE tenant = ?1 AND moved_tick <= ?2
-                   AND (?3 IS NULL OR updated_at < ?3 OR (updated_at = ?3 AND id < ?4))
+                "SELECT {SESSION_COLUMNS}, updated_at FROM sessions INDEXED BY sessions_by_tenant_walk
+                 WHERE tenant = ?1 AND moved_tick <= ?2 AND (updated_at, id) < (?3, ?4)
                  ORDER BY updated_at DESC, id DESC LIMIT ?5"
             ))?;
-            let mut page = walked(unmoved.query_map(params![tenant, as_of, position, id, limit as i64], walked_row)?)?;
+            let below = walk.after.as_ref().map_or(("~", ""), |(position, id)| (position.as_str(), id.as_str()));
+            let mut page =
+                walked(unmoved.query_map(params![tenant, as_of, below.0, below.1, limit as i64], walked_row)?)?;
             // Those moved since (few), at the place their first move since took them from.
             let mut moved = snapshot.prepare_cached(&format!(
                 "SELECT {SESSION_COLUMNS}, (SELECT from_updated_at FROM session_moves m
                      WHERE m.session_id = s.id AND m.tick > ?2 ORDER BY m.tick LIMIT 1) AS place
                  FROM sessions s WHERE tenant = ?1 AND moved_tick > ?2 AND born_tick <= ?2"
             ))?;
-            let after = |walked: &Walked| match (position, id) {
-                (Some(position), Some(id)) => (walked.position.as_str(), walked.summary.id.as_str()) < (position, id),
-                _ => true,
-            };
+            let after = |walked: &Walked| (walked.position.as_str(), walked.summary.id.as_str()) < below;
             page.extend(walked(moved.query_map(params![tenant, as_of], walked_row)?)?.into_iter().filter(after));
             page.sort_by(|a, b| (&b.position, &b.summary.id).cmp(&(&a.position, &a.summary.id)));
             page.truncate(limit);
@@ -231,28 +227,24 @@ impl LogReads for super::sqlite::Sqlite {
     /// `limit`.
     fn events(&self, query: &EventQuery<'_>, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
         self.with(|conn| {
-            let sql = match query.session {
-                Some(_) => {
-                    "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
-                     WHERE session_id = ?4 AND seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL)
-                     ORDER BY seq LIMIT ?5"
-                }
-                None => {
-                    "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
-                     WHERE seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL) AND ?4 IS NULL
-                     ORDER BY seq LIMIT ?5"
-                }
+            let range = (query.after as i64, query.before as i64, limit as i64);
+            let Some(session) = query.session else {
+                // The tenant's events and the unattributed ones, each a range of
+                // `events_by_tenant`, merged: as one query with `OR` the planner collects and
+                // sorts everything after `after`, whatever the limit.
+                let mut events = events_of(conn, "tenant = ?3", range, query.tenant)?;
+                events.extend(events_of(conn, "tenant IS NULL AND ?3 IS NOT NULL", range, query.tenant)?);
+                events.sort_unstable_by_key(|event| event.seq);
+                events.truncate(limit);
+                return Ok(events);
             };
-            let mut statement = conn.prepare_cached(sql)?;
-            let rows = statement.query_map(
-                params![query.after as i64, query.before as i64, query.tenant, query.session, limit as i64],
-                logged_event,
+            let mut statement = conn.prepare_cached(
+                "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
+                 WHERE session_id = ?4 AND seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL)
+                 ORDER BY seq LIMIT ?5",
             )?;
-            let mut events = Vec::new();
-            for row in rows {
-                events.push(row?);
-            }
-            Ok(events)
+            let rows = statement.query_map(params![range.0, range.1, query.tenant, session, range.2], logged_event)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
     }
 
@@ -332,6 +324,22 @@ pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
 
 const SESSION_COLUMNS: &str =
     "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count";
+
+/// Up to `range.2` events with `range.0 < seq < range.1` that `filter` (on `?3`, `tenant`)
+/// keeps, in seq order.
+fn events_of(
+    conn: &Connection,
+    filter: &str,
+    range: (i64, i64, i64),
+    tenant: &str,
+) -> Result<Vec<LoggedEvent>, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
+         WHERE {filter} AND seq > ?1 AND seq < ?2 ORDER BY seq LIMIT ?4"
+    ))?;
+    let rows = statement.query_map(params![range.0, range.1, tenant, range.2], logged_event)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
 
 /// A row of a walk: the session's columns, then its place (`NULL` when its moves are gone:
 /// the row is left out).

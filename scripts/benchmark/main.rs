@@ -520,12 +520,13 @@ fn writer_events_per_second(count: usize) -> f64 {
     let (store, writer) = Store::open(dir.path()).unwrap();
     store.write(vec![session_op("s")]).unwrap();
     let started = Instant::now();
-    let updated_at = kestrel::time::now_rfc3339();
+    let base = kestrel::time::now_millis();
     for i in 0..count {
+        // Each a millisecond later, as appends are: each moves the session (a walk's move).
         let op = WriteOp::AppendMessage {
             session_id: "s".into(),
             message: small_message(i),
-            updated_at: updated_at.clone(),
+            updated_at: kestrel::time::rfc3339_from_millis(base + i as i64),
         };
         store.write_detached(vec![op]).unwrap();
     }
@@ -547,7 +548,7 @@ fn raw_sqlite_events_per_second(count: usize) -> f64 {
         [],
     )
     .unwrap();
-    let updated_at = kestrel::time::now_rfc3339();
+    let base = kestrel::time::now_millis();
     let started = Instant::now();
     let mut conn = conn;
     for batch in (0..count).collect::<Vec<_>>().chunks(4096) {
@@ -561,7 +562,7 @@ fn raw_sqlite_events_per_second(count: usize) -> f64 {
                 .unwrap();
             tx.prepare_cached("UPDATE sessions SET message_count = message_count + 1, updated_at = ?1 WHERE id = 's'")
                 .unwrap()
-                .execute([&updated_at])
+                .execute([kestrel::time::rfc3339_from_millis(base + i as i64)])
                 .unwrap();
         }
         tx.commit().unwrap();

@@ -26,6 +26,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Sql(include_str!("migrations/0009_claims_and_seqs.sql")),
     Migration::Sql(include_str!("migrations/0010_stored_form.sql")),
     Migration::Sql(include_str!("migrations/0011_session_walks.sql")),
+    Migration::Sql(include_str!("migrations/0012_lighter_session_walks.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

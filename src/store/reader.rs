@@ -3,6 +3,7 @@
 //! WAL lets these readers see the last committed state while the writer works, so a handler
 //! never waits for the writer to read. Connections are opened lazily and kept for reuse.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -77,31 +78,45 @@ impl SessionReads for super::sqlite::Sqlite {
 
     fn sessions_page(&self, tenant: &str, walk: &SessionWalk, limit: usize) -> Result<WalkPage, StoreError> {
         self.with(|conn| {
-            // One snapshot for the clock and both queries.
+            // One snapshot for the clock, the moves and the sessions.
             let snapshot = conn.unchecked_transaction()?;
             let as_of = match walk.as_of {
                 Some(as_of) => as_of,
-                None => snapshot.query_row("SELECT tick FROM walk_clock", [], |row| row.get(0))?,
+                None => snapshot.query_row("SELECT coalesce(max(tick), 0) FROM session_moves", [], |row| row.get(0))?,
             };
-            // Those not moved since the start, where they stand: a range of the walk's index
-            // (named: left to itself the planner may take the other and sort the tenant). A
-            // first page starts above every timestamp.
-            let mut unmoved = snapshot.prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS}, updated_at FROM sessions INDEXED BY sessions_by_tenant_walk
-                 WHERE tenant = ?1 AND moved_tick <= ?2 AND (updated_at, id) < (?3, ?4)
-                 ORDER BY updated_at DESC, id DESC LIMIT ?5"
-            ))?;
+            // Every session moved since the start, with where it stood then (`None`: it was
+            // created since). Few: the moves of one walk's lifetime.
+            let mut moves = snapshot.prepare_cached(
+                "SELECT session_id, from_updated_at, min(tick) FROM session_moves WHERE tick > ?1 GROUP BY session_id",
+            )?;
+            let moved = moves
+                .query_map([as_of], |row| Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?)))?
+                .collect::<Result<HashMap<_, _>, _>>()?;
             let below = walk.after.as_ref().map_or(("~", ""), |(position, id)| (position.as_str(), id.as_str()));
-            let mut page =
-                walked(unmoved.query_map(params![tenant, as_of, below.0, below.1, limit as i64], walked_row)?)?;
-            // Those moved since (few), at the place their first move since took them from.
-            let mut moved = snapshot.prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS}, (SELECT from_updated_at FROM session_moves m
-                     WHERE m.session_id = s.id AND m.tick > ?2 ORDER BY m.tick LIMIT 1) AS place
-                 FROM sessions s WHERE tenant = ?1 AND moved_tick > ?2 AND born_tick <= ?2"
+            // Those not moved, where they stand: a range of the walk's index, named (left to
+            // itself the planner may sort the tenant); a first page starts above every time.
+            let mut unmoved = snapshot.prepare_cached(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
+                 WHERE tenant = ?1 AND (updated_at, id) < (?2, ?3) ORDER BY updated_at DESC, id DESC LIMIT ?4"
             ))?;
-            let after = |walked: &Walked| (walked.position.as_str(), walked.summary.id.as_str()) < below;
-            page.extend(walked(moved.query_map(params![tenant, as_of], walked_row)?)?.into_iter().filter(after));
+            let rows =
+                unmoved.query_map(params![tenant, below.0, below.1, (limit + moved.len()) as i64], session_from_row)?;
+            let mut page = Vec::new();
+            for row in rows {
+                let record = row??;
+                if !moved.contains_key(&record.summary.id) {
+                    page.push(Walked { position: record.summary.updated_at.clone(), summary: record.summary });
+                }
+            }
+            // Those moved, at the place they had.
+            let mut by_id = snapshot
+                .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1 AND tenant = ?2"))?;
+            for (id, place) in &moved {
+                let Some(place) = place.as_deref().filter(|place| (*place, id.as_str()) < below) else { continue };
+                if let Some(record) = by_id.query_row(params![id, tenant], session_from_row).optional()? {
+                    page.push(Walked { position: place.to_string(), summary: record?.summary });
+                }
+            }
             page.sort_by(|a, b| (&b.position, &b.summary.id).cmp(&(&a.position, &a.summary.id)));
             page.truncate(limit);
             Ok(WalkPage { as_of, sessions: page })
@@ -339,25 +354,6 @@ fn events_of(
     ))?;
     let rows = statement.query_map(params![range.0, range.1, tenant, range.2], logged_event)?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
-}
-
-/// A row of a walk: the session's columns, then its place (`NULL` when its moves are gone:
-/// the row is left out).
-fn walked_row(row: &Row<'_>) -> rusqlite::Result<Option<Result<Walked, StoreError>>> {
-    let Some(position) = row.get::<_, Option<String>>(10)? else { return Ok(None) };
-    Ok(Some(session_from_row(row)?.map(|record| Walked { position, summary: record.summary })))
-}
-
-fn walked(
-    rows: impl Iterator<Item = rusqlite::Result<Option<Result<Walked, StoreError>>>>,
-) -> Result<Vec<Walked>, StoreError> {
-    let mut found = Vec::new();
-    for row in rows {
-        if let Some(walked) = row? {
-            found.push(walked?);
-        }
-    }
-    Ok(found)
 }
 
 fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SessionRecord, StoreError>> {

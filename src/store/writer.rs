@@ -18,8 +18,11 @@ use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 use crate::domain::STORED_FORM;
 
-/// How often moves of sessions older than any walk are pruned.
+/// How often the moves of sessions older than any walk are pruned.
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Moves older than this are older than any walk (`WALK_TTL_MS`, and a minute's margin).
+const MOVES_KEPT: std::time::Duration = std::time::Duration::from_millis(super::WALK_TTL_MS as u64 + 60_000);
 
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
@@ -28,8 +31,9 @@ pub(super) struct Writer {
     conn: Connection,
     /// How far the oldest events have been dropped, and how far they should be.
     trim: Trim,
-    /// When moves of sessions older than any walk were last pruned.
-    pruned_at: std::time::Instant,
+    /// The last move's tick at each prune, oldest first: ticks no later than one marked more
+    /// than `MOVES_KEPT` ago are older than any walk.
+    move_marks: std::collections::VecDeque<(std::time::Instant, i64)>,
 }
 
 pub struct WriterHandle {
@@ -60,7 +64,9 @@ impl Writer {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::migrate::migrate(&mut conn)?;
-        Ok(Writer { conn, trim: Trim::default(), pruned_at: std::time::Instant::now() })
+        let last_move = last_move(&conn)?;
+        let move_marks = std::collections::VecDeque::from([(std::time::Instant::now(), last_move)]);
+        Ok(Writer { conn, trim: Trim::default(), move_marks })
     }
 
     pub(super) fn spawn(
@@ -196,19 +202,42 @@ impl Writer {
         }
         seqs.store(&tx)?;
         trim.step(&tx)?;
-        let prune = self.pruned_at.elapsed() > PRUNE_EVERY;
-        if prune {
-            // A range of `session_moves_by_time`: about a minute's moves.
-            let cutoff = crate::time::rfc3339_from_millis(crate::time::now_millis() - super::WALK_TTL_MS - 60_000);
-            tx.prepare_cached("DELETE FROM session_moves WHERE moved_at < ?1")?.execute([cutoff])?;
-        }
+        let mark = prune_moves(&self.move_marks, &tx)?;
         tx.commit()?;
-        if prune {
-            self.pruned_at = std::time::Instant::now();
+        if let Some(mark) = mark {
+            self.move_marks.push_back(mark);
+            while self.move_marks.front().is_some_and(|(at, _)| at.elapsed() > MOVES_KEPT + PRUNE_EVERY) {
+                self.move_marks.pop_front();
+            }
         }
         self.trim = trim;
         Ok(committed)
     }
+}
+
+/// Once every `PRUNE_EVERY`, drops the moves older than any walk: a range of the primary
+/// key, about a minute's moves. The last move stays, so that ticks never go back. The mark
+/// to keep once this commits.
+fn prune_moves(
+    marks: &std::collections::VecDeque<(std::time::Instant, i64)>,
+    tx: &Transaction<'_>,
+) -> Result<Option<(std::time::Instant, i64)>, StoreError> {
+    if marks.back().is_some_and(|(at, _)| at.elapsed() < PRUNE_EVERY) {
+        return Ok(None);
+    }
+    let older = marks.iter().rev().find(|(at, _)| at.elapsed() > MOVES_KEPT);
+    if let Some((_, tick)) = older {
+        tx.prepare_cached(
+            "DELETE FROM session_moves WHERE tick <= ?1 AND tick < (SELECT max(tick) FROM session_moves)",
+        )?
+        .execute([tick])?;
+    }
+    Ok(Some((std::time::Instant::now(), last_move(tx)?)))
+}
+
+/// The tick of the last move of a session (`session_moves`), or 0.
+fn last_move(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn.query_row("SELECT coalesce(max(tick), 0) FROM session_moves", [], |row| row.get(0))?)
 }
 
 /// The log's seqs within one transaction. The last seq allocated is the larger of
@@ -613,5 +642,34 @@ mod tests {
         assert_eq!(record.summary.status, SessionStatus::Interrupted);
         assert_eq!(record.summary.message_count, 2);
         writer.shutdown();
+    }
+
+    /// Moves are dropped by the mark older than any walk, never the last one (ticks must
+    /// not go back), and not again before `PRUNE_EVERY`.
+    #[test]
+    fn moves_older_than_any_walk_are_pruned_but_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = super::Writer::open(&dir.path().join("kestrel.db")).unwrap();
+        let tx = writer.conn.transaction().unwrap();
+        for n in 0..5 {
+            tx.execute("INSERT INTO session_moves (session_id) VALUES (?1)", [format!("s{n}")]).unwrap();
+        }
+        let now = std::time::Instant::now();
+        let long_ago = now - super::MOVES_KEPT - std::time::Duration::from_secs(1);
+        let recent = now - super::PRUNE_EVERY / 2;
+        // Pruned not long ago: nothing.
+        assert!(super::prune_moves(&[(long_ago, 3), (recent, 5)].into(), &tx).unwrap().is_none());
+        let ticks = |tx: &rusqlite::Transaction<'_>| -> Vec<i64> {
+            let mut statement = tx.prepare("SELECT tick FROM session_moves ORDER BY tick").unwrap();
+            statement.query_map([], |row| row.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+        };
+        assert_eq!(ticks(&tx), [1, 2, 3, 4, 5]);
+        let before = now - super::PRUNE_EVERY * 2;
+        let (_, last) = super::prune_moves(&[(long_ago, 3), (before, 5)].into(), &tx).unwrap().unwrap();
+        assert_eq!((ticks(&tx), last), (vec![4, 5], 5), "up to the mark older than any walk");
+        let (_, last) = super::prune_moves(&[(long_ago, 9)].into(), &tx).unwrap().unwrap();
+        assert_eq!((ticks(&tx), last), (vec![5], 5), "the last move stays");
+        tx.execute("INSERT INTO session_moves (session_id) VALUES ('next')", []).unwrap();
+        assert_eq!(ticks(&tx), [5, 6], "and the next tick follows it");
     }
 }

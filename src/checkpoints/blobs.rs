@@ -133,22 +133,32 @@ impl Batch<'_> {
         Ok(true)
     }
 
-    /// Makes every new blob durable, puts it in place and syncs the directories it went to.
+    /// Makes every new blob durable, puts it in place and makes the renames durable: a few
+    /// blobs by syncing each file and then their directories, many by one `syncfs` before
+    /// the renames and one after (rather than a sync of each of up to 257 directories).
     pub fn finish(mut self) -> std::io::Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        match self.pending.len() <= FSYNC_EACH {
+        let few = self.pending.len() <= FSYNC_EACH;
+        match few {
             true => self.open.iter().try_for_each(std::fs::File::sync_all)?,
-            false => nix::unistd::syncfs(std::fs::File::open(&self.store.dir)?)?,
+            false => syncfs(&self.store.dir)?,
         }
         self.open.clear();
         for (temporary, path) in std::mem::take(&mut self.pending) {
             std::fs::rename(&temporary, &path)?;
         }
-        let digests: Vec<String> = self.seen.drain().collect();
-        self.store.sync_dirs(&digests)
+        match few {
+            true => self.store.sync_dirs(&self.seen.drain().collect::<Vec<_>>()),
+            false => syncfs(&self.store.dir),
+        }
     }
+}
+
+/// Writes out everything dirty on the filesystem holding `dir`.
+fn syncfs(dir: &Path) -> std::io::Result<()> {
+    Ok(nix::unistd::syncfs(std::fs::File::open(dir)?)?)
 }
 
 impl Drop for Batch<'_> {

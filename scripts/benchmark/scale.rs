@@ -23,7 +23,7 @@ use super::bae::percentile;
 use super::client::{open_stream, read_chunk, Connection};
 use super::{median, report, Spawned};
 
-const VERSION: &str = "kestrel-bench-scale 2";
+const VERSION: &str = "kestrel-bench-scale 3";
 const DEFAULT_TOKEN: &str = "bench-default-token";
 const BULK_TOKEN: &str = "bench-bulk-token";
 
@@ -244,8 +244,9 @@ fn write_workspace(workspace: &Path, files: usize) {
 /// A BAE session of `turns` turns against a fake Messages endpoint, through the server.
 fn bae_session(data: &Path, workspace: &Path, turns: usize) -> (String, String) {
     let fake = Spawned::helper("fake-messages");
+    // The log's capacity above the fixture's events, or this server would trim them.
     let config = format!(
-        "[providers.fake]\nwire = \"anthropic\"\nbase_url = \"http://{}/v1\"\nmodels = [{{ name = \"claude-x\" }}]\n",
+        "[server]\nevent_log_events = 1000000000\n\n[providers.fake]\nwire = \"anthropic\"\nbase_url = \"http://{}/v1\"\nmodels = [{{ name = \"claude-x\" }}]\n",
         fake.host
     );
     let mut kestrel = Spawned::kestrel_on(data, workspace, &config);
@@ -355,6 +356,27 @@ fn session_list(host: &str, size: Size, floor_rate: f64) {
     let p95 = percentile(&mut latencies, 0.95);
     let label = format!("whole session list ({} sessions), 16 clients: p95", size.default_sessions);
     report::vs_target(&label, p95, "ms", 250.0, "< 250 ms");
+    // The same while a session is renamed every 50 ms: the cached answer is read again.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut latencies = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut connection = Connection::open(host).unwrap();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = format!(r#"{{"title":"renamed {n}"}}"#);
+                let path = format!("/api/sessions/ses_{:032x}", size.big_sessions);
+                let answer = connection.request_as("PATCH", &path, Some(DEFAULT_TOKEN), body.as_bytes()).unwrap();
+                assert_eq!(answer.status, 200);
+                n += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (_, latencies) = load(host, "/api/sessions", DEFAULT_TOKEN, 16);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        latencies
+    });
+    let p95 = percentile(&mut latencies, 0.95);
+    report::info("  p95 while a session is renamed every 50 ms", p95, "ms");
 }
 
 fn big_session(host: &str, facts: &Facts) {

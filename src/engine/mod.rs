@@ -243,6 +243,11 @@ impl Engine {
         Ok(self.shared.store.readers().sessions_of(tenant)?)
     }
 
+    /// A number that changes whenever any session's summary does (`SessionReads::sessions_version`).
+    pub fn sessions_version(&self) -> Result<i64, EngineError> {
+        Ok(self.shared.store.readers().sessions_version()?)
+    }
+
     /// A page of a walk of the tenant's sessions (`SessionReads::sessions_page`).
     pub fn list_sessions_page(
         &self,

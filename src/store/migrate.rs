@@ -27,6 +27,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Sql(include_str!("migrations/0010_stored_form.sql")),
     Migration::Sql(include_str!("migrations/0011_session_walks.sql")),
     Migration::Sql(include_str!("migrations/0012_lighter_session_walks.sql")),
+    Migration::Sql(include_str!("migrations/0013_session_list_version.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

@@ -223,15 +223,14 @@ pub(crate) fn decode_message(body: &str, form: i64) -> Result<Message, StoreErro
 /// A logged event's body, in its stored form.
 pub fn decode_event(logged: &LoggedEvent) -> Result<crate::domain::Event, StoreError> {
     match logged.form {
-        crate::domain::STORED_FORM => {
-            serde_json::from_str(&logged.body).map_err(|e| StoreError::Corrupt(e.to_string()))
-        }
+        crate::domain::STORED_FORM => crate::domain::Event::from_stored(&logged.kind, &logged.body)
+            .map_err(|e| StoreError::Corrupt(e.to_string())),
         other => Err(StoreError::Corrupt(format!("an event in stored form {other}, which this server does not read"))),
     }
 }
 
-/// Where a walk of a tenant's sessions is (migration 0011 tells how a walk stays stable):
-/// its start (`as_of`, a tick of the walk clock; `None` for a first page, which starts the
+/// Where a walk of a tenant's sessions is (migration 0012 tells how a walk stays stable):
+/// its start (`as_of`, a tick of `session_moves`; `None` for a first page, which starts the
 /// walk) and, after its first page, the place of the last session listed (`after`: that
 /// session's `updated_at` as of the start, and its id).
 #[derive(Debug, Clone, PartialEq, Eq)]

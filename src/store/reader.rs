@@ -65,7 +65,8 @@ impl SessionReads for super::sqlite::Sqlite {
     fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ?1 ORDER BY updated_at DESC, rowid DESC"
+                "SELECT {SESSION_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
+                 WHERE tenant = ?1 ORDER BY updated_at DESC, id DESC"
             ))?;
             let rows = statement.query_map([tenant], session_from_row)?;
             let mut sessions = Vec::new();
@@ -74,6 +75,10 @@ impl SessionReads for super::sqlite::Sqlite {
             }
             Ok(sessions)
         })
+    }
+
+    fn sessions_version(&self) -> Result<i64, StoreError> {
+        self.with(|conn| Ok(conn.query_row("SELECT coalesce(max(tick), 0) FROM session_moves", [], |row| row.get(0))?))
     }
 
     fn sessions_page(&self, tenant: &str, walk: &SessionWalk, limit: usize) -> Result<WalkPage, StoreError> {

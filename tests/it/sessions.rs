@@ -251,3 +251,33 @@ fn paging_rejects_bad_limits_and_cursors_and_keeps_to_the_tenant() {
     expected.sort();
     assert_eq!(walked, expected);
 }
+
+#[test]
+fn the_whole_list_answers_every_change_at_once() {
+    let server = TestServer::start();
+    let (a, b) = (server.create_session(json!({ "title": "a" })), server.create_session(json!({ "title": "b" })));
+    let titles = || -> Vec<(String, String, u64)> {
+        let listed = server.get("/api/sessions").json;
+        listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let field = |name: &str| s[name].as_str().unwrap().to_owned();
+                (field("id"), field("title"), s["messageCount"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    assert_eq!(titles().len(), 2);
+    // Each change shows in the next answer, however soon after the last it comes.
+    for n in 0..5 {
+        assert_eq!(server.patch(&format!("/api/sessions/{a}"), json!({ "title": format!("a{n}") })).status, 200);
+        assert!(titles().contains(&(a.clone(), format!("a{n}"), 0)), "rename {n}");
+    }
+    server.run_to_end(&b, "hello");
+    assert!(titles().contains(&(b.clone(), "b".into(), 2)), "the run's messages are counted");
+    assert_eq!(server.delete(&format!("/api/sessions/{b}")).status, 204);
+    assert_eq!(titles(), [(a.clone(), "a4".into(), 0)], "a deletion shows");
+    let c = server.create_session(json!({ "title": "c" }));
+    assert_eq!(titles()[0].0, c, "a creation shows");
+}

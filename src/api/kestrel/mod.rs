@@ -48,6 +48,8 @@ pub struct KestrelApi {
     file_read_limit: usize,
     started: Instant,
     plugins: Arc<crate::plugins::Plugins>,
+    /// The whole session list's last answer per tenant, with the version it was read at.
+    lists: sessions::ListCache,
 }
 
 /// The authenticated caller.
@@ -128,7 +130,8 @@ impl KestrelApi {
         file_read_limit: usize,
         plugins: Arc<crate::plugins::Plugins>,
     ) -> Arc<KestrelApi> {
-        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started: Instant::now(), plugins })
+        let lists = sessions::ListCache::default();
+        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started: Instant::now(), plugins, lists })
     }
 
     fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {

@@ -1,5 +1,8 @@
 //! Session routes: list, create, get, patch, delete.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::Serialize;
@@ -39,9 +42,7 @@ const MAX_PROMPT_CHARS: usize = 100_000;
 pub fn list(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Reply, ApiError> {
     let (limit, cursor) = (request.query("limit"), request.query("cursor"));
     if limit.is_none() && cursor.is_none() {
-        let sessions = api.engine.list_sessions(&caller.tenant)?;
-        let sessions = sessions.iter().map(WireSummary::from).collect();
-        return Ok(json(200, &SessionList { sessions, next_cursor: None }));
+        return whole_list(api, caller);
     }
     let limit = match limit.map(str::parse::<usize>) {
         None => 100,
@@ -62,6 +63,37 @@ pub fn list(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Repl
     };
     let sessions = page.sessions.iter().map(|walked| WireSummary::from(&walked.summary)).collect();
     Ok(json(200, &SessionList { sessions, next_cursor }))
+}
+
+/// The whole list's last answer per tenant, and the sessions' version it was read at
+/// (`Engine::sessions_version`): a list of thousands of sessions is megabytes of JSON, and
+/// clients poll it.
+#[derive(Default)]
+pub struct ListCache(std::sync::Mutex<HashMap<String, (i64, Arc<Vec<u8>>)>>);
+
+/// The most tenants whose list is kept.
+const LISTS_KEPT: usize = 64;
+
+/// Every session of the tenant: the cached answer while no session changed since it was read.
+fn whole_list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
+    // Read before the list: a change landing in between leaves an answer newer than its
+    // version, which the next request reads again, never an older one.
+    let version = api.engine.sessions_version()?;
+    let cached = api.lists.0.lock().unwrap_or_else(|e| e.into_inner()).get(&caller.tenant).cloned();
+    if let Some((_, body)) = cached.filter(|(at, _)| *at == version) {
+        return Ok(Reply::Json { status: 200, body: body.to_vec(), headers: Vec::new() });
+    }
+    let sessions = api.engine.list_sessions(&caller.tenant)?;
+    let sessions = sessions.iter().map(WireSummary::from).collect();
+    let reply = json(200, &SessionList { sessions, next_cursor: None });
+    if let Reply::Json { status: 200, body, .. } = &reply {
+        let mut lists = api.lists.0.lock().unwrap_or_else(|e| e.into_inner());
+        if lists.len() >= LISTS_KEPT && !lists.contains_key(&caller.tenant) {
+            lists.clear();
+        }
+        lists.insert(caller.tenant.clone(), (version, Arc::new(body.clone())));
+    }
+    Ok(reply)
 }
 
 /// A walk's place, as an opaque token: base64url of `{"asOf", "t", "pos", "id"}` (the walk

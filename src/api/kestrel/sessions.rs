@@ -69,7 +69,10 @@ pub fn list(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Repl
 /// (`Engine::sessions_version`): a list of thousands of sessions is megabytes of JSON, and
 /// clients poll it.
 #[derive(Default)]
-pub struct ListCache(std::sync::Mutex<HashMap<String, (i64, Arc<Vec<u8>>)>>);
+pub struct ListCache(std::sync::Mutex<HashMap<String, Listed>>);
+
+/// A list's answer and the version it was read at.
+type Listed = (i64, Arc<Vec<u8>>);
 
 /// The most tenants whose list is kept.
 const LISTS_KEPT: usize = 64;

@@ -86,7 +86,8 @@ pub trait SessionReads: Send + Sync {
     /// A tenant's sessions, most recently updated first.
     fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError>;
     /// A number that changes whenever a session is created, deleted, or changes a field of
-    /// its summary: while it stays, `sessions_of` answers the same.
+    /// its summary, its system prompt or its messages: while it stays, `sessions_of`,
+    /// `session` and `messages` answer the same.
     fn sessions_version(&self) -> Result<i64, StoreError>;
     /// Up to `limit` of a tenant's sessions that existed at the walk's start, after its place,
     /// ordered by `updated_at` as of the start (most recent first, ties by id, descending). A

@@ -281,3 +281,25 @@ fn the_whole_list_answers_every_change_at_once() {
     let c = server.create_session(json!({ "title": "c" }));
     assert_eq!(titles()[0].0, c, "a creation shows");
 }
+
+#[test]
+fn a_sessions_detail_answers_every_change_at_once() {
+    let server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let path = format!("/api/sessions/{id}");
+    let detail = || server.get(&path).json["session"].clone();
+    assert_eq!(detail()["messages"], json!([]));
+    for n in 0..5 {
+        assert_eq!(server.patch(&path, json!({ "systemPrompt": format!("p{n}") })).status, 200);
+        assert_eq!(detail()["systemPrompt"], format!("p{n}"), "prompt {n}");
+    }
+    server.run_to_end(&id, "first");
+    assert_eq!(detail()["messages"].as_array().unwrap().len(), 2);
+    server.run_to_end(&id, "second");
+    let messages = detail()["messages"].as_array().unwrap().clone();
+    assert_eq!(messages.len(), 4);
+    let second = messages[2]["id"].as_str().unwrap();
+    let rewound = server.post(&format!("{path}/rewind"), json!({ "messageId": second }));
+    assert_eq!(rewound.status, 200, "{}", rewound.text);
+    assert_eq!(detail()["messages"].as_array().unwrap().len(), 2, "a rewind shows");
+}

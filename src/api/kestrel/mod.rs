@@ -48,8 +48,9 @@ pub struct KestrelApi {
     file_read_limit: usize,
     started: Instant,
     plugins: Arc<crate::plugins::Plugins>,
-    /// The whole session list's last answer per tenant, with the version it was read at.
-    lists: sessions::ListCache,
+    /// The whole session list's last answer per tenant, and sessions' detail answers.
+    lists: sessions::AnswerCache,
+    details: sessions::AnswerCache,
 }
 
 /// The authenticated caller.
@@ -130,8 +131,9 @@ impl KestrelApi {
         file_read_limit: usize,
         plugins: Arc<crate::plugins::Plugins>,
     ) -> Arc<KestrelApi> {
-        let lists = sessions::ListCache::default();
-        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started: Instant::now(), plugins, lists })
+        let (lists, details) = (sessions::AnswerCache::default(), sessions::AnswerCache::default());
+        let started = Instant::now();
+        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started, plugins, lists, details })
     }
 
     fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {

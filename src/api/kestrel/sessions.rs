@@ -65,36 +65,50 @@ pub fn list(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Repl
     Ok(json(200, &SessionList { sessions, next_cursor }))
 }
 
-/// The whole list's last answer per tenant, and the sessions' version it was read at
-/// (`Engine::sessions_version`): a list of thousands of sessions is megabytes of JSON, and
-/// clients poll it.
+/// Answers kept while no session changed (`Engine::sessions_version`, read before the
+/// answer: a change landing in between leaves an answer newer than its version, which the
+/// next request reads again, never an older one). The whole list is megabytes of JSON for
+/// thousands of sessions and a session's detail for thousands of messages, and clients poll
+/// both. At most `ANSWERS_KEPT_BYTES` are kept; past that, everything is dropped.
 #[derive(Default)]
-pub struct ListCache(std::sync::Mutex<HashMap<String, Listed>>);
+pub struct AnswerCache(std::sync::Mutex<(HashMap<String, Kept>, usize)>);
 
-/// A list's answer and the version it was read at.
-type Listed = (i64, Arc<Vec<u8>>);
+/// An answer and the version it was read at.
+type Kept = (i64, Arc<Vec<u8>>);
 
-/// The most tenants whose list is kept.
-const LISTS_KEPT: usize = 64;
+const ANSWERS_KEPT_BYTES: usize = 64 * 1024 * 1024;
+
+impl AnswerCache {
+    fn get(&self, key: &str, version: i64) -> Option<Arc<Vec<u8>>> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.0.get(key).filter(|(at, _)| *at == version).map(|(_, body)| Arc::clone(body))
+    }
+
+    fn put(&self, key: String, version: i64, body: &[u8]) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (answers, bytes) = &mut *kept;
+        if *bytes + body.len() > ANSWERS_KEPT_BYTES {
+            answers.clear();
+            *bytes = 0;
+        }
+        if let Some((_, replaced)) = answers.insert(key, (version, Arc::new(body.to_vec()))) {
+            *bytes -= replaced.len();
+        }
+        *bytes += body.len();
+    }
+}
 
 /// Every session of the tenant: the cached answer while no session changed since it was read.
 fn whole_list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
-    // Read before the list: a change landing in between leaves an answer newer than its
-    // version, which the next request reads again, never an older one.
     let version = api.engine.sessions_version()?;
-    let cached = api.lists.0.lock().unwrap_or_else(|e| e.into_inner()).get(&caller.tenant).cloned();
-    if let Some((_, body)) = cached.filter(|(at, _)| *at == version) {
+    if let Some(body) = api.lists.get(&caller.tenant, version) {
         return Ok(Reply::Json { status: 200, body: body.to_vec(), headers: Vec::new() });
     }
     let sessions = api.engine.list_sessions(&caller.tenant)?;
     let sessions = sessions.iter().map(WireSummary::from).collect();
     let reply = json(200, &SessionList { sessions, next_cursor: None });
     if let Reply::Json { status: 200, body, .. } = &reply {
-        let mut lists = api.lists.0.lock().unwrap_or_else(|e| e.into_inner());
-        if lists.len() >= LISTS_KEPT && !lists.contains_key(&caller.tenant) {
-            lists.clear();
-        }
-        lists.insert(caller.tenant.clone(), (version, Arc::new(body.clone())));
+        api.lists.put(caller.tenant.clone(), version, body);
     }
     Ok(reply)
 }
@@ -154,14 +168,24 @@ pub fn create(api: &KestrelApi, caller: &Caller, request: &mut Request) -> Resul
 }
 
 /// `?compacted=true` also shows the messages a compaction replaced (`hidden: true`), for audit.
+/// A session's answer is cached, like the whole list, while no session changed.
 pub fn get(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Result<Reply, ApiError> {
     let with_compacted = match request.query("compacted") {
         None | Some("false") => false,
         Some("true") => true,
         Some(_) => return Err(ApiError::bad_request("invalid_query", "`compacted` must be true or false")),
     };
+    let key = format!("{}\n{id}\n{with_compacted}", caller.tenant);
+    let version = api.engine.sessions_version()?;
+    if let Some(body) = api.details.get(&key, version) {
+        return Ok(Reply::Json { status: 200, body: body.to_vec(), headers: Vec::new() });
+    }
     let session = api.engine.session_with(&caller.tenant, id, with_compacted)?;
-    Ok(json(200, &OneSession { session: WireSession::from(&session) }))
+    let reply = json(200, &OneSession { session: WireSession::from(&session) });
+    if let Reply::Json { status: 200, body, .. } = &reply {
+        api.details.put(key, version, body);
+    }
+    Ok(reply)
 }
 
 pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {

@@ -43,7 +43,9 @@ fn hold(server: &Spawned, path: &str, health: &str, count: usize) -> ((u64, u64,
 
 pub fn rows(quick: bool) {
     let count = if quick { 1_000 } else { 10_000 };
-    let kestrel = Spawned::kestrel(&[]);
+    // An idle stream holds one descriptor (its socket), but `max_connections` derived from the
+    // limit counts four per connection (README, Limits and hardening): set it for the streams.
+    let kestrel = Spawned::kestrel_with_config(&[], &format!("[server]\nmax_connections = {}\n", count + 1_000));
     let idle = usage(kestrel.child.id());
     let ((rss, peak, threads, descriptors), mut latencies) = hold(&kestrel, "/api/events", "/api/health", count);
     drop(kestrel);

@@ -64,6 +64,7 @@ fn main() {
         Some("fake-provider") => return relay::fake_provider(),
         Some("bare-relay") => return relay::bare_relay(),
         Some("fake-messages") => return bae::fake_messages(),
+        Some("probe") => return scale::probe(),
         _ => {}
     }
     let args = args();

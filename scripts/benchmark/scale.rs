@@ -89,7 +89,7 @@ pub fn rows(quick: bool) {
     drop(floor);
     session_list(&kestrel.host, size, floor_rate);
     big_session(&kestrel.host, &facts);
-    bae_history(&kestrel.host, &facts);
+    bae_history(&kestrel.host, &data, &facts);
     replay(&kestrel.host, &data, if quick { &[50_000, 100_000] } else { &[50_000, 1_000_000] });
     checkpoints(&kestrel.host, &root, &workspace);
     kestrel.stop();
@@ -393,23 +393,20 @@ fn big_session(host: &str, facts: &Facts) {
     );
 }
 
-fn bae_history(host: &str, facts: &Facts) {
+fn bae_history(host: &str, data: &Path, facts: &Facts) {
     let first = format!("/api/v1/sessions/{}/events?limit=100", facts.bae_session);
-    let mut path = first.clone();
-    let mut pages = 0;
-    // Half-way through the history, a page at a time.
-    let total = loop {
-        let page = get_json(host, &path, &facts.bae_key);
-        pages += 1;
-        match page["next_cursor"].as_str() {
-            Some(cursor) => path = format!("{first}&cursor={cursor}"),
-            None => break pages,
-        }
-    };
+    // The pages there are, counted in the log (walking them all costs minutes).
+    let db = rusqlite::Connection::open_with_flags(data.join("kestrel.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    let events: usize = db
+        .query_row("SELECT count(*) FROM events WHERE session_id = ?1", [&facts.bae_session], |row| row.get(0))
+        .unwrap();
+    let total = events.div_ceil(100);
     let mut deep = first.clone();
     for _ in 0..total / 2 {
         let page = get_json(host, &deep, &facts.bae_key);
-        deep = format!("{first}&cursor={}", page["next_cursor"].as_str().unwrap());
+        let Some(cursor) = page["next_cursor"].as_str() else { break };
+        deep = format!("{first}&cursor={cursor}");
     }
     for (label, path) in [("first page", first), ("middle page", deep)] {
         let (_, mut latencies) = load(host, &path, &facts.bae_key, 8);
@@ -602,7 +599,7 @@ impl Histogram {
 }
 
 fn commit_histogram(host: &str) -> Histogram {
-    let answer = Connection::open(host).unwrap().request_as("GET", "/api/metrics", Some(DEFAULT_TOKEN), b"").unwrap();
+    let answer = Connection::open(host).unwrap().request_as("GET", "/metrics", Some(DEFAULT_TOKEN), b"").unwrap();
     let text = String::from_utf8_lossy(&answer.body);
     let mut histogram = Histogram { buckets: Vec::new(), count: 0.0 };
     for line in text.lines() {
@@ -616,4 +613,12 @@ fn commit_histogram(host: &str) -> Histogram {
         }
     }
     histogram
+}
+
+/// `probe HOST PATH TOKEN CLIENTS`: one `load`, printed (for looking into a row).
+pub fn probe() {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let (rate, mut latencies) = load(&args[0], &args[1], &args[2], args[3].parse().unwrap());
+    let p50 = percentile(&mut latencies, 0.5);
+    println!("{rate:.0} req/s, p50 {p50:.2} ms, p95 {:.2} ms", percentile(&mut latencies, 0.95));
 }

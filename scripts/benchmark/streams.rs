@@ -58,7 +58,9 @@ pub fn rows(quick: bool) {
     let per = |now: u64, before: u64, streams: usize| now.saturating_sub(before) as f64 / streams as f64;
     match quick {
         true => report::info(&format!("RSS with {count} idle SSE streams"), rss as f64, "MiB"),
-        false => report::vs_target(&format!("RSS with {count} idle SSE streams"), rss as f64, "MiB", 600.0, "< 600 MiB"),
+        false => {
+            report::vs_target(&format!("RSS with {count} idle SSE streams"), rss as f64, "MiB", 600.0, "< 600 MiB")
+        }
     }
     report::info(&format!("  peak RSS ({count} streams)"), peak as f64, "MiB");
     report::vs_floor(

@@ -4,6 +4,7 @@
 //! handler turns a request into an `Engine` call and the result into JSON. Errors from the
 //! engine are mapped in one place (`error.rs`).
 
+mod answers;
 mod approvals;
 mod body;
 mod checkpoints;
@@ -49,8 +50,8 @@ pub struct KestrelApi {
     started: Instant,
     plugins: Arc<crate::plugins::Plugins>,
     /// The whole session list's last answer per tenant, and sessions' detail answers.
-    lists: sessions::AnswerCache,
-    details: sessions::AnswerCache,
+    lists: answers::AnswerCache,
+    details: answers::AnswerCache,
 }
 
 /// The authenticated caller.
@@ -131,7 +132,7 @@ impl KestrelApi {
         file_read_limit: usize,
         plugins: Arc<crate::plugins::Plugins>,
     ) -> Arc<KestrelApi> {
-        let (lists, details) = (sessions::AnswerCache::default(), sessions::AnswerCache::default());
+        let (lists, details) = (answers::AnswerCache::default(), answers::AnswerCache::default());
         let started = Instant::now();
         Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started, plugins, lists, details })
     }

@@ -1,8 +1,5 @@
 //! Session routes: list, create, get, patch, delete.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use serde::Serialize;
@@ -65,52 +62,14 @@ pub fn list(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Repl
     Ok(json(200, &SessionList { sessions, next_cursor }))
 }
 
-/// Answers kept while no session changed (`Engine::sessions_version`, read before the
-/// answer: a change landing in between leaves an answer newer than its version, which the
-/// next request reads again, never an older one). The whole list is megabytes of JSON for
-/// thousands of sessions and a session's detail for thousands of messages, and clients poll
-/// both. At most `ANSWERS_KEPT_BYTES` are kept; past that, everything is dropped.
-#[derive(Default)]
-pub struct AnswerCache(std::sync::Mutex<(HashMap<String, Kept>, usize)>);
-
-/// An answer and the version it was read at.
-type Kept = (i64, Arc<Vec<u8>>);
-
-const ANSWERS_KEPT_BYTES: usize = 64 * 1024 * 1024;
-
-impl AnswerCache {
-    fn get(&self, key: &str, version: i64) -> Option<Arc<Vec<u8>>> {
-        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        kept.0.get(key).filter(|(at, _)| *at == version).map(|(_, body)| Arc::clone(body))
-    }
-
-    fn put(&self, key: String, version: i64, body: &[u8]) {
-        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (answers, bytes) = &mut *kept;
-        if *bytes + body.len() > ANSWERS_KEPT_BYTES {
-            answers.clear();
-            *bytes = 0;
-        }
-        if let Some((_, replaced)) = answers.insert(key, (version, Arc::new(body.to_vec()))) {
-            *bytes -= replaced.len();
-        }
-        *bytes += body.len();
-    }
-}
-
 /// Every session of the tenant: the cached answer while no session changed since it was read.
 fn whole_list(api: &KestrelApi, caller: &Caller) -> Result<Reply, ApiError> {
     let version = api.engine.sessions_version()?;
-    if let Some(body) = api.lists.get(&caller.tenant, version) {
-        return Ok(Reply::Json { status: 200, body: body.to_vec(), headers: Vec::new() });
-    }
-    let sessions = api.engine.list_sessions(&caller.tenant)?;
-    let sessions = sessions.iter().map(WireSummary::from).collect();
-    let reply = json(200, &SessionList { sessions, next_cursor: None });
-    if let Reply::Json { status: 200, body, .. } = &reply {
-        api.lists.put(caller.tenant.clone(), version, body);
-    }
-    Ok(reply)
+    api.lists.answer(&caller.tenant, version, || {
+        let sessions = api.engine.list_sessions(&caller.tenant)?;
+        let sessions = sessions.iter().map(WireSummary::from).collect();
+        Ok(json(200, &SessionList { sessions, next_cursor: None }))
+    })
 }
 
 /// A walk's place, as an opaque token: base64url of `{"asOf", "t", "pos", "id"}` (the walk
@@ -177,15 +136,10 @@ pub fn get(api: &KestrelApi, caller: &Caller, id: &str, request: &Request) -> Re
     };
     let key = format!("{}\n{id}\n{with_compacted}", caller.tenant);
     let version = api.engine.sessions_version()?;
-    if let Some(body) = api.details.get(&key, version) {
-        return Ok(Reply::Json { status: 200, body: body.to_vec(), headers: Vec::new() });
-    }
-    let session = api.engine.session_with(&caller.tenant, id, with_compacted)?;
-    let reply = json(200, &OneSession { session: WireSession::from(&session) });
-    if let Reply::Json { status: 200, body, .. } = &reply {
-        api.details.put(key, version, body);
-    }
-    Ok(reply)
+    api.details.answer(&key, version, || {
+        let session = api.engine.session_with(&caller.tenant, id, with_compacted)?;
+        Ok(json(200, &OneSession { session: WireSession::from(&session) }))
+    })
 }
 
 pub fn patch(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {

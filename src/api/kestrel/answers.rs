@@ -116,44 +116,38 @@ mod tests {
         }
     }
 
+    /// A request for `k` at version 1 on its own thread, whose read (if it reads) counts in
+    /// `reads`, waits for `gate` and answers `text`.
+    fn request(
+        cache: &Arc<AnswerCache>,
+        reads: &Arc<AtomicUsize>,
+        text: &'static str,
+        gate: Option<(crossbeam_channel::Sender<()>, crossbeam_channel::Receiver<()>)>,
+    ) -> std::thread::JoinHandle<String> {
+        let (cache, reads) = (Arc::clone(cache), Arc::clone(reads));
+        std::thread::spawn(move || {
+            let read = || {
+                reads.fetch_add(1, Ordering::SeqCst);
+                if let Some((started, release)) = gate {
+                    started.send(()).unwrap();
+                    release.recv().unwrap();
+                }
+                reply(text)
+            };
+            body(cache.answer("k", 1, read).unwrap())
+        })
+    }
+
     #[test]
     fn requests_missing_at_once_read_once_and_a_newer_version_reads_again() {
         let cache = Arc::new(AnswerCache::default());
         let reads = Arc::new(AtomicUsize::new(0));
         let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
         let (release, released) = crossbeam_channel::bounded::<()>(1);
-        let first = {
-            let (cache, reads) = (Arc::clone(&cache), Arc::clone(&reads));
-            std::thread::spawn(move || {
-                body(
-                    cache
-                        .answer("k", 1, || {
-                            reads.fetch_add(1, Ordering::SeqCst);
-                            started_tx.send(()).unwrap();
-                            released.recv().unwrap();
-                            reply("one")
-                        })
-                        .unwrap(),
-                )
-            })
-        };
+        let first = request(&cache, &reads, "one", Some((started_tx, released)));
         started.recv().unwrap();
         // The first is reading: these wait for it instead of reading too.
-        let waiting: Vec<_> = (0..4)
-            .map(|_| {
-                let (cache, reads) = (Arc::clone(&cache), Arc::clone(&reads));
-                std::thread::spawn(move || {
-                    body(
-                        cache
-                            .answer("k", 1, || {
-                                reads.fetch_add(1, Ordering::SeqCst);
-                                reply("again")
-                            })
-                            .unwrap(),
-                    )
-                })
-            })
-            .collect();
+        let waiting: Vec<_> = (0..4).map(|_| request(&cache, &reads, "again", None)).collect();
         release.send(()).unwrap();
         assert_eq!(first.join().unwrap(), "one");
         for waiter in waiting {

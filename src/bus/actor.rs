@@ -430,8 +430,12 @@ impl BusActor {
         let pending = Arc::new(AtomicUsize::new(0));
         let subscription =
             Subscription { backlog, live, pending: Arc::clone(&pending), id, bus_tx: self.own_tx.clone() };
-        if reply.send(subscription).is_ok() {
-            self.subscribers.push(Subscriber { id, filter, sender, pending });
+        // Counted before the subscriber hears of it, so a count read after `subscribe`
+        // returns includes it.
+        self.subscribers.push(Subscriber { id, filter, sender, pending });
+        self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
+        if reply.send(subscription).is_err() {
+            self.subscribers.pop();
             self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
         }
     }

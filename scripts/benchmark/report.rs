@@ -121,11 +121,11 @@ pub fn compare(path: &str) -> bool {
     for row in ROWS.lock().unwrap().iter() {
         let Some(old) = before.iter().find(|old| old.label == row.label) else { continue };
         let (Some(was), Some(now)) = (old.ratio, row.ratio) else { continue };
-        // Positive is better.
+        // Positive is better; the same measure as the threshold's.
         let change = match (row.higher_is_better(), was == now) {
             (_, true) => 0.0,
             (true, false) => now / was - 1.0,
-            (false, false) => was / now - 1.0,
+            (false, false) => 1.0 - now / was,
         };
         let regressed = match row.higher_is_better() {
             true => now < was * (1.0 - WORSE_BY),

@@ -251,28 +251,22 @@ impl Spawned {
         Spawned::kestrel_with_config(env, "")
     }
 
-    /// The release binary with `config` as its config file.
+    /// The release binary with `config` as its config file, on a fresh data dir.
     fn kestrel_with_config(env: &[(&str, &str)], config: &str) -> Spawned {
         let data = tempfile::tempdir().unwrap();
-        let config_path = data.path().join("kestrel.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let mut command = Command::new(Spawned::binary());
-        command
-            .arg("--config")
-            .arg(&config_path)
-            .env("KESTREL_ADDR", "127.0.0.1:0")
-            .env("KESTREL_DATA_DIR", data.path().join("data"))
-            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
-            .env("KESTREL_WORKSPACE", data.path())
-            .env("RUST_LOG", "error");
-        for (name, value) in env {
-            command.env(name, value);
-        }
+        let mut command = Spawned::kestrel_command(&data.path().join("data"), data.path(), config);
+        command.envs(env.iter().copied());
         Spawned::wait_ready(command, Some(data))
     }
 
     /// The release binary on a data dir and workspace of the caller's, with `config`.
     fn kestrel_on(data: &std::path::Path, workspace: &std::path::Path, config: &str) -> Spawned {
+        Spawned::wait_ready(Spawned::kestrel_command(data, workspace, config), None)
+    }
+
+    /// The command starting the release binary on `data` and `workspace`, with `config` written
+    /// beside the data dir.
+    fn kestrel_command(data: &std::path::Path, workspace: &std::path::Path, config: &str) -> Command {
         let config_path = data.with_extension("toml");
         std::fs::write(&config_path, config).unwrap();
         let mut command = Command::new(Spawned::binary());
@@ -284,7 +278,7 @@ impl Spawned {
             .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
             .env("KESTREL_WORKSPACE", workspace)
             .env("RUST_LOG", "error");
-        Spawned::wait_ready(command, None)
+        command
     }
 
     fn binary() -> std::path::PathBuf {

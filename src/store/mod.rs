@@ -10,6 +10,7 @@ mod checkpoints;
 #[cfg(test)]
 pub mod conformance;
 mod contract;
+mod housekeeping;
 mod lock;
 mod migrate;
 mod reader;

@@ -14,15 +14,10 @@ use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::contract::{Committed, Reply};
+use super::housekeeping::{MoveMarks, Trim, TRIM_STEP_COMMIT, TRIM_STEP_IDLE};
 use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 use crate::domain::STORED_FORM;
-
-/// How often the moves of sessions older than any walk are pruned.
-const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Moves older than this are older than any walk (`WALK_TTL_MS`, and a minute's margin).
-const MOVES_KEPT: std::time::Duration = std::time::Duration::from_millis(super::WALK_TTL_MS as u64 + 60_000);
 
 /// The most messages one transaction takes; bounds the latency a batch adds to its first write.
 const MAX_BATCH: usize = 4096;
@@ -33,7 +28,7 @@ pub(super) struct Writer {
     trim: Trim,
     /// The last move's tick at each prune, oldest first: ticks no later than one marked more
     /// than `MOVES_KEPT` ago are older than any walk.
-    move_marks: std::collections::VecDeque<(std::time::Instant, i64)>,
+    move_marks: MoveMarks,
 }
 
 pub struct WriterHandle {
@@ -64,8 +59,7 @@ impl Writer {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::migrate::migrate(&mut conn)?;
-        let last_move = last_move(&conn)?;
-        let move_marks = std::collections::VecDeque::from([(std::time::Instant::now(), last_move)]);
+        let move_marks = MoveMarks::open(&conn)?;
         Ok(Writer { conn, trim: Trim::default(), move_marks })
     }
 
@@ -205,42 +199,14 @@ impl Writer {
         }
         seqs.store(&tx)?;
         trim.step(&tx, TRIM_STEP_COMMIT)?;
-        let mark = prune_moves(&self.move_marks, &tx)?;
+        let mark = self.move_marks.prune(&tx)?;
         tx.commit()?;
         if let Some(mark) = mark {
-            self.move_marks.push_back(mark);
-            while self.move_marks.front().is_some_and(|(at, _)| at.elapsed() > MOVES_KEPT + PRUNE_EVERY) {
-                self.move_marks.pop_front();
-            }
+            self.move_marks.keep(mark);
         }
         self.trim = trim;
         Ok(committed)
     }
-}
-
-/// Once every `PRUNE_EVERY`, drops the moves older than any walk: a range of the primary
-/// key, about a minute's moves. The last move stays, so that ticks never go back. The mark
-/// to keep once this commits.
-fn prune_moves(
-    marks: &std::collections::VecDeque<(std::time::Instant, i64)>,
-    tx: &Transaction<'_>,
-) -> Result<Option<(std::time::Instant, i64)>, StoreError> {
-    if marks.back().is_some_and(|(at, _)| at.elapsed() < PRUNE_EVERY) {
-        return Ok(None);
-    }
-    let older = marks.iter().rev().find(|(at, _)| at.elapsed() > MOVES_KEPT);
-    if let Some((_, tick)) = older {
-        tx.prepare_cached(
-            "DELETE FROM session_moves WHERE tick <= ?1 AND tick < (SELECT max(tick) FROM session_moves)",
-        )?
-        .execute([tick])?;
-    }
-    Ok(Some((std::time::Instant::now(), last_move(tx)?)))
-}
-
-/// The tick of the last move of a session (`session_moves`), or 0.
-fn last_move(conn: &Connection) -> Result<i64, StoreError> {
-    Ok(conn.query_row("SELECT coalesce(max(tick), 0) FROM session_moves", [], |row| row.get(0))?)
 }
 
 /// The log's seqs within one transaction. The last seq allocated is the larger of
@@ -501,54 +467,6 @@ fn append_events(tx: &Transaction<'_>, first: u64, entries: &[Option<super::Logg
     Ok(())
 }
 
-/// The most events a trimming step drops while the writer is idle, and with each commit: what
-/// bounds the time a step holds the writer, however far behind the log is after its capacity
-/// was lowered. Dropped events are spread over every session's index pages, so a step's cost
-/// is mostly those pages: 500 of them are about 10–30 ms on this VM with a 10M-event log.
-const TRIM_STEP_IDLE: i64 = 500;
-const TRIM_STEP_COMMIT: i64 = 100;
-
-/// Dropping the oldest events as new ones come (`AppendLog::keep`), but never a BAE
-/// session's: that is its history. A step drops a few hundred events at most, as a range on
-/// the primary key from where the last step ended; every commit takes a small step, and an
-/// idle writer takes larger ones, each its own commit, until the log is within its capacity.
-#[derive(Debug, Clone, Copy, Default)]
-struct Trim {
-    /// Every event below this seq that may be dropped has been; `None` before the first step.
-    below: Option<u64>,
-    /// Every event below this seq may be dropped.
-    goal: u64,
-}
-
-impl Trim {
-    fn behind(&self) -> bool {
-        self.below.unwrap_or(0) < self.goal
-    }
-
-    fn step(&mut self, tx: &Transaction<'_>, most: i64) -> Result<(), StoreError> {
-        if !self.behind() {
-            return Ok(());
-        }
-        let from = match self.below {
-            Some(below) => below as i64,
-            None => tx.query_row("SELECT coalesce(min(seq), 0) FROM events", [], |row| row.get(0))?,
-        };
-        let last: Option<i64> = tx
-            .prepare_cached(
-                "SELECT max(seq) FROM (SELECT seq FROM events WHERE seq >= ?1 AND seq < ?2 ORDER BY seq LIMIT ?3)",
-            )?
-            .query_row(params![from, self.goal as i64, most], |row| row.get(0))?;
-        let Some(last) = last else {
-            self.below = Some(self.goal);
-            return Ok(());
-        };
-        tx.prepare_cached("DELETE FROM events WHERE seq >= ?1 AND seq <= ?2 AND tenant IS NOT ?3")?
-            .execute(params![from, last, super::BAE_TENANT])?;
-        self.below = Some(last as u64 + 1);
-        Ok(())
-    }
-}
-
 fn update_session(tx: &Transaction<'_>, id: &str, patch: &SessionPatch, updated_at: &str) -> Result<(), StoreError> {
     let prompt_given = patch.system_prompt.is_some();
     let prompt = patch.system_prompt.clone().flatten();
@@ -648,34 +566,5 @@ mod tests {
         assert_eq!(record.summary.status, SessionStatus::Interrupted);
         assert_eq!(record.summary.message_count, 2);
         writer.shutdown();
-    }
-
-    /// Moves are dropped by the mark older than any walk, never the last one (ticks must
-    /// not go back), and not again before `PRUNE_EVERY`.
-    #[test]
-    fn moves_older_than_any_walk_are_pruned_but_the_last() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut writer = super::Writer::open(&dir.path().join("kestrel.db")).unwrap();
-        let tx = writer.conn.transaction().unwrap();
-        for n in 0..5 {
-            tx.execute("INSERT INTO session_moves (session_id) VALUES (?1)", [format!("s{n}")]).unwrap();
-        }
-        let now = std::time::Instant::now();
-        let long_ago = now - super::MOVES_KEPT - std::time::Duration::from_secs(1);
-        let recent = now - super::PRUNE_EVERY / 2;
-        // Pruned not long ago: nothing.
-        assert!(super::prune_moves(&[(long_ago, 3), (recent, 5)].into(), &tx).unwrap().is_none());
-        let ticks = |tx: &rusqlite::Transaction<'_>| -> Vec<i64> {
-            let mut statement = tx.prepare("SELECT tick FROM session_moves ORDER BY tick").unwrap();
-            statement.query_map([], |row| row.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
-        };
-        assert_eq!(ticks(&tx), [1, 2, 3, 4, 5]);
-        let before = now - super::PRUNE_EVERY * 2;
-        let (_, last) = super::prune_moves(&[(long_ago, 3), (before, 5)].into(), &tx).unwrap().unwrap();
-        assert_eq!((ticks(&tx), last), (vec![4, 5], 5), "up to the mark older than any walk");
-        let (_, last) = super::prune_moves(&[(long_ago, 9)].into(), &tx).unwrap().unwrap();
-        assert_eq!((ticks(&tx), last), (vec![5], 5), "the last move stays");
-        tx.execute("INSERT INTO session_moves (session_id) VALUES ('next')", []).unwrap();
-        assert_eq!(ticks(&tx), [5, 6], "and the next tick follows it");
     }
 }

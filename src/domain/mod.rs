@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 mod event;
+mod provider_call;
 mod usage;
 
 /// The serde form of `Message` and `Event` that the store writes; each stored row says which
@@ -19,6 +20,7 @@ mod usage;
 pub const STORED_FORM: i64 = 1;
 
 pub use event::*;
+pub use provider_call::{ProviderRequest, ProviderResponse};
 pub use usage::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

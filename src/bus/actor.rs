@@ -59,8 +59,7 @@ pub(super) struct BusActor {
     /// A sender into our own inbox, handed to each `Subscription` so its drop can unsubscribe.
     own_tx: Sender<BusMsg>,
     ring: VecDeque<Arc<Envelope>>,
-    /// What the ring's envelopes weigh (`Event::weight`), twice: an envelope also caches its
-    /// rendered frames.
+    /// What the ring's envelopes weigh, all told (`Envelope::weight`).
     ring_bytes: usize,
     /// Deltas numbered here whose batches are still in flight.
     in_flight_len: u64,
@@ -266,12 +265,12 @@ impl BusActor {
         if self.config.replay_capacity == 0 {
             return;
         }
-        let weight = 2 * envelope.event.weight();
+        let weight = envelope.weight();
         while self.ring.len() >= self.config.replay_capacity
             || (!self.ring.is_empty() && self.ring_bytes + weight > self.config.replay_bytes)
         {
             let Some(oldest) = self.ring.pop_front() else { break };
-            self.ring_bytes -= 2 * oldest.event.weight();
+            self.ring_bytes -= oldest.weight();
         }
         self.ring_bytes += weight;
         self.ring.push_back(Arc::clone(envelope));

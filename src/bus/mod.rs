@@ -57,6 +57,8 @@ pub struct Envelope {
     /// One frame per `Format`: with a thousand streams of one format, one serialization
     /// instead of a thousand.
     frames: [OnceLock<String>; FORMATS],
+    /// What the replay ring counts it as (`Envelope::weight`), worked out once.
+    weight: OnceLock<usize>,
 }
 
 /// The wire formats streams send envelopes in; each has its own cached frame.
@@ -88,7 +90,14 @@ impl Envelope {
             turn: origin.turn,
             event,
             frames: Default::default(),
+            weight: OnceLock::new(),
         }
+    }
+
+    /// About how much memory the envelope holds: its event's weight, twice, since it also
+    /// caches its rendered frames. A `provider.request`'s is its whole history: worked out once.
+    pub fn weight(&self) -> usize {
+        *self.weight.get_or_init(|| 2 * self.event.weight())
     }
 
     /// The envelope in `format`, rendered by `render` the first time it is asked for.

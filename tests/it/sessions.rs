@@ -231,11 +231,39 @@ fn paging_rejects_bad_limits_and_cursors_and_keeps_to_the_tenant() {
         .map(|_| acme.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_owned())
         .collect();
     let globex_id = globex.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_owned();
-    for limit in ["0", "1001", "-1", "ten", "1.5", ""] {
+    for limit in ["0", "1001", "-1", "ten", "1.5", "", "99999999999999999999999", "%00", "1e3"] {
         acme.get(&format!("/api/sessions?limit={limit}")).assert_error(400, "invalid_query");
     }
     for cursor in ["%%%", "bm90IGpzb24", "e30", "eyJhc09mIjoxLCJ0IjowLCJwb3MiOiIiLCJpZCI6IiJ9"] {
         acme.get(&format!("/api/sessions?limit=2&cursor={cursor}")).assert_error(400, "invalid_cursor");
+    }
+    use base64::Engine as _;
+    let forge = |cursor: serde_json::Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(cursor.to_string());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    // From the future, long expired, a negative start, the wrong types: refused.
+    for forged in [
+        json!({ "asOf": 1, "t": now + 3_600_000, "pos": "~", "id": "" }),
+        json!({ "asOf": 1, "t": now - 16 * 60_000, "pos": "~", "id": "" }),
+        json!({ "asOf": -5, "t": now, "pos": "~", "id": "" }),
+        json!({ "asOf": "1", "t": now, "pos": 3, "id": null }),
+    ] {
+        acme.get(&format!("/api/sessions?limit=2&cursor={}", forge(forged))).assert_error(400, "invalid_cursor");
+    }
+    // Well formed but made up (a clock far ahead, a place of any text, a megabyte of it):
+    // answered from the tenant's own sessions, never an error of the server.
+    for forged in [
+        json!({ "asOf": i64::MAX, "t": now, "pos": "~", "id": "" }),
+        json!({ "asOf": 0, "t": now, "pos": "\u{0}' OR 1=1 --", "id": "%" }),
+        json!({ "asOf": 3, "t": now, "pos": "z".repeat(1 << 20), "id": "z" }),
+    ] {
+        let answer =
+            acme.send_with_headers("GET", &format!("/api/sessions?limit=3&cursor={}", forge(forged)), None, &[]);
+        assert!(matches!(answer.status, 200 | 431 | 414), "{}: {}", answer.status, answer.text);
+        if answer.status == 200 {
+            for session in answer.json["sessions"].as_array().unwrap() {
+                assert!(acme_ids.contains(&session["id"].as_str().unwrap().to_owned()), "only acme's sessions");
+            }
+        }
     }
     // A cursor from one tenant's walk, presented by another, walks only the other's sessions.
     let page = acme.get("/api/sessions?limit=1");

@@ -345,3 +345,71 @@ fn reconnects_on_both_sides_of_a_restart_get_every_event_but_deltas_exactly_once
     assert_eq!(got, expected, "every event but deltas, once, in order, byte for byte");
     assert!(replayed.windows(2).all(|w| w[0]["seq"].as_u64() < w[1]["seq"].as_u64()));
 }
+
+/// 200,000 logged notices of the default tenant, written through the store's own path.
+fn a_long_log(data: &std::path::Path) {
+    use kestrel::domain::{Event, NoticeLevel};
+    use kestrel::store::{LoggedEvent, Store, WriteOp};
+    let (store, writer) = Store::open(data).unwrap();
+    for chunk in 0..50 {
+        let entries = (0..4_000)
+            .map(|n| {
+                let event =
+                    Event::Notice { level: NoticeLevel::Info, message: format!("n{chunk}.{n}"), session_id: None };
+                Some(LoggedEvent {
+                    seq: 0,
+                    tenant: Some("default".into()),
+                    session_id: None,
+                    actor: None,
+                    kind: "notice".into(),
+                    at: "2026-01-01T00:00:00.000Z".into(),
+                    body: serde_json::to_string(&event).unwrap(),
+                    form: kestrel::domain::STORED_FORM,
+                })
+            })
+            .collect();
+        store.write(vec![WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX }]).unwrap();
+    }
+    writer.shutdown();
+}
+
+/// A log far past a lowered capacity is trimmed while the server serves; killed with -9 in
+/// the middle of it, the next start goes on from where the last step committed, the database
+/// stays whole, and what is left are the newest events.
+#[test]
+fn a_log_trimmed_past_its_capacity_survives_kill_9_mid_trim() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, workspace) = (root.path().join("data"), root.path().join("workspace"));
+    std::fs::create_dir_all(&workspace).unwrap();
+    a_long_log(&data);
+    let db = rusqlite::Connection::open_with_flags(data.join("kestrel.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    let span = || -> (i64, i64, i64) {
+        db.query_row("SELECT count(*), min(seq), max(seq) FROM events", [], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .unwrap()
+    };
+    let config = "[server]\nevent_log_events = 1000\n";
+    let (mut child, base, _) = spawn_binary(&data, &workspace, config);
+    // A logged event sets how far the log is to be trimmed; the idle writer does the rest.
+    let created = ureq::post(&format!("{base}/api/sessions")).send_json(json!({})).unwrap();
+    assert_eq!(created.status(), 201);
+    crate::support::wait_until("the trim under way", || span().0 < 200_000);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let (left, _, _) = span();
+    assert!(left > 0, "the log is not emptied");
+
+    let (mut child, base, _) = spawn_binary(&data, &workspace, config);
+    let created = ureq::post(&format!("{base}/api/sessions")).send_json(json!({})).unwrap();
+    assert_eq!(created.status(), 201);
+    crate::support::wait_until("the log within its capacity", || span().0 <= 1_010);
+    let (count, first, last) = span();
+    assert!(last - first < 1_010, "the newest are kept: {count} events, seqs {first}..={last}");
+    let check: String = db.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
+    assert_eq!(check, "ok");
+    assert_eq!(ureq::get(&format!("{base}/api/health")).call().unwrap().status(), 200);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

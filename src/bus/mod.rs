@@ -24,13 +24,14 @@
 //! commit is known. A batch of deltas alone is numbered by the bus itself, above what is in
 //! flight, with no trip to the store: the next append starts above it.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
-use crate::domain::Event;
+use crate::domain::{Event, Message};
 use crate::store::{EventQuery, LoggedEvent, Store, StoreError, WriteOp};
 
 const INBOX: usize = 16_384;
@@ -80,7 +81,7 @@ impl Format {
 }
 
 impl Envelope {
-    fn new(seq: u64, at: String, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
+    pub(crate) fn new(seq: u64, at: String, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
         Envelope {
             seq,
             at,
@@ -105,22 +106,25 @@ impl Envelope {
         self.frames[format as usize].get_or_init(|| render(self))
     }
 
-    /// The envelope of an event read back from the log, whole again: a `provider.request`'s
-    /// stored messages, which the log keeps by id, are read back from `store`.
-    pub(crate) fn from_log(logged: LoggedEvent, store: &Store) -> Option<Envelope> {
-        match crate::store::decode_event(&logged) {
-            Ok(mut event) => {
-                if let Event::ProviderRequest(request) = &mut event {
-                    let ids = request.unresolved_ids();
-                    if !ids.is_empty() {
-                        match store.readers().messages_by_id(&request.session_id, &ids) {
-                            Ok(found) => request.resolve(&found),
-                            Err(error) => {
-                                log::error!("logged event {}: its history is not readable: {error}", logged.seq)
-                            }
-                        }
-                    }
+    /// The envelopes of a page of events read back from the log, whole again: the stored
+    /// messages of its `provider.request`s, which the log keeps by id, are read back from
+    /// `store` (`LogPage::read`). An event that cannot be read is skipped.
+    pub(crate) fn page_from_log(page: Vec<LoggedEvent>, store: &Store) -> Vec<Envelope> {
+        let mut page = LogPage::read(page, store);
+        for envelope in &mut page.envelopes {
+            if let Some(Event::ProviderRequest(request)) = Arc::get_mut(&mut envelope.event) {
+                if let Some(found) = page.history.get(&request.session_id) {
+                    request.resolve(found);
                 }
+            }
+        }
+        page.envelopes
+    }
+
+    /// A logged event as an envelope, its stored history still to resolve.
+    fn decoded(logged: LoggedEvent) -> Option<Envelope> {
+        match crate::store::decode_event(&logged) {
+            Ok(event) => {
                 let origin = Origin { actor: logged.actor.map(Arc::from), turn: None };
                 Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), origin, Arc::new(event)))
             }
@@ -129,6 +133,43 @@ impl Envelope {
                 None
             }
         }
+    }
+}
+
+/// A page of events read back from the log, with the stored messages its `provider.request`s
+/// name by id, read once for the page however many requests repeat them (a long session's
+/// requests each carry its whole history so far).
+pub struct LogPage {
+    /// The page's events; their `provider.request`s still name their stored messages by id.
+    pub envelopes: Vec<Envelope>,
+    /// The stored messages they name, by session and id; a session whose could not be read
+    /// is missing, and its requests stay unresolved.
+    pub history: HashMap<String, HashMap<String, Message>>,
+}
+
+impl LogPage {
+    pub fn read(page: Vec<LoggedEvent>, store: &Store) -> LogPage {
+        let envelopes: Vec<Envelope> = page.into_iter().filter_map(Envelope::decoded).collect();
+        let mut wanted: HashMap<&str, HashSet<&str>> = HashMap::new();
+        for envelope in &envelopes {
+            if let Event::ProviderRequest(request) = &*envelope.event {
+                if request.unresolved {
+                    let ids = request.messages.iter().take(request.stored).map(|message| message.id.as_str());
+                    wanted.entry(&request.session_id).or_default().extend(ids);
+                }
+            }
+        }
+        let mut history = HashMap::new();
+        for (session_id, ids) in wanted {
+            let ids: Vec<String> = ids.into_iter().map(str::to_string).collect();
+            match store.readers().messages_by_id(session_id, &ids) {
+                Ok(found) => drop(history.insert(session_id.to_string(), found)),
+                Err(error) => {
+                    log::error!("the history of session {session_id}'s logged requests is not readable: {error}")
+                }
+            }
+        }
+        LogPage { envelopes, history }
     }
 }
 
@@ -239,7 +280,7 @@ impl LogReplay {
         };
         self.after = page.last()?.seq;
         let store = &self.store;
-        Some(page.into_iter().filter_map(|logged| Envelope::from_log(logged, store)).map(Arc::new).collect())
+        Some(Envelope::page_from_log(page, store).into_iter().map(Arc::new).collect())
     }
 }
 

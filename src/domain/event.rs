@@ -300,6 +300,8 @@ impl Event {
                 .map(|WithMessage { session_id, message }| Event::MessageStarted { session_id, message }),
             "session.updated" => serde_json::from_str(body)
                 .map(|WithSession { session_id, session }| Event::SessionUpdated { session_id, session }),
+            // A long session's request names thousands of stored messages.
+            "provider.request" => serde_json::from_str(body).map(|request| Event::ProviderRequest(Box::new(request))),
             _ => serde_json::from_str(body),
         }
     }
@@ -487,6 +489,32 @@ mod stored_form {
             (
                 Event::SessionFault { session_id: "s".into(), fault: Fault::AllProvidersFailed { attempts: 3 } },
                 r#"{"type":"session.fault","session_id":"s","fault":{"reason":"all_providers_failed","attempts":3}}"#,
+            ),
+            (
+                Event::ProviderRequest(Box::new(ProviderRequest {
+                    session_id: "s".into(),
+                    attempt: 1,
+                    fallback: Some(false),
+                    provider: "anthropic".into(),
+                    base_url: None,
+                    model: "m".into(),
+                    max_tokens: Some(5),
+                    messages: vec![
+                        Message {
+                            id: "msg_0".into(),
+                            role: Role::User,
+                            blocks: Vec::new(),
+                            created_at: String::new(),
+                            model: None,
+                            meta: None,
+                        },
+                        message(),
+                    ],
+                    tools: Vec::new(),
+                    stored: 1,
+                    unresolved: true,
+                })),
+                r#"{"type":"provider.request","session_id":"s","attempt":1,"fallback":false,"provider":"anthropic","base_url":null,"model":"m","max_tokens":5,"history_ids":["msg_0"],"messages":[{"id":"msg_1","role":"assistant","blocks":[{"type":"reasoning","text":"think"},{"type":"text","text":"hi"},{"type":"image","mimeType":"image/png","data":"AAAA","name":"a.png"},{"type":"tool_call","id":"call_1","name":"read","arguments":{"path":"a"},"dispatch":{"kind":"mcp","server":"tiny"}},{"type":"tool_result","callId":"call_1","name":"read","ok":false,"content":"no","durationMs":3,"error":"no","data":{"exit":1},"blocks":[{"text":"no","type":"text"}]}],"created_at":"2026-01-01T00:00:00.000Z","model":"builtin/echo","meta":{"partial":true}}],"tools":[]}"#,
             ),
             (
                 Event::Notice { level: NoticeLevel::Warn, message: "m".into(), session_id: None },

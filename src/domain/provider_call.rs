@@ -56,7 +56,16 @@ struct StoredProviderRequest {
 impl From<StoredProviderRequest> for ProviderRequest {
     fn from(stored: StoredProviderRequest) -> ProviderRequest {
         let count = stored.history_ids.len();
-        let placeholders = stored.history_ids.into_iter().map(|id| Message { id, ..Message::new(Role::User) });
+        // A placeholder is cheap: a long session's request names thousands (no fresh id or
+        // clock reading each), and resolving replaces it whole.
+        let placeholders = stored.history_ids.into_iter().map(|id| Message {
+            id,
+            role: Role::User,
+            blocks: Vec::new(),
+            created_at: String::new(),
+            model: None,
+            meta: None,
+        });
         ProviderRequest {
             session_id: stored.session_id,
             attempt: stored.attempt,

@@ -137,13 +137,21 @@ impl ClientApi {
 pub(crate) fn events_page(bae: &Bae, request: &Request, session_id: &str) -> Result<Reply, Problem> {
     let (after, limit) = page::parse(request)?;
     let page = bae.events(session_id, after, limit)?;
-    let views: Vec<String> = page.items.iter().filter_map(|envelope| wire::view(envelope)).collect();
+    let views = wire::page_views(&page.events);
     let next = match page.next {
         Some(seq) => json!(seq.to_string()),
         None => Value::Null,
     };
-    let body = format!("{{\"items\":[{}],\"next_cursor\":{next}}}", views.join(","));
-    Ok(Reply::Json { status: 200, body: body.into_bytes(), headers: Vec::new() })
+    let mut body = Vec::with_capacity(views.iter().map(|view| view.len() + 1).sum::<usize>() + 64);
+    body.extend_from_slice(b"{\"items\":[");
+    for (place, view) in views.iter().enumerate() {
+        if place > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(view.as_bytes());
+    }
+    body.extend_from_slice(format!("],\"next_cursor\":{next}}}").as_bytes());
+    Ok(Reply::Json { status: 200, body, headers: Vec::new() })
 }
 
 /// The key of `role` the request's bearer token is; 401 with BAE's wording otherwise.

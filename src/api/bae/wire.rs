@@ -4,11 +4,16 @@
 //! An event's id is its seq in the event log, as `evt_` and 32 hex digits: the id, the
 //! `since_event_id` of a replay and the list cursor are the same number.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::api::bae::core::compaction::SYNTHETIC;
 use crate::api::bae::core::merge::PLAIN;
-use crate::bus::{Envelope, Format};
+use crate::bus::{Envelope, Format, LogPage};
 use crate::domain::{
     Block, CloseReason, CompactionTrigger, Dispatch, Event, Fault, ImageStatus, Message, ProviderRequest,
     ProviderResponse, Role, ToolResult, ToolSchema,
@@ -49,16 +54,133 @@ pub fn view_of_frame(frame: &str) -> &str {
 
 /// An envelope as an `EventView`, or `None` when BAE has no type for its event.
 pub fn view(envelope: &Envelope) -> Option<String> {
-    let (event_type, payload) = type_and_payload(&envelope.event)?;
-    let view = json!({
-        "id": event_id(envelope.seq),
-        "session_id": envelope.session_id.as_deref(),
-        "client_key_id": envelope.actor.as_deref(),
-        "event_type": event_type,
-        "payload": payload,
-        "created_at": envelope.at,
-    });
-    Some(view.to_string())
+    view_in(envelope, &mut Rendered::default())
+}
+
+/// A page of logged events as `EventView`s. The page's `provider.request`s repeat the
+/// session's stored history, each request all of it so far: each stored message is rendered
+/// once for the page and copied into every request that names it.
+pub fn page_views(page: &LogPage) -> Vec<String> {
+    let mut rendered = Rendered { history: Some(&page.history), ..Rendered::default() };
+    page.envelopes.iter().filter_map(|envelope| view_in(envelope, &mut rendered)).collect()
+}
+
+/// Stored messages already rendered, by id (an id names one stored message of a session);
+/// and, for an unresolved request, where its stored messages are.
+#[derive(Default)]
+struct Rendered<'p> {
+    history: Option<&'p HashMap<String, HashMap<String, Message>>>,
+    by_id: HashMap<&'p str, usize>,
+    written: Vec<Box<RawValue>>,
+    /// The last request's stored messages, as indexes into `written`: the next request of
+    /// the session mostly repeats them in the same places, which a comparison of ids finds
+    /// more cheaply than a lookup.
+    last: Vec<(&'p str, usize)>,
+}
+
+impl<'p> Rendered<'p> {
+    /// `request`'s stored messages as indexes into `written`, each rendered the first time:
+    /// from the page's history while the request is unresolved (a message that is gone: its
+    /// empty slot, as `ProviderRequest::resolve` leaves it).
+    fn stored(&mut self, request: &'p ProviderRequest) -> Vec<usize> {
+        let stored = &request.messages[..request.stored.min(request.messages.len())];
+        let mut indexes = Vec::with_capacity(stored.len());
+        for (place, slot) in stored.iter().enumerate() {
+            let index = match self.last.get(place) {
+                Some(&(id, index)) if id == slot.id => index,
+                _ => self.index(request, slot),
+            };
+            indexes.push(index);
+        }
+        self.last = stored.iter().map(|slot| slot.id.as_str()).zip(indexes.iter().copied()).collect();
+        indexes
+    }
+
+    fn index(&mut self, request: &'p ProviderRequest, slot: &'p Message) -> usize {
+        if let Some(&index) = self.by_id.get(slot.id.as_str()) {
+            return index;
+        }
+        let found = match request.unresolved {
+            true => self.history.and_then(|history| history.get(&request.session_id)?.get(&slot.id)),
+            false => None,
+        };
+        self.written.push(raw(&message_json(found.unwrap_or(slot))));
+        self.by_id.insert(&slot.id, self.written.len() - 1);
+        self.written.len() - 1
+    }
+}
+
+/// An `EventView`; its fields in the order of a JSON object's keys.
+#[derive(Serialize)]
+struct View<'a, P: Serialize> {
+    client_key_id: Option<&'a str>,
+    created_at: &'a str,
+    event_type: &'static str,
+    id: String,
+    payload: P,
+    session_id: Option<&'a str>,
+}
+
+fn view_in<'p>(envelope: &'p Envelope, rendered: &mut Rendered<'p>) -> Option<String> {
+    let written = match &*envelope.event {
+        Event::ProviderRequest(request) => {
+            serde_json::to_string(&View::new(envelope, "provider.request", RequestPayload::new(request, rendered)))
+        }
+        event => {
+            let (event_type, payload) = type_and_payload(event)?;
+            serde_json::to_string(&View::new(envelope, event_type, payload))
+        }
+    };
+    written.ok()
+}
+
+impl<'a, P: Serialize> View<'a, P> {
+    fn new(envelope: &'a Envelope, event_type: &'static str, payload: P) -> View<'a, P> {
+        View {
+            client_key_id: envelope.actor.as_deref(),
+            created_at: &envelope.at,
+            event_type,
+            id: event_id(envelope.seq),
+            payload,
+            session_id: envelope.session_id.as_deref(),
+        }
+    }
+}
+
+/// A `provider.request`'s payload; its fields in the order of a JSON object's keys.
+#[derive(Serialize)]
+struct RequestPayload<'a> {
+    attempt: u32,
+    base_url: &'a Option<String>,
+    kind: &'static str,
+    max_tokens: Option<u32>,
+    messages: Vec<Cow<'a, RawValue>>,
+    model: &'a str,
+    provider: &'a str,
+    tools: Vec<Value>,
+}
+
+impl<'a> RequestPayload<'a> {
+    fn new<'p: 'a>(request: &'p ProviderRequest, rendered: &'a mut Rendered<'p>) -> RequestPayload<'a> {
+        let stored = rendered.stored(request);
+        let own = request.messages[stored.len()..].iter().map(|message| Cow::Owned(raw(&message_json(message))));
+        let written = &rendered.written;
+        let history = stored.into_iter().map(|index| Cow::Borrowed(&*written[index]));
+        RequestPayload {
+            attempt: request.attempt,
+            base_url: &request.base_url,
+            kind: kind(request.attempt, request.fallback),
+            max_tokens: request.max_tokens,
+            messages: history.chain(own).collect(),
+            model: &request.model,
+            provider: &request.provider,
+            tools: request.tools.iter().map(tool).collect(),
+        }
+    }
+}
+
+fn raw(value: &Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("a JSON value is written")
 }
 
 fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
@@ -74,7 +196,6 @@ fn type_and_payload(event: &Event) -> Option<(&'static str, Value)> {
         }
         Event::Subagent(step) => subagent_event(step),
         Event::MessageCompleted { message, .. } => message_event(message),
-        Event::ProviderRequest(request) => ("provider.request", provider_request(request)),
         Event::ProviderResponse(response) => ("provider.response", provider_response(response)),
         Event::ToolStarted { call, .. } => {
             let mut payload = json!({ "id": call.id, "name": call.name, "input": call.arguments, "dispatch": dispatch(&call.dispatch) });
@@ -346,19 +467,6 @@ fn kind(attempt: u32, fallback: Option<bool>) -> &'static str {
     }
 }
 
-fn provider_request(request: &ProviderRequest) -> Value {
-    json!({
-        "attempt": request.attempt,
-        "kind": kind(request.attempt, request.fallback),
-        "provider": request.provider,
-        "base_url": request.base_url,
-        "model": request.model,
-        "max_tokens": request.max_tokens,
-        "messages": request.messages.iter().map(message_json).collect::<Vec<_>>(),
-        "tools": request.tools.iter().map(tool).collect::<Vec<_>>(),
-    })
-}
-
 /// A tool as the provider is told of it (a blank description was given as none).
 pub fn tool(tool: &ToolSchema) -> Value {
     let description = if tool.description.is_empty() { Value::Null } else { json!(tool.description) };
@@ -384,6 +492,76 @@ fn provider_response(response: &ProviderResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A page renders each stored message once, and its views are those of the requests
+    /// resolved one by one: a history that grows, one that drops a message (compaction) and
+    /// one that names a message that is gone.
+    #[test]
+    fn a_page_renders_requests_as_they_read_resolved() {
+        let text = |id: &str, words: &str| Message {
+            id: id.into(),
+            blocks: vec![Block::Text { text: words.into() }],
+            ..Message::new(Role::User)
+        };
+        let stored: HashMap<String, Message> =
+            ["a", "b", "c"].iter().map(|id| (id.to_string(), text(id, &format!("said {id}")))).collect();
+        let request = |ids: &[&str], own: &str| {
+            let mut messages: Vec<Message> =
+                ids.iter().map(|id| Message { id: id.to_string(), ..text(id, "") }).collect();
+            messages.push(text("own", own));
+            let request = ProviderRequest {
+                session_id: "ses_1".into(),
+                attempt: 0,
+                fallback: None,
+                provider: "anthropic".into(),
+                base_url: Some("http://x".into()),
+                model: "m".into(),
+                max_tokens: Some(10),
+                messages,
+                tools: Vec::new(),
+                stored: ids.len(),
+                unresolved: true,
+            };
+            let stored_form = serde_json::to_string(&Event::ProviderRequest(Box::new(request))).unwrap();
+            Event::from_stored("provider.request", &stored_form).unwrap()
+        };
+        let events = [
+            request(&["a"], "one"),
+            request(&["a", "b"], "two"),
+            Event::DriverRegistered { session_id: "ses_1".into() },
+            request(&["b", "c"], "three"),
+            request(&["a", "gone", "c"], "four"),
+        ];
+        let envelope = |seq: usize, event: Event| {
+            let origin = crate::bus::Origin { actor: Some("key_1".into()), turn: None };
+            Envelope::new(seq as u64, "2026-01-01T00:00:00.000Z".into(), None, origin, std::sync::Arc::new(event))
+        };
+        let page = LogPage {
+            envelopes: events.iter().cloned().enumerate().map(|(seq, event)| envelope(seq, event)).collect(),
+            history: HashMap::from([("ses_1".to_string(), stored.clone())]),
+        };
+        let one_by_one: Vec<String> = events
+            .into_iter()
+            .enumerate()
+            .filter_map(|(seq, mut event)| {
+                if let Event::ProviderRequest(request) = &mut event {
+                    request.resolve(&stored);
+                }
+                view(&envelope(seq, event))
+            })
+            .collect();
+        assert_eq!(page_views(&page), one_by_one);
+        let last: Value = serde_json::from_str(&one_by_one[4]).unwrap();
+        assert_eq!(
+            last["payload"]["messages"],
+            json!([
+                { "role": "user", "content": [{ "type": "text", "text": "said a" }] },
+                { "role": "user", "content": [] },
+                { "role": "user", "content": [{ "type": "text", "text": "said c" }] },
+                { "role": "user", "content": [{ "type": "text", "text": "four" }] },
+            ])
+        );
+    }
 
     #[test]
     fn event_ids_are_seqs() {

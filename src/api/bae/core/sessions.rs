@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use super::runtime::BaeOp;
 use super::{BaeError, Denied, RESERVED_TOOL};
 use crate::auth::keys::{new_id, KeyRole};
-use crate::bus::{Envelope, Origin};
+use crate::bus::{Envelope, LogPage, Origin};
 use crate::domain::{CloseReason, Event, Fault, SessionRecord, SessionStatus, SessionSummary};
 use crate::engine::session;
 use crate::providers::Target;
@@ -94,6 +94,13 @@ pub struct Attached {
 
 /// An event of a session's history.
 pub type EventView = Arc<Envelope>;
+
+/// A page of a session's history (`Bae::events`).
+pub struct EventsPage {
+    pub events: LogPage,
+    /// The seq to read the next page after, while more remain.
+    pub next: Option<u64>,
+}
 
 /// The event types a BAE session's history holds (the engine's names).
 pub const BAE_EVENT_KINDS: &[&str] = &[
@@ -365,13 +372,12 @@ impl Bae {
         Ok(self.engine.shared.store.readers().bae_sessions(after, limit, state)?)
     }
 
-    /// A page of a session's history, oldest first.
-    pub fn events(&self, session_id: &str, after: u64, limit: usize) -> Result<Page<EventView>, BaeError> {
-        let page = self.engine.shared.store.readers().bae_events(session_id, BAE_EVENT_KINDS, after, limit)?;
+    /// A page of a session's history, oldest first; its `provider.request`s name their stored
+    /// messages by id, and the page has those messages once (`LogPage`).
+    pub fn events(&self, session_id: &str, after: u64, limit: usize) -> Result<EventsPage, BaeError> {
         let store = &self.engine.shared.store;
-        let items =
-            page.items.into_iter().filter_map(|logged| Envelope::from_log(logged, store)).map(Arc::new).collect();
-        Ok(Page { items, next: page.next })
+        let page = store.readers().bae_events(session_id, BAE_EVENT_KINDS, after, limit)?;
+        Ok(EventsPage { events: LogPage::read(page.items, store), next: page.next })
     }
 
     /// The session's registered drivers, sorted (none when it has no live state).

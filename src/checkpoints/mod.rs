@@ -25,7 +25,7 @@ use stats::{Known, Stamp, StatCache};
 use tree::{Found, Limits, WalkError};
 
 use crate::dirfd::{Dir, Entry, Kind};
-use crate::store::{CheckpointEntry, CheckpointKind, CheckpointRecord, Store, StoreError, WriteOp};
+use crate::store::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest, Store, StoreError, WriteOp};
 
 /// `[checkpoints]` in the config file.
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
@@ -197,7 +197,8 @@ impl Checkpoints {
             file_count: entries.iter().filter(|e| e.digest.is_some()).count() as u64,
             total_bytes: entries.iter().filter(|e| e.digest.is_some()).map(|e| e.size).sum(),
         };
-        self.store.write(vec![WriteOp::InsertCheckpoint { record: record.clone(), entries }])?;
+        self.store
+            .write(vec![WriteOp::InsertCheckpoint { record: record.clone(), manifest: Manifest::new(entries) }])?;
         Ok(record)
     }
 

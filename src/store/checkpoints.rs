@@ -60,16 +60,48 @@ pub struct CheckpointEntry {
     pub mode: u32,
 }
 
-/// Stores a checkpoint and its entries.
-pub(super) fn insert(
-    tx: &Transaction<'_>,
-    record: &CheckpointRecord,
-    entries: &[CheckpointEntry],
-) -> Result<(), StoreError> {
+/// A checkpoint's entries, sorted by path, and their digest: two checkpoints of a session
+/// with the same digest hold the same files, and the second shares the first's entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    entries: Vec<CheckpointEntry>,
+    digest: String,
+}
+
+impl Manifest {
+    /// Worked out by the capture, off the writer's thread.
+    pub fn new(mut entries: Vec<CheckpointEntry>) -> Manifest {
+        use sha2::{Digest, Sha256};
+        entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+        let mut hasher = Sha256::new();
+        for entry in &entries {
+            // A path never holds a NUL; a directory has no digest.
+            let digest = entry.digest.as_deref().unwrap_or("-");
+            hasher.update(format!("{}\0{digest}\0{}\0{}\n", entry.path, entry.size, entry.mode));
+        }
+        let digest = format!("{:x}", hasher.finalize());
+        Manifest { entries, digest }
+    }
+
+    pub fn entries(&self) -> &[CheckpointEntry] {
+        &self.entries
+    }
+}
+
+/// Stores a checkpoint and its entries, or, when an earlier checkpoint of the session holds
+/// the same files, a reference to that one's.
+pub(super) fn insert(tx: &Transaction<'_>, record: &CheckpointRecord, manifest: &Manifest) -> Result<(), StoreError> {
+    let shared: Option<i64> = tx
+        .prepare_cached(
+            "SELECT coalesce(manifest, seq) FROM checkpoints INDEXED BY checkpoints_by_manifest
+             WHERE session_id = ?1 AND manifest_digest = ?2 LIMIT 1",
+        )?
+        .query_row(params![record.session_id, manifest.digest], |row| row.get(0))
+        .optional()?;
     tx.prepare_cached(
         "INSERT INTO checkpoints (id, session_id, label, kind, created_at, run_id, file_count, total_bytes,
-                                  message_count)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                                  message_count, manifest, manifest_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
         record.id,
@@ -80,7 +112,9 @@ pub(super) fn insert(
         record.run_id,
         record.file_count as i64,
         record.total_bytes as i64,
-        record.message_count as i64
+        record.message_count as i64,
+        shared,
+        manifest.digest,
     ])
     .map_err(|error| match error {
         rusqlite::Error::SqliteFailure(e, _) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
@@ -88,11 +122,14 @@ pub(super) fn insert(
         }
         other => other.into(),
     })?;
+    if shared.is_some() {
+        return Ok(());
+    }
     let seq = tx.last_insert_rowid();
     let mut insert = tx.prepare_cached(
         "INSERT INTO checkpoint_entries (checkpoint_seq, path, digest, size, mode) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
-    for entry in entries {
+    for entry in &manifest.entries {
         insert.execute(params![seq, entry.path, entry.digest, entry.size as i64, entry.mode])?;
     }
     Ok(())
@@ -168,8 +205,9 @@ impl super::contract::CheckpointReads for super::sqlite::Sqlite {
     fn checkpoint_entries(&self, id: &str) -> Result<Vec<CheckpointEntry>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(
-                "SELECT e.path, e.digest, e.size, e.mode FROM checkpoint_entries e
-                 JOIN checkpoints c ON c.seq = e.checkpoint_seq WHERE c.id = ?1 ORDER BY e.path",
+                "SELECT e.path, e.digest, e.size, e.mode FROM checkpoints c
+                 JOIN checkpoint_entries e ON e.checkpoint_seq = coalesce(c.manifest, c.seq)
+                 WHERE c.id = ?1 ORDER BY e.path",
             )?;
             let rows = statement.query_map([id], |row| {
                 Ok(CheckpointEntry {

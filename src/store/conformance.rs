@@ -25,6 +25,7 @@ pub fn run_all(open: Open<'_>) {
     recovery_ends_only_what_its_node_held(open);
     a_walk_keeps_each_session_where_it_stood(open);
     the_log_drops_its_oldest_past_capacity_but_never_bae_history(open);
+    a_checkpoint_of_unchanged_files_shares_the_manifest_of_its_session(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.
@@ -344,5 +345,52 @@ pub fn the_log_drops_its_oldest_past_capacity_but_never_bae_history(open: Open<'
     let left = backend.events(&query("t"), 1_000).expect("the log reads");
     assert!(left.len() <= 101 && left.last().is_some_and(|e| e.kind == "last"), "{} left", left.len());
     assert_eq!(count(super::BAE_TENANT), 10, "BAE history stays");
+    close(opened);
+}
+
+/// A checkpoint holding the same files as an earlier one of its session reads back the same
+/// entries without a copy of its own; one of another session, or of other files, has its own;
+/// and deleting the session removes every entry its checkpoints held.
+pub fn a_checkpoint_of_unchanged_files_shares_the_manifest_of_its_session(open: Open<'_>) {
+    use super::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest};
+    let (_dir, opened) = nodes(open, 1);
+    let backend = &*opened[0].0;
+    write(backend, vec![session("a", SessionStatus::Idle), session("b", SessionStatus::Idle)]).expect("sessions");
+    let file = |path: &str, digest: &str| CheckpointEntry {
+        path: path.into(),
+        digest: Some(digest.into()),
+        size: 3,
+        mode: 0o644,
+    };
+    let take = |session_id: &str, id: &str, entries: Vec<CheckpointEntry>| {
+        let record = CheckpointRecord {
+            id: id.into(),
+            session_id: session_id.into(),
+            label: None,
+            kind: CheckpointKind::Auto,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            run_id: None,
+            file_count: entries.len() as u64,
+            total_bytes: 3 * entries.len() as u64,
+            message_count: 0,
+        };
+        write(backend, vec![WriteOp::InsertCheckpoint { record, manifest: Manifest::new(entries) }]).expect("stored");
+    };
+    let files = vec![file("z.txt", "d1"), file("a.txt", "d2")];
+    take("a", "c1", files.clone());
+    take("a", "c2", files.iter().rev().cloned().collect());
+    take("a", "c3", vec![file("a.txt", "d2"), file("z.txt", "d3")]);
+    take("b", "c4", files.clone());
+    let entries = |id: &str| backend.checkpoint_entries(id).expect("entries read");
+    let sorted = vec![file("a.txt", "d2"), file("z.txt", "d1")];
+    for id in ["c1", "c2", "c4"] {
+        assert_eq!(entries(id), sorted, "{id} holds the files it was taken with");
+    }
+    assert_eq!(entries("c3"), vec![file("a.txt", "d2"), file("z.txt", "d3")], "a changed file is its own");
+    assert!(backend.blob_referenced("d1").expect("read"));
+    write(backend, vec![WriteOp::DeleteSession { id: "a".into() }]).expect("deleted");
+    assert!(entries("c2").is_empty() && entries("c3").is_empty(), "a's checkpoints went with it");
+    assert_eq!(entries("c4"), sorted, "b's stayed");
+    assert!(!backend.blob_referenced("d3").expect("read"), "d3 was only a's");
     close(opened);
 }

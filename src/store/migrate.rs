@@ -29,6 +29,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Sql(include_str!("migrations/0012_lighter_session_walks.sql")),
     Migration::Sql(include_str!("migrations/0013_session_list_version.sql")),
     Migration::Sql(include_str!("migrations/0014_session_detail_version.sql")),
+    Migration::Sql(include_str!("migrations/0015_shared_manifests.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

@@ -25,7 +25,7 @@ use crossbeam_channel::{bounded, Receiver};
 use crate::domain::{Message, SessionRecord, SessionStatus, ToolCall};
 
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
-pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord};
+pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest};
 pub use contract::{
     Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, Reads, Recovery, Reply, Seqs, SessionReads,
     TurnClaim, Writes,
@@ -192,7 +192,7 @@ pub enum WriteOp {
     /// A checkpoint's manifest (its blobs are written before).
     InsertCheckpoint {
         record: CheckpointRecord,
-        entries: Vec<CheckpointEntry>,
+        manifest: Manifest,
     },
 }
 

@@ -140,9 +140,27 @@ fn a_second_checkpoint_of_an_unchanged_tree_adds_almost_nothing_on_disk() {
     assert_eq!(first.status, 201, "{}", first.text);
     assert_eq!(first.json["checkpoint"]["totalBytes"], 50 * 1_048_576);
     let after_first = disk();
-    assert_eq!(server.post(&path, json!({})).status, 201);
+    let entries = || -> i64 {
+        let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
+        db.query_row("SELECT count(*) FROM checkpoint_entries", [], |row| row.get(0)).unwrap()
+    };
+    let listed_first = entries();
+    assert_eq!(listed_first, 50, "one entry per file");
+    let second = server.post(&path, json!({}));
+    assert_eq!(second.status, 201);
     let added = disk().saturating_sub(after_first);
     assert!(added < 256 * 1024, "the second checkpoint added {added} bytes");
+    assert_eq!(entries(), listed_first, "the second shares the first's manifest instead of copying it");
+
+    // The shared manifest restores as its own would.
+    let before = tree(&server.workspace);
+    fs::write(server.workspace.join("blob07.bin"), "overwritten").unwrap();
+    fs::remove_file(server.workspace.join("blob08.bin")).unwrap();
+    let restore = format!("{path}/{}/restore", second.json["checkpoint"]["id"].as_str().unwrap());
+    let restored = server.post(&restore, json!({}));
+    assert_eq!(restored.status, 200, "{}", restored.text);
+    assert_eq!(tree(&server.workspace), before);
+    assert_eq!(entries(), listed_first + 49, "the safety checkpoint (49 files) has a manifest of its own");
 }
 
 #[test]

@@ -65,6 +65,7 @@ fn main() {
         Some("bare-relay") => return relay::bare_relay(),
         Some("fake-messages") => return bae::fake_messages(),
         Some("probe") => return scale::probe(),
+        Some("prune") => return scale::prune_only(),
         _ => {}
     }
     let args = args();

@@ -99,6 +99,23 @@ pub fn read_chunk(reader: &mut BufReader<TcpStream>) -> std::io::Result<Option<V
     Ok(if size == 0 { None } else { Some(chunk) })
 }
 
+/// Reads SSE frames until `count` of them carried an `id:`.
+pub fn read_events(reader: &mut BufReader<TcpStream>, count: usize) {
+    let mut seen = 0;
+    let mut pending = String::new();
+    while seen < count {
+        let chunk = read_chunk(reader).unwrap().expect("the replay goes on");
+        pending.push_str(&String::from_utf8_lossy(&chunk));
+        // One pass over the chunk, one drain: a replay page arrives as one large chunk.
+        let mut start = 0;
+        while let Some(end) = pending[start..].find("\n\n") {
+            seen += usize::from(pending[start..start + end].starts_with("id: "));
+            start += end + 2;
+        }
+        pending.drain(..start);
+    }
+}
+
 /// What one SSE subscriber saw.
 pub struct StreamOutcome {
     pub events: u64,

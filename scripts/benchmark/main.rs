@@ -200,19 +200,7 @@ fn log_replay(count: usize) -> (Duration, Duration) {
     settle_disk();
     let started = Instant::now();
     let mut reader = open_stream(&kestrel.host, "/api/events", Some(0)).unwrap();
-    let mut seen = 0;
-    let mut pending = String::new();
-    while seen < count {
-        let chunk = client::read_chunk(&mut reader).unwrap().expect("the replay goes on");
-        pending.push_str(&String::from_utf8_lossy(&chunk));
-        // One pass over the chunk, one drain: a replay page arrives as one large chunk.
-        let mut start = 0;
-        while let Some(end) = pending[start..].find("\n\n") {
-            seen += usize::from(pending[start..start + end].starts_with("id: "));
-            start += end + 2;
-        }
-        pending.drain(..start);
-    }
+    client::read_events(&mut reader, count);
     let replayed = started.elapsed();
     let database = kestrel._data.as_ref().unwrap().path().join("data").join("kestrel.db");
     let conn = rusqlite::Connection::open_with_flags(&database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();

@@ -20,7 +20,7 @@ use kestrel::domain::{Event, Message, Role, SessionRecord, SessionStatus, Sessio
 use kestrel::store::{LoggedEvent, Store, WriteOp};
 
 use super::bae::percentile;
-use super::client::{open_stream, read_chunk, Connection};
+use super::client::{open_stream, read_events, Connection};
 use super::{median, report, Spawned};
 
 const VERSION: &str = "kestrel-bench-scale 3";
@@ -465,18 +465,7 @@ fn replay(host: &str, data: &Path, counts: &[usize]) {
         assert_eq!(read, count);
         let started = Instant::now();
         let mut stream = open_stream_as(host, "/api/events", after as u64, BULK_TOKEN);
-        let mut seen = 0;
-        let mut pending = String::new();
-        while seen < count {
-            let chunk = read_chunk(&mut stream).unwrap().expect("the replay goes on");
-            pending.push_str(&String::from_utf8_lossy(&chunk));
-            let mut start = 0;
-            while let Some(end) = pending[start..].find("\n\n") {
-                seen += usize::from(pending[start..start + end].starts_with("id: "));
-                start += end + 2;
-            }
-            pending.drain(..start);
-        }
+        read_events(&mut stream, count);
         let replayed = started.elapsed().as_secs_f64() * 1000.0;
         report::vs_floor(&format!("reconnect {count} events back on a 10M-event log: replay"), replayed, "ms", floor);
     }

@@ -225,3 +225,71 @@ fn the_ring_holds_at_most_its_bytes_and_replays_the_newest() {
     handle.shutdown();
     writer.shutdown();
 }
+
+/// A page of logged requests puts back each request's stored messages from its own session
+/// only: an id of another session's message, named by a request, stays an empty slot.
+#[test]
+fn a_logged_request_reads_back_only_its_own_sessions_messages() {
+    use crate::domain::{Message, ProviderRequest, Role, SessionRecord, SessionStatus, SessionSummary};
+    use crate::store::WriteOp;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, writer) = Store::open(dir.path()).unwrap();
+    let session = |id: &str| {
+        WriteOp::InsertSession(SessionRecord {
+            summary: SessionSummary {
+                id: id.into(),
+                title: "t".into(),
+                created_at: "2026-01-01T00:00:00.000Z".into(),
+                updated_at: "2026-01-01T00:00:00.000Z".into(),
+                status: SessionStatus::Idle,
+                model: "builtin/echo".into(),
+                message_count: 0,
+                workspace: "/".into(),
+            },
+            tenant: "t".into(),
+            system_prompt: None,
+        })
+    };
+    let said = |session_id: &str, id: &str| WriteOp::AppendMessage {
+        session_id: session_id.into(),
+        message: Message { id: id.into(), ..Message::text_of(Role::User, format!("{session_id} said")) },
+        updated_at: "2026-01-01T00:00:01.000Z".into(),
+    };
+    store.write(vec![session("a"), session("b"), said("a", "m_a"), said("b", "m_b")]).unwrap();
+    let logged = |seq: u64, session_id: &str, ids: &[&str]| {
+        let placeholders = ids.iter().map(|id| Message { id: id.to_string(), ..Message::text_of(Role::User, "") });
+        let request = ProviderRequest {
+            session_id: session_id.into(),
+            attempt: 0,
+            fallback: None,
+            provider: "builtin".into(),
+            base_url: None,
+            model: "echo".into(),
+            max_tokens: None,
+            messages: placeholders.collect(),
+            tools: Vec::new(),
+            stored: ids.len(),
+            unresolved: true,
+        };
+        LoggedEvent {
+            seq,
+            tenant: Some("t".into()),
+            session_id: Some(session_id.into()),
+            actor: None,
+            kind: "provider.request".into(),
+            at: "2026-01-01T00:00:02.000Z".into(),
+            body: serde_json::to_string(&Event::ProviderRequest(Box::new(request))).unwrap(),
+            form: crate::domain::STORED_FORM,
+        }
+    };
+    let page = Envelope::page_from_log(vec![logged(1, "a", &["m_a", "m_b"]), logged(2, "b", &["m_b"])], &store);
+    let texts: Vec<Vec<String>> = page
+        .iter()
+        .map(|envelope| match &*envelope.event {
+            Event::ProviderRequest(request) => request.messages.iter().map(Message::text).collect(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(texts, [vec!["a said".to_string(), String::new()], vec!["b said".to_string()]]);
+    writer.shutdown();
+}

@@ -77,7 +77,11 @@ impl Manifest {
         for entry in &entries {
             // A path never holds a NUL; a directory has no digest.
             let digest = entry.digest.as_deref().unwrap_or("-");
-            hasher.update(format!("{}\0{digest}\0{}\0{}\n", entry.path, entry.size, entry.mode));
+            for part in [entry.path.as_bytes(), b"\0", digest.as_bytes(), b"\0"] {
+                hasher.update(part);
+            }
+            hasher.update(entry.size.to_le_bytes());
+            hasher.update(entry.mode.to_le_bytes());
         }
         let digest = format!("{:x}", hasher.finalize());
         Manifest { entries, digest }

@@ -230,26 +230,11 @@ fn the_ring_holds_at_most_its_bytes_and_replays_the_newest() {
 /// only: an id of another session's message, named by a request, stays an empty slot.
 #[test]
 fn a_logged_request_reads_back_only_its_own_sessions_messages() {
-    use crate::domain::{Message, ProviderRequest, Role, SessionRecord, SessionStatus, SessionSummary};
+    use crate::domain::{Message, ProviderRequest, Role, SessionStatus};
     use crate::store::WriteOp;
     let dir = tempfile::tempdir().unwrap();
     let (store, writer) = Store::open(dir.path()).unwrap();
-    let session = |id: &str| {
-        WriteOp::InsertSession(SessionRecord {
-            summary: SessionSummary {
-                id: id.into(),
-                title: "t".into(),
-                created_at: "2026-01-01T00:00:00.000Z".into(),
-                updated_at: "2026-01-01T00:00:00.000Z".into(),
-                status: SessionStatus::Idle,
-                model: "builtin/echo".into(),
-                message_count: 0,
-                workspace: "/".into(),
-            },
-            tenant: "t".into(),
-            system_prompt: None,
-        })
-    };
+    let session = |id: &str| crate::store::conformance::session(id, SessionStatus::Idle);
     let said = |session_id: &str, id: &str| WriteOp::AppendMessage {
         session_id: session_id.into(),
         message: Message { id: id.into(), ..Message::text_of(Role::User, format!("{session_id} said")) },

@@ -48,7 +48,8 @@ fn write(backend: &dyn Backend, ops: Vec<WriteOp>) -> Result<super::Committed, S
     outcome.recv().unwrap_or(Err(StoreError::Closed))
 }
 
-fn session(id: &str, status: SessionStatus) -> WriteOp {
+/// A session of tenant `t` to insert (other modules' tests use it too).
+pub(crate) fn session(id: &str, status: SessionStatus) -> WriteOp {
     WriteOp::InsertSession(SessionRecord {
         summary: SessionSummary {
             id: id.into(),

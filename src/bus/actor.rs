@@ -9,6 +9,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use super::*;
 use crate::store::{Committed, LoggedEvent, Store, StoreError, WriteOp};
+use crate::time::StampClock;
 
 /// A published event with its time, waiting for the log to give it its seq.
 struct Stamped {
@@ -69,6 +70,8 @@ pub(super) struct BusActor {
     acks: Vec<Ack>,
     subscribers: Vec<Subscriber>,
     subscriber_gauge: Arc<AtomicUsize>,
+    /// Every envelope's `at`.
+    clock: StampClock,
 }
 
 impl BusActor {
@@ -94,6 +97,7 @@ impl BusActor {
             acks: Vec::new(),
             subscribers: Vec::new(),
             subscriber_gauge,
+            clock: StampClock::default(),
         }
     }
 
@@ -194,7 +198,7 @@ impl BusActor {
     /// Gives an event its time and, unless it is a delta or unlogged, the form the log keeps.
     /// Frames are built later, by the streams, once per format.
     fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Box<Event>, logged: bool) -> Option<Stamped> {
-        let at = crate::time::now_rfc3339();
+        let at = self.clock.now();
         let logged = match !logged || event.is_transient() {
             true => None,
             false => match serde_json::to_string(&*event) {

@@ -125,17 +125,18 @@ struct RewoundEvent<'a> {
 
 /// An event as Kestrel's `SessionEvent`; `None` for an event no Kestrel stream carries (a BAE
 /// session's, which the `@bae` tenant keeps from every Kestrel stream).
-pub fn event_json(event: &Event) -> Option<Result<String, serde_json::Error>> {
+/// Appended to `out`, so that a frame is built in one buffer without a second copy.
+pub fn event_json(event: &Event, out: &mut Vec<u8>) -> Option<Result<(), serde_json::Error>> {
     let kind = event.kind();
     let wire = match event {
         Event::MessageStarted { session_id, message } | Event::MessageCompleted { session_id, message } => {
             let wire = MessageEvent { kind, session_id, message: WireMessage::from(message) };
-            return Some(serde_json::to_string(&wire));
+            return Some(serde_json::to_writer(out, &wire));
         }
         Event::SessionRewound { session_id, message_id, messages } => {
             let messages: Vec<WireMessage<'_>> = messages.iter().map(WireMessage::from).collect();
             let wire = RewoundEvent { kind, session_id, message_id, messages };
-            return Some(serde_json::to_string(&wire));
+            return Some(serde_json::to_writer(out, &wire));
         }
         Event::SessionUpdated { session_id, session } => {
             WireEvent::SessionUpdated { session_id, session: WireSummary::from(session) }
@@ -189,7 +190,7 @@ pub fn event_json(event: &Event) -> Option<Result<String, serde_json::Error>> {
         }
         _ => return None,
     };
-    Some(serde_json::to_string(&wire))
+    Some(serde_json::to_writer(out, &wire))
 }
 
 /// The protocol's events besides the two that carry a message and `session.rewound`.
@@ -461,19 +462,27 @@ impl<'a> From<&'a ToolSchema> for WireTool<'a> {
 /// An envelope as one SSE frame: `id: <seq>` and the `ServerEventEnvelope` on one `data:` line.
 /// Built once per envelope, by the first stream that sends it.
 pub fn sse_frame(envelope: &Envelope) -> String {
-    match event_json(&envelope.event) {
+    use std::io::Write as _;
+    // One buffer sized for a delta's frame, the commonest by far: no regrowth, no second copy.
+    let mut frame = Vec::with_capacity(FRAME_CAPACITY);
+    let seq = envelope.seq;
+    let head = write!(frame, "id: {seq}\ndata: {{\"seq\":{seq},\"at\":\"{}\",\"event\":", envelope.at);
+    head.expect("writing to a Vec cannot fail");
+    match event_json(&envelope.event, &mut frame) {
         None => String::new(),
-        Some(Ok(event)) => format!(
-            "id: {seq}\ndata: {{\"seq\":{seq},\"at\":\"{at}\",\"event\":{event}}}\n\n",
-            seq = envelope.seq,
-            at = envelope.at
-        ),
+        Some(Ok(())) => {
+            frame.extend_from_slice(b"}\n\n");
+            String::from_utf8(frame).expect("the frame is UTF-8: its parts are")
+        }
         Some(Err(error)) => {
-            log::error!("event {} could not be serialized: {error}", envelope.seq);
+            log::error!("event {seq} could not be serialized: {error}");
             String::new()
         }
     }
 }
+
+/// What `sse_frame` reserves: a text delta's frame with its ids fits.
+const FRAME_CAPACITY: usize = 384;
 
 /// An envelope as a frame of `/api/plugins/events`: `event: plugins.changed` with Kestrel's
 /// `PluginChangeEvent`; nothing for any other event.

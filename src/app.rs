@@ -193,6 +193,11 @@ fn bootstrap_admin(config: &Config, engine: &Bae) -> Result<(), StartError> {
 const KEY_SECRET_FILE: &str = "bae-key-secret";
 
 /// The engine's BAE settings; the key secret is created in the data dir on first start.
+/// Each tenant's token name for the audit log: `name`, or the tenant itself.
+fn token_names(config: &Config) -> std::collections::HashMap<String, String> {
+    config.auth.tokens.iter().map(|t| (t.tenant.clone(), t.name.clone().unwrap_or_else(|| t.tenant.clone()))).collect()
+}
+
 fn bae_settings(
     config: &Config,
     mcp_spawning: crate::mcp::Spawning,
@@ -417,6 +422,9 @@ impl Server {
                 checkpoints: config.checkpoints.clone(),
                 data_dir: config.server.data_dir.clone(),
                 node: node.clone(),
+                rulebook: config.rulebook().map_err(StartError::Config)?,
+                token_names: token_names(&config),
+                audit_retention: Duration::from_secs(config.agent.audit_retention_days.max(1) * 86_400),
             },
             vec![Arc::new(bae)],
         );

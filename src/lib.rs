@@ -22,6 +22,7 @@ pub mod logging;
 pub mod mcp;
 pub mod metrics;
 pub mod plugins;
+pub mod policy;
 pub mod providers;
 pub mod sandbox;
 pub mod store;

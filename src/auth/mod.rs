@@ -67,11 +67,16 @@ impl TokenSet {
 
     /// The tenant a presented token belongs to.
     pub fn tenant_for(&self, presented: &str) -> Option<&str> {
+        self.holder(presented).map(|token| token.tenant.as_str())
+    }
+
+    /// The configured token that was presented.
+    pub fn holder(&self, presented: &str) -> Option<&TenantToken> {
         let mut found = None;
         for candidate in &self.tokens {
             // No early exit: every token is compared whatever matched before.
             if constant_time_eq(candidate.token.as_bytes(), presented.as_bytes()) {
-                found = Some(candidate.tenant.as_str());
+                found = Some(candidate);
             }
         }
         found
@@ -96,8 +101,8 @@ mod tests {
     #[test]
     fn matches_only_the_whole_token() {
         let set = TokenSet::new(vec![
-            TenantToken { tenant: "a".into(), token: "secret-a".into() },
-            TenantToken { tenant: "b".into(), token: "secret-b".into() },
+            TenantToken { tenant: "a".into(), token: "secret-a".into(), name: "a".into(), admin: false },
+            TenantToken { tenant: "b".into(), token: "secret-b".into(), name: "b".into(), admin: false },
         ]);
         assert_eq!(set.tenant_for("secret-b"), Some("b"));
         assert_eq!(set.tenant_for("secret-"), None);

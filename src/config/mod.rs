@@ -94,6 +94,15 @@ pub struct TokenConfig {
     /// Directories this tenant's sessions may work in, replacing `agent.workspace_roots`.
     #[serde(default)]
     pub workspace_roots: Option<Vec<PathBuf>>,
+    /// What the audit log names this token by; the tenant when unset.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Whether the token may also read every tenant's audit log (`GET /api/audit`).
+    #[serde(default)]
+    pub admin: bool,
+    /// Permission rules of this tenant: they add to the server's and never weaken them.
+    #[serde(default)]
+    pub rules: Vec<crate::policy::RuleSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -109,6 +118,12 @@ pub struct AgentConfig {
     pub max_steps: u32,
     /// Per-tool permission overrides: `run_command = "auto"`, `write_file = "deny"`.
     pub permissions: BTreeMap<String, Permission>,
+    /// Permission rules (`[[agent.rules]]`, docs/permissions.md).
+    pub rules: Vec<crate::policy::RuleSpec>,
+    /// Whether rules' path patterns ignore case (`.ENV` meets a rule on `.env`).
+    pub rules_ignore_case: bool,
+    /// Days the audit log keeps a decision.
+    pub audit_retention_days: u64,
     /// run_command's timeout when the call sets none.
     pub command_timeout_secs: u64,
     /// The longest timeout a call may ask for.
@@ -164,6 +179,9 @@ impl Default for AgentConfig {
             default_model: None,
             max_steps: 50,
             permissions: BTreeMap::new(),
+            rules: Vec::new(),
+            rules_ignore_case: false,
+            audit_retention_days: 90,
             command_timeout_secs: 120,
             command_max_timeout_secs: 600,
             file_read_limit_bytes: 2 * 1024 * 1024,
@@ -214,7 +232,15 @@ impl std::error::Error for ConfigError {}
 impl TokenConfig {
     /// A tenant with its token given directly and the global workspace roots.
     pub fn new(tenant: impl Into<String>, token: impl Into<String>) -> TokenConfig {
-        TokenConfig { tenant: tenant.into(), token: Some(token.into()), token_env: None, workspace_roots: None }
+        TokenConfig {
+            tenant: tenant.into(),
+            token: Some(token.into()),
+            token_env: None,
+            workspace_roots: None,
+            name: None,
+            admin: false,
+            rules: Vec::new(),
+        }
     }
 }
 
@@ -223,6 +249,10 @@ impl TokenConfig {
 pub struct TenantToken {
     pub tenant: String,
     pub token: String,
+    /// What the audit log calls it.
+    pub name: String,
+    /// May read every tenant's audit log.
+    pub admin: bool,
 }
 
 impl std::fmt::Debug for TenantToken {
@@ -329,7 +359,18 @@ impl Config {
         if let Some(token) = self.auth.tokens.iter().find(|t| t.tenant.starts_with('@') || t.tenant.is_empty()) {
             return Err(ConfigError::Invalid(format!("tenant name {:?} is empty or starts with `@`", token.tenant)));
         }
+        self.rulebook()?;
         Ok(())
+    }
+
+    /// The permission rules of the file, compiled; a rule whose pattern does not compile is
+    /// an error at start.
+    pub fn rulebook(&self) -> Result<crate::policy::Rulebook, ConfigError> {
+        let matching = crate::policy::Matching { paths_ignore_case: self.agent.rules_ignore_case };
+        let tenants: Vec<(String, Vec<crate::policy::RuleSpec>)> =
+            self.auth.tokens.iter().map(|t| (t.tenant.clone(), t.rules.clone())).collect();
+        crate::policy::Rulebook::new(matching, &self.agent.rules, &tenants)
+            .map_err(|error| ConfigError::Invalid(format!("permission rule: {error}")))
     }
 
     /// The admin API's address, if it is served; only a loopback address is accepted.
@@ -433,12 +474,19 @@ impl Config {
     pub fn tenant_tokens(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<TenantToken>, ConfigError> {
         let mut tokens = Vec::new();
         if let Some(token) = &self.auth.token {
-            tokens.push(TenantToken { tenant: DEFAULT_TENANT.into(), token: token.clone() });
+            // The single token of a one-tenant server is its operator's.
+            let name = DEFAULT_TENANT.to_string();
+            tokens.push(TenantToken { tenant: DEFAULT_TENANT.into(), token: token.clone(), name, admin: true });
         }
         for entry in &self.auth.tokens {
             let token = entry.token.clone().or_else(|| entry.token_env.as_deref().and_then(env));
             match token.filter(|t| !t.is_empty()) {
-                Some(token) => tokens.push(TenantToken { tenant: entry.tenant.clone(), token }),
+                Some(token) => tokens.push(TenantToken {
+                    tenant: entry.tenant.clone(),
+                    token,
+                    name: entry.name.clone().unwrap_or_else(|| entry.tenant.clone()),
+                    admin: entry.admin,
+                }),
                 None => return Err(ConfigError::MissingToken(entry.tenant.clone())),
             }
         }

@@ -2,7 +2,7 @@
 //! attempts, compactions, subagent steps, plugin revisions).
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{
     ApprovalRequest, Dispatch, Message, ProviderRequest, ProviderResponse, SessionSummary, ToolCall, ToolResult, Usage,
@@ -95,7 +95,13 @@ pub enum Event {
     #[serde(rename = "message.completed", rename_all = "camelCase")]
     MessageCompleted { session_id: String, message: Message },
     #[serde(rename = "tool.started", rename_all = "camelCase")]
-    ToolStarted { session_id: String, call: ToolCall },
+    ToolStarted {
+        session_id: String,
+        call: ToolCall,
+        /// How the call's permission was decided (none for a call the client runs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permission: Option<Box<crate::domain::PermissionNote>>,
+    },
     #[serde(rename = "tool.finished", rename_all = "camelCase")]
     ToolFinished {
         session_id: String,
@@ -107,7 +113,17 @@ pub enum Event {
     #[serde(rename = "approval.requested", rename_all = "camelCase")]
     ApprovalRequested { session_id: String, approval: ApprovalRequest },
     #[serde(rename = "approval.resolved", rename_all = "camelCase")]
-    ApprovalResolved { session_id: String, approval_id: String, approved: bool },
+    ApprovalResolved {
+        session_id: String,
+        approval_id: String,
+        approved: bool,
+        /// The arguments a person gave the call in place of the model's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<Map<String, Value>>,
+        /// The rule the decision was remembered as.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remembered: Option<String>,
+    },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
     /// A turn asks an MCP server to run a tool (`server_name` is `None` when none has it).

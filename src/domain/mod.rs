@@ -227,6 +227,45 @@ pub struct ApprovalRequest {
     pub tool_name: String,
     pub arguments: Map<String, Value>,
     pub created_at: String,
+    /// What made the call wait: a rule, or (`None`) the tool's own permission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<RuleView>,
+}
+
+/// A permission rule as clients see it (`crate::policy::Rule`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleView {
+    pub id: String,
+    pub tool: String,
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Set for a remembered approval of one exact call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+    pub outcome: String,
+    /// `server`, `tenant` or `session`.
+    pub scope: String,
+    /// `config`, `api` or `remembered`.
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+}
+
+/// How a tool call's permission was decided, as its `tool.started` event and its result
+/// message say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PermissionNote {
+    /// `allow`, `ask` or `deny`: what the rules said (a person then decides an `ask`).
+    pub outcome: String,
+    /// The rule that decided; `None`: the tool's own permission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<RuleView>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,12 +14,14 @@ use std::sync::Arc;
 use crossbeam_channel::{bounded, select, RecvTimeoutError};
 use serde_json::{json, Map, Value};
 
+use super::permissions::{self, Remember};
 use super::run::{Run, Stop};
 use super::session::{SessionMsg, TurnMsg};
-use super::tools::{Permission, ToolContext};
+use super::tools::ToolContext;
 use super::EngineError;
 use crate::cancel::CancelReason;
 use crate::domain::{new_id, ApprovalRequest, Block, Event, Message, Role, SessionRecord, ToolCall, ToolResult};
+use crate::policy::{self, AuditDecision, Outcome, Verdict};
 use crate::store::WriteOp;
 use crate::tools::workspace::Workspace;
 
@@ -39,10 +41,29 @@ const TOOL_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(50
 const CANCELLED_TOOL_RESULT: &str = "The user cancelled the run before this tool call ran; it did not run.";
 
 /// A person's answer to an approval request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Decision {
     pub approved: bool,
     pub note: Option<String>,
+    /// Keep the decision as a rule, for the session or the tenant.
+    pub remember: Option<Remember>,
+    /// The pattern the remembered rule matches; this exact call when `None`.
+    pub pattern: Option<String>,
+    /// The arguments the call runs with instead of the model's.
+    pub arguments: Option<Map<String, Value>>,
+    /// Who decided (a token's name), for the audit log.
+    pub actor: Option<String>,
+    /// Where the run says whether it took the decision; the session's actor sets it.
+    pub taken: Option<crossbeam_channel::Sender<Result<(), EngineError>>>,
+}
+
+/// A decision the run took.
+pub(super) struct Taken {
+    approved: bool,
+    edited: Option<ToolCall>,
+    /// The id of the rule it was remembered as.
+    remembered: Option<String>,
+    note: Option<String>,
 }
 
 /// What resume found in the transcript.
@@ -80,31 +101,58 @@ impl Run {
         call: &ToolCall,
         workspace: &Result<Workspace, crate::tools::workspace::PathError>,
     ) -> Result<CallEnd, EngineError> {
-        self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone() });
-        if self.shared.tools.permission(&call.name) == Some(Permission::Ask) {
-            match self.ask(call) {
-                Some(decision) if decision.approved => {}
-                Some(decision) => {
+        let verdict = self.shared.judge(&self.tenant, &self.session_id, call, workspace.as_ref().ok());
+        let note = permissions::note_of(&verdict);
+        let mut meta = Map::new();
+        meta.insert("permission".into(), serde_json::to_value(&*note).unwrap_or_default());
+        let permission = Some(note);
+        self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone(), permission });
+        let (decision, by) = match verdict.outcome {
+            Outcome::Deny => (AuditDecision::Denied, Some(&verdict)),
+            Outcome::Allow => (AuditDecision::Allowed, Some(&verdict)),
+            Outcome::Ask => (AuditDecision::Asked, Some(&verdict)),
+        };
+        self.shared.audit(self.audit_entry(call, decision, by));
+        let edited = match verdict.outcome {
+            Outcome::Deny => {
+                self.finish_noted(failed_result(call, permissions::denied_text(&verdict), "denied"), meta)?;
+                return Ok(CallEnd::Done);
+            }
+            Outcome::Allow => None,
+            Outcome::Ask => match self.ask(call, &verdict, workspace.as_ref().ok()) {
+                Some(taken) if taken.approved => taken.edited,
+                Some(taken) => {
                     let mut content = "The user denied this tool call; it did not run.".to_string();
-                    if let Some(note) = decision.note.filter(|n| !n.trim().is_empty()) {
+                    if let Some(note) = taken.note.filter(|n| !n.trim().is_empty()) {
                         content.push_str(&format!(" Their note: {note}"));
                     }
-                    self.finish_call(failed_result(call, content, "denied"))?;
+                    self.finish_noted(failed_result(call, content, "denied"), meta)?;
                     return Ok(CallEnd::Done);
                 }
                 None => return Ok(CallEnd::Cancelled),
-            }
+            },
+        };
+        if let Some(edited) = &edited {
+            meta.insert("editedArguments".into(), Value::Object(edited.arguments.clone()));
         }
+        let call = edited.as_ref().unwrap_or(call);
         if self.shared.tools.changes_files(&call.name) {
             self.checkpoint_before_changes();
         }
         // Durable before the tool runs: see the module doc.
         self.mark_started(call)?;
-        let result = match workspace {
+        let mut result = match workspace {
             Ok(workspace) => self.execute_tool(call, workspace),
             Err(error) => failed_result(call, format!("The session's workspace is unavailable: {error}"), "workspace"),
         };
-        self.finish_call(result)?;
+        if edited.is_some() {
+            let arguments = Value::Object(call.arguments.clone());
+            result.content = format!(
+                "A person edited this call's arguments before it ran; it ran with {arguments}.\n\n{}",
+                result.content
+            );
+        }
+        self.finish_noted(result, meta)?;
         Ok(CallEnd::Done)
     }
 
@@ -165,40 +213,136 @@ impl Run {
         }
     }
 
-    /// Asks a person; `None` when the run was cancelled while waiting.
-    fn ask(&self, call: &ToolCall) -> Option<Decision> {
+    /// Asks a person; `None` when the run was cancelled while waiting. A decision this run
+    /// cannot take (an edit the schema or the rules refuse, a bad pattern to remember) is
+    /// answered with the error and the call waits on.
+    fn ask(&self, call: &ToolCall, verdict: &Verdict, workspace: Option<&Workspace>) -> Option<Taken> {
         let approval = ApprovalRequest {
             id: new_id("apr"),
             call_id: call.id.clone(),
             tool_name: call.name.clone(),
             arguments: call.arguments.clone(),
             created_at: crate::time::now_rfc3339(),
+            rule: verdict.rule.as_ref().map(|rule| rule.view()),
         };
-        let (decision, decisions) = bounded(1);
         let approval_id = approval.id.clone();
         // Registered with the session's actor before anyone can see the request, so a decision
         // can never arrive before the actor knows where to send it.
-        let awaiting = TurnMsg::Awaiting { approval_id: approval_id.clone(), decision };
-        let _ = self.session.send(SessionMsg::Turn(awaiting));
+        let mut decisions = self.await_decision(&approval_id);
         self.publish(Event::ApprovalRequested { session_id: self.session_id.clone(), approval });
-        let decision = select! {
-            recv(decisions) -> decision => decision.ok(),
-            recv(self.cancel.receiver()) -> _ => None,
+        let taken = loop {
+            let decision = select! {
+                recv(decisions) -> decision => decision.ok(),
+                recv(self.cancel.receiver()) -> _ => None,
+            };
+            let Some(mut decision) = decision else { break None };
+            let reply = decision.taken.take();
+            match self.take_decision(call, decision, workspace) {
+                Ok(taken) => {
+                    reply.map(|r| r.send(Ok(())));
+                    break Some(taken);
+                }
+                Err(error) => {
+                    decisions = self.await_decision(&approval_id);
+                    reply.map(|r| r.send(Err(error)));
+                }
+            }
         };
         let _ = self.session.send(SessionMsg::Turn(TurnMsg::Closed { approval_id: approval_id.clone() }));
-        let approved = decision.as_ref().is_some_and(|d| d.approved);
-        self.publish(Event::ApprovalResolved { session_id: self.session_id.clone(), approval_id, approved });
-        decision
+        let (approved, arguments, remembered) = match &taken {
+            Some(t) => (t.approved, t.edited.as_ref().map(|c| c.arguments.clone()), t.remembered.clone()),
+            None => (false, None, None),
+        };
+        let session_id = self.session_id.clone();
+        self.publish(Event::ApprovalResolved { session_id, approval_id, approved, arguments, remembered });
+        taken
+    }
+
+    /// Tells the session's actor where a decision on `approval_id` goes.
+    fn await_decision(&self, approval_id: &str) -> crossbeam_channel::Receiver<Decision> {
+        let (decision, decisions) = bounded(1);
+        let awaiting = TurnMsg::Awaiting { approval_id: approval_id.to_string(), decision };
+        let _ = self.session.send(SessionMsg::Turn(awaiting));
+        decisions
+    }
+
+    /// Checks a person's decision and records it: an edit must fit the tool's schema and must
+    /// not be denied by a rule; a `remember` is stored as a rule. Audited either way.
+    fn take_decision(
+        &self,
+        call: &ToolCall,
+        decision: Decision,
+        workspace: Option<&Workspace>,
+    ) -> Result<Taken, EngineError> {
+        let edited = match (&decision.arguments, decision.approved) {
+            (Some(arguments), true) => Some(self.check_edit(call, arguments, &decision, workspace)?),
+            _ => None,
+        };
+        let remembered = match decision.remember {
+            Some(scope) => {
+                let target = edited.as_ref().unwrap_or(call);
+                let outcome = if decision.approved { Outcome::Allow } else { Outcome::Deny };
+                let actor = decision.actor.clone();
+                Some(self.remember(target, workspace, scope, decision.pattern.clone(), outcome, actor)?.id)
+            }
+            None => None,
+        };
+        let kind = match (decision.approved, &edited) {
+            (true, Some(_)) => AuditDecision::Edited,
+            (true, None) => AuditDecision::Approved,
+            (false, _) => AuditDecision::Rejected,
+        };
+        let mut entry = self.audit_entry(call, kind, None);
+        entry.actor = decision.actor.clone();
+        entry.note = decision.note.clone().map(|n| policy::truncated(&n));
+        entry.rule_id = remembered.clone();
+        entry.edited = edited.as_ref().map(|c| policy::truncated(&policy::canonical_arguments(&c.arguments)));
+        self.shared.audit(entry);
+        Ok(Taken { approved: decision.approved, edited, remembered, note: decision.note })
+    }
+
+    /// The call with a person's arguments, if the tool's schema and the rules let it run.
+    fn check_edit(
+        &self,
+        call: &ToolCall,
+        arguments: &Map<String, Value>,
+        decision: &Decision,
+        workspace: Option<&Workspace>,
+    ) -> Result<ToolCall, EngineError> {
+        let schema = self.shared.tools.parameters(&call.name).unwrap_or_else(|| json!({ "type": "object" }));
+        permissions::check_arguments(&schema, arguments).map_err(EngineError::InvalidEdit)?;
+        let edited = ToolCall { arguments: arguments.clone(), ..call.clone() };
+        let verdict = self.shared.judge(&self.tenant, &self.session_id, &edited, workspace);
+        if verdict.outcome == Outcome::Deny {
+            let mut entry = self.audit_entry(call, AuditDecision::Denied, Some(&verdict));
+            entry.actor = decision.actor.clone();
+            entry.edited = Some(policy::truncated(&policy::canonical_arguments(arguments)));
+            self.shared.audit(entry);
+            return Err(EngineError::EditDenied(permissions::denied_text(&verdict)));
+        }
+        Ok(edited)
+    }
+
+    /// `finish_call`, with the call's permission (and a person's edit) in the message's meta.
+    fn finish_noted(&self, result: ToolResult, meta: Map<String, Value>) -> Result<(), EngineError> {
+        self.finish_with(result, Some(meta))
     }
 
     /// Announces a result and stores it as a `tool` message.
     fn finish_call(&self, result: ToolResult) -> Result<(), EngineError> {
+        self.finish_with(result, None)
+    }
+
+    fn finish_with(&self, result: ToolResult, meta: Option<Map<String, Value>>) -> Result<(), EngineError> {
         self.publish(Event::ToolFinished {
             session_id: self.session_id.clone(),
             result: result.clone(),
             dispatch: Default::default(),
         });
-        let message = tool_message(&result);
+        let mut message = tool_message(&result);
+        if let Some(meta) = meta {
+            message.meta.get_or_insert_with(Map::new).extend(meta);
+        }
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
         self.append(message)
     }

@@ -51,7 +51,14 @@ pub(crate) fn estimate(messages: &[Message]) -> u64 {
         }
         None => (0, messages),
     };
-    base + rest.iter().map(|m| (serde_json::to_string(m).map_or(0, |s| s.len()) as u64).div_ceil(4) + 4).sum::<u64>()
+    base + rest.iter().map(|m| model_bytes(m).div_ceil(4) + 4).sum::<u64>()
+}
+
+/// About what of `message` a provider reads: its blocks, and its role and id. Its `meta` (the
+/// usage reported, a call's permission) is for clients and never reaches a model.
+fn model_bytes(message: &Message) -> u64 {
+    let blocks = serde_json::to_string(&message.blocks).map_or(0, |s| s.len());
+    (blocks + message.id.len() + message.created_at.len() + 32) as u64
 }
 
 fn reported_usage(message: &Message) -> Option<Usage> {

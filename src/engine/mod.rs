@@ -12,6 +12,7 @@ pub(crate) mod checkpoints;
 pub(crate) mod compaction;
 pub(crate) mod context;
 pub mod idempotency;
+mod permissions;
 pub mod plan;
 pub(crate) mod publish;
 pub(crate) mod run;
@@ -31,6 +32,7 @@ use crate::store::{SessionPatch, Store, StoreError, WriteOp};
 use crate::tools::workspace::{PathError, Workspace, WorkspacePolicy, WorkspaceRefusal};
 pub use calls::{Decision, Repair};
 pub use idempotency::{Created, Idempotent, Lookup};
+pub use permissions::{NewRule, Remember};
 pub use plan::{Lifecycle, Opening, SessionDoor, TurnPlan};
 pub use run::{Run, Step, Stop};
 use tools::ToolRegistry;
@@ -68,6 +70,15 @@ pub enum EngineError {
     MessageNotFound,
     /// A rewind names a message that is not the user's.
     InvalidRewindTarget,
+    /// A permission rule whose pattern does not compile: why.
+    InvalidRule(String),
+    RuleNotFound,
+    /// A config file rule: the API does not revoke it.
+    ConfigRule,
+    /// An approval's edited arguments do not fit the tool's schema: why.
+    InvalidEdit(String),
+    /// An approval's edited arguments are denied by a rule: what the model would be told.
+    EditDenied(String),
     Store(StoreError),
 }
 
@@ -102,6 +113,11 @@ impl std::fmt::Display for EngineError {
             EngineError::CheckpointTimedOut(why) => write!(f, "{why}"),
             EngineError::MessageNotFound => write!(f, "no message with that id in this session"),
             EngineError::InvalidRewindTarget => write!(f, "only a user message can be rewound to"),
+            EngineError::InvalidRule(why) => write!(f, "{why}"),
+            EngineError::RuleNotFound => write!(f, "no rule with that id here"),
+            EngineError::ConfigRule => write!(f, "rules from the config file are changed in the config file"),
+            EngineError::InvalidEdit(why) => write!(f, "the edited arguments do not fit the tool's schema: {why}"),
+            EngineError::EditDenied(why) => write!(f, "the edited call is denied: {why}"),
             EngineError::Store(error) => write!(f, "{error}"),
         }
     }
@@ -134,6 +150,12 @@ pub struct EngineConfig {
     pub data_dir: std::path::PathBuf,
     /// This process's id among the nodes sharing the store: what its turn claims name.
     pub node: String,
+    /// The config file's permission rules.
+    pub rulebook: crate::policy::Rulebook,
+    /// What the audit log calls each tenant's token (`auth.tokens[].name`).
+    pub token_names: std::collections::HashMap<String, String>,
+    /// How long the audit log keeps a decision.
+    pub audit_retention: std::time::Duration,
 }
 
 pub struct NewSession {
@@ -409,7 +431,7 @@ impl Engine {
         self.shared.owned_session(tenant, id)?;
         // No actor, no run, no approval waiting.
         let (reply, answer) = crossbeam_channel::bounded(1);
-        let op = session::Op::Decide { approval_id: approval_id.to_string(), decision, reply };
+        let op = session::Op::Decide { approval_id: approval_id.to_string(), decision: Box::new(decision), reply };
         if self.shared.sessions.send_if_live(id, op).is_err() {
             return Err(EngineError::ApprovalNotFound);
         }

@@ -46,7 +46,7 @@ pub(crate) enum Op {
     /// Cancel the running turn; answers whether this call cancelled one.
     Cancel { reply: Sender<bool> },
     /// Answer an approval the turn waits on.
-    Decide { approval_id: String, decision: Decision, reply: Sender<Result<(), EngineError>> },
+    Decide { approval_id: String, decision: Box<Decision>, reply: Sender<Result<(), EngineError>> },
     /// A change that must not happen under a running turn (a new workspace).
     Patch { patch: SessionPatch, reply: Sender<Result<(), EngineError>> },
     /// Cancel the turn if there is one, then delete the session.
@@ -309,17 +309,19 @@ impl SessionActor {
             Op::Cancel { reply } => {
                 let _ = reply.send(self.turn.as_ref().is_some_and(|t| t.canceller.cancel(CancelReason::User)));
             }
-            Op::Decide { approval_id, decision, reply } => {
-                let outcome = match self.approvals.remove(&approval_id) {
+            Op::Decide { approval_id, mut decision, reply } => match self.approvals.remove(&approval_id) {
+                // The run answers once it has checked the decision (an edit may be refused).
+                Some(waiting) => {
+                    decision.taken = Some(reply);
                     // The turn may have been cancelled a moment ago; then nobody listens.
-                    Some(waiting) => {
-                        let _ = waiting.send(decision);
-                        Ok(())
+                    if let Err(unheard) = waiting.send(*decision) {
+                        unheard.0.taken.map(|reply| reply.send(Err(EngineError::ApprovalNotFound)));
                     }
-                    None => Err(EngineError::ApprovalNotFound),
-                };
-                let _ = reply.send(outcome);
-            }
+                }
+                None => {
+                    let _ = reply.send(Err(EngineError::ApprovalNotFound));
+                }
+            },
             Op::Patch { patch, reply } => {
                 let _ = reply.send(self.patch(patch));
             }

@@ -55,6 +55,9 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         checkpoints,
         data_dir: data.to_path_buf(),
         node: "node-test".into(),
+        rulebook: Default::default(),
+        token_names: Default::default(),
+        audit_retention: std::time::Duration::from_secs(86_400),
     };
     let doors: Vec<Arc<dyn DoorShared>> = vec![Arc::new(crate::api::bae::core::BaeShared::new(bae))];
     (Engine::new(store, bus, models, tools, config, doors), writer, bus_handle)

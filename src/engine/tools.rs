@@ -29,6 +29,15 @@ pub enum Permission {
 }
 
 impl Permission {
+    /// The rules' outcome this permission amounts to when no rule applies.
+    pub fn outcome(self) -> crate::policy::Outcome {
+        match self {
+            Permission::Auto => crate::policy::Outcome::Allow,
+            Permission::Ask => crate::policy::Outcome::Ask,
+            Permission::Deny => crate::policy::Outcome::Deny,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Permission::Auto => "auto",
@@ -116,6 +125,11 @@ pub trait Tool: Send + Sync {
     }
     /// A session was deleted: whatever the tool keeps for it (an MCP connection) goes.
     fn session_ended(&self, _session_id: &str) {}
+    /// Which argument the rules' `match` patterns read (`crate::policy`); none unless the
+    /// tool says so.
+    fn matches_on(&self) -> crate::policy::MatchOn {
+        crate::policy::MatchOn::Nothing
+    }
 }
 
 /// A named group of tools replaced as a whole.
@@ -190,6 +204,16 @@ impl ToolRegistry {
     /// A tool's permission; `None` for a name nobody registered.
     pub fn permission(&self, name: &str) -> Option<Permission> {
         self.find(name).map(|t| t.permission)
+    }
+
+    /// The input schema of `name`'s calls.
+    pub fn parameters(&self, name: &str) -> Option<Value> {
+        self.find(name).map(|t| t.schema.parameters.clone())
+    }
+
+    /// Which argument of `name`'s calls the rules' patterns read.
+    pub fn matches_on(&self, name: &str) -> crate::policy::MatchOn {
+        self.find(name).map_or(crate::policy::MatchOn::Nothing, |t| t.tool.matches_on())
     }
 
     /// Whether a call of `name` may change files (an unknown tool runs nothing, so no).

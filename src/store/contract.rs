@@ -21,12 +21,14 @@ use std::collections::{HashMap, HashSet};
 
 use crossbeam_channel::Sender;
 
+use super::AuditQuery;
 use super::{
     BaeSessionRecord, BaeState, CheckpointEntry, CheckpointRecord, EventQuery, IdempotentAnswer, KeyRecord,
     LoggedEvent, Page, ProfileRecord, SessionWalk, StoreError, UnsettledCall, WalkPage, WriteOp,
 };
 use crate::auth::keys::KeyRole;
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
+use crate::policy::{AuditEntry, Rule};
 
 /// What a committed batch reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -158,10 +160,21 @@ pub trait CheckpointReads: Send + Sync {
     fn blob_referenced(&self, digest: &str) -> Result<bool, StoreError>;
 }
 
-/// Every read.
-pub trait Reads: SessionReads + LogReads + BaeReads + CheckpointReads {}
+/// Reads of permission rules and the audit log.
+pub trait PolicyReads: Send + Sync {
+    /// A tenant's stored rules: those of the tenant, and with `session_id` that session's too,
+    /// oldest first.
+    fn rules_of(&self, tenant: &str, session_id: Option<&str>) -> Result<Vec<Rule>, StoreError>;
+    /// A session's own stored rules, oldest first.
+    fn session_rules(&self, session_id: &str) -> Result<Vec<Rule>, StoreError>;
+    /// Audit entries `query` admits, in seq order, at most `limit`.
+    fn audit(&self, query: &AuditQuery<'_>, limit: usize) -> Result<Vec<AuditEntry>, StoreError>;
+}
 
-impl<T: SessionReads + LogReads + BaeReads + CheckpointReads> Reads for T {}
+/// Every read.
+pub trait Reads: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads {}
+
+impl<T: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads> Reads for T {}
 
 /// A store backend: everything above.
 pub trait Backend: Reads + Writes + Seqs + Claims + Recovery {}

@@ -13,6 +13,7 @@ mod contract;
 mod housekeeping;
 mod lock;
 mod migrate;
+mod policy;
 mod reader;
 mod sqlite;
 mod writer;
@@ -27,9 +28,10 @@ use crate::domain::{Message, SessionRecord, SessionStatus, ToolCall};
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest};
 pub use contract::{
-    Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, Reads, Recovery, Reply, Seqs, SessionReads,
-    TurnClaim, Writes,
+    Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, PolicyReads, Reads, Recovery, Reply, Seqs,
+    SessionReads, TurnClaim, Writes,
 };
+pub use policy::{AuditQuery, PolicyWrite};
 pub use reader::EventQuery;
 pub use sqlite::Sqlite;
 pub use writer::WriterHandle;
@@ -194,6 +196,8 @@ pub enum WriteOp {
         record: CheckpointRecord,
         manifest: Manifest,
     },
+    /// A change to the permission rules or the audit log.
+    Policy(PolicyWrite),
 }
 
 /// An event as the log keeps it.

@@ -368,6 +368,7 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
             return Ok(Some(first));
         }
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
+        WriteOp::Policy(write) => super::policy::apply(tx, write)?,
         WriteOp::InsertCheckpoint { record, manifest } => super::checkpoints::insert(tx, record, manifest)?,
         WriteOp::CompactHistory { session_id, summary, hidden, kept } => {
             compact_history(tx, session_id, summary, hidden, kept)?

@@ -14,6 +14,7 @@ use super::process::{Ending, Launcher, Pipes, OUTPUT_CAP};
 use super::schema;
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
+use crate::policy::MatchOn;
 
 pub struct RunCommand {
     pub default_timeout: Duration,
@@ -47,6 +48,10 @@ impl Tool for RunCommand {
 
     fn default_permission(&self) -> Permission {
         Permission::Ask
+    }
+
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Command("command")
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {

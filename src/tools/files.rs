@@ -9,6 +9,7 @@ use super::schema;
 use super::workspace::{write_regular, LISTING_CAP};
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
+use crate::policy::MatchOn;
 
 /// Lines `read_file` returns when the call gives no limit.
 const DEFAULT_LINE_LIMIT: u64 = 2000;
@@ -42,6 +43,10 @@ impl Tool for ReadFile {
 
     fn default_permission(&self) -> Permission {
         Permission::Auto
+    }
+
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Path("path", ".")
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
@@ -111,6 +116,10 @@ impl Tool for ListDirectory {
         Permission::Auto
     }
 
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Path("path", ".")
+    }
+
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let path = Args::new(arguments).optional_string("path")?.unwrap_or(".");
         let listing = context.workspace.list(path, LISTING_CAP)?;
@@ -157,6 +166,10 @@ impl Tool for WriteFile {
 
     fn default_permission(&self) -> Permission {
         Permission::Ask
+    }
+
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Path("path", ".")
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
@@ -207,6 +220,10 @@ impl Tool for EditFile {
 
     fn default_permission(&self) -> Permission {
         Permission::Ask
+    }
+
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Path("path", ".")
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {

@@ -16,6 +16,7 @@ use super::schema;
 use super::workspace::{is_text, PathError, Workspace, SKIPPED_DIRS};
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
+use crate::policy::MatchOn;
 
 const MAX_FILES: usize = 1000;
 const MAX_MATCHES: usize = 200;
@@ -112,6 +113,10 @@ impl Tool for FindFiles {
         Permission::Auto
     }
 
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Path("path", ".")
+    }
+
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (patterns, path) = (args.strings("pattern")?, args.optional_string("path")?);
@@ -170,6 +175,10 @@ impl Tool for SearchText {
 
     fn default_permission(&self) -> Permission {
         Permission::Auto
+    }
+
+    fn matches_on(&self) -> MatchOn {
+        MatchOn::Path("path", ".")
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {

@@ -78,6 +78,11 @@ impl From<EngineError> for ApiError {
             EngineError::CheckpointTimedOut(_) => ApiError::new(503, "checkpoint_timeout", message),
             EngineError::MessageNotFound => ApiError::new(404, "message_not_found", message),
             EngineError::InvalidRewindTarget => ApiError::bad_request("invalid_rewind_target", message),
+            EngineError::InvalidRule(_) => ApiError::bad_request("invalid_rule", message),
+            EngineError::RuleNotFound => ApiError::new(404, "rule_not_found", message),
+            EngineError::ConfigRule => ApiError::new(403, "forbidden", message),
+            EngineError::InvalidEdit(_) => ApiError::bad_request("invalid_decision", message),
+            EngineError::EditDenied(_) => ApiError::new(403, "forbidden", message),
             // A unique key that already exists: the request collides with another.
             EngineError::Store(StoreError::Conflict(_)) => {
                 ApiError::new(409, "conflict", "the request conflicts with another")

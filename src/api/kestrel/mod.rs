@@ -13,6 +13,7 @@ mod events;
 mod files;
 mod idempotency;
 mod meta;
+mod rules;
 mod runs;
 mod sessions;
 mod turn;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::api::routes::{self, RouteDef};
-use crate::auth::{self, Principal, TokenSet};
+use crate::auth::{self, TokenSet};
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
 use crate::http::{EdgeError, Handler, Reply, Request};
@@ -57,6 +58,10 @@ pub struct KestrelApi {
 /// The authenticated caller.
 pub struct Caller {
     pub tenant: String,
+    /// The token's name (for the audit log); `None` on a server without tokens.
+    pub name: Option<String>,
+    /// May read every tenant's audit log.
+    pub admin: bool,
 }
 
 /// What a route of this door is; its path parameters come with the match.
@@ -85,6 +90,11 @@ pub enum Kind {
     Checkpoints,
     CheckpointRestore,
     Events,
+    Rules,
+    Rule,
+    SessionRules,
+    SessionRule,
+    Audit,
 }
 
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
@@ -93,6 +103,7 @@ const fn row(template: &'static str, methods: &'static [&'static str], kind: Kin
 
 const GET: &[&str] = &["GET"];
 const POST: &[&str] = &["POST"];
+const DELETE: &[&str] = &["DELETE"];
 const STATIC: &[&str] = &["GET", "HEAD"];
 
 /// Every route of the Kestrel door on the main port (BAE's client routes are matched first,
@@ -122,6 +133,11 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/api/sessions/{id}/file", GET, Kind::File),
     row("/api/sessions/{id}/checkpoints", &["GET", "POST"], Kind::Checkpoints),
     row("/api/sessions/{id}/checkpoints/{checkpointId}/restore", POST, Kind::CheckpointRestore),
+    row("/api/sessions/{id}/rules", &["GET", "POST"], Kind::SessionRules),
+    row("/api/sessions/{id}/rules/{ruleId}", DELETE, Kind::SessionRule),
+    row("/api/rules", &["GET", "POST"], Kind::Rules),
+    row("/api/rules/{ruleId}", DELETE, Kind::Rule),
+    row("/api/audit", GET, Kind::Audit),
 ];
 
 impl KestrelApi {
@@ -139,12 +155,15 @@ impl KestrelApi {
 
     fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {
         if self.tokens.is_open() {
-            return Ok(Caller { tenant: DEFAULT_TENANT.to_string() });
+            // No token: a loopback server with one user, who is its operator.
+            return Ok(Caller { tenant: DEFAULT_TENANT.to_string(), name: None, admin: true });
         }
         // `?token=` is for clients that cannot set headers (EventSource).
         let presented = auth::bearer(request.header("Authorization")).ok().or_else(|| request.query("token"));
-        match presented.and_then(|token| self.tokens.principal(token)) {
-            Some(Principal::Tenant(tenant)) => Ok(Caller { tenant }),
+        match presented.and_then(|token| self.tokens.holder(token)) {
+            Some(token) => {
+                Ok(Caller { tenant: token.tenant.clone(), name: Some(token.name.clone()), admin: token.admin })
+            }
             None => Err(ApiError::unauthorized()),
         }
     }
@@ -191,6 +210,13 @@ impl KestrelApi {
             (Kind::CheckpointRestore, _) => checkpoints::restore(self, &caller, id, second),
             (Kind::Rewind, _) => checkpoints::rewind(self, &caller, id, request),
             (Kind::PluginEvents, _) => events::plugins(self, &caller),
+            (Kind::Rules, "GET") => rules::list(self, &caller, None),
+            (Kind::Rules, _) => rules::create(self, &caller, None, request),
+            (Kind::Rule, _) => rules::delete(self, &caller, None, id),
+            (Kind::SessionRules, "GET") => rules::list(self, &caller, Some(id)),
+            (Kind::SessionRules, _) => rules::create(self, &caller, Some(id), request),
+            (Kind::SessionRule, _) => rules::delete(self, &caller, Some(id), second),
+            (Kind::Audit, _) => rules::audit(self, &caller, request),
             (Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi, _) => {
                 unreachable!("answered before authentication")
             }

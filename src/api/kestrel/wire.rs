@@ -156,8 +156,8 @@ pub fn event_json(event: &Event, out: &mut Vec<u8>) -> Option<Result<(), serde_j
             };
             WireEvent::MessageDelta { session_id, message_id, channel, delta }
         }
-        Event::ToolStarted { session_id, call } => {
-            WireEvent::ToolStarted { session_id, call: WireToolCall::from(call) }
+        Event::ToolStarted { session_id, call, permission } => {
+            WireEvent::ToolStarted { session_id, call: WireToolCall::from(call), permission: permission.as_deref() }
         }
         Event::ToolFinished { session_id, result, dispatch } => WireEvent::ToolFinished {
             session_id,
@@ -167,8 +167,9 @@ pub fn event_json(event: &Event, out: &mut Vec<u8>) -> Option<Result<(), serde_j
         Event::ApprovalRequested { session_id, approval } => {
             WireEvent::ApprovalRequested { session_id, approval: WireApproval::from(approval) }
         }
-        Event::ApprovalResolved { session_id, approval_id, approved } => {
-            WireEvent::ApprovalResolved { session_id, approval_id, approved: *approved }
+        Event::ApprovalResolved { session_id, approval_id, approved, arguments, remembered } => {
+            let (arguments, remembered) = (arguments.as_ref(), remembered.as_deref());
+            WireEvent::ApprovalResolved { session_id, approval_id, approved: *approved, arguments, remembered }
         }
         Event::SessionDeleted { session_id } => WireEvent::SessionDeleted { session_id },
         Event::ContextCompacted { session_id, removed_messages, kept_messages, tokens_before, tokens_after } => {
@@ -214,7 +215,13 @@ enum WireEvent<'a> {
     #[serde(rename = "message.delta", rename_all = "camelCase")]
     MessageDelta { session_id: &'a str, message_id: &'a str, channel: &'static str, delta: &'a str },
     #[serde(rename = "tool.started", rename_all = "camelCase")]
-    ToolStarted { session_id: &'a str, call: WireToolCall<'a> },
+    ToolStarted {
+        session_id: &'a str,
+        call: WireToolCall<'a>,
+        /// Kestrel's extension: how the call's permission was decided.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        permission: Option<&'a crate::domain::PermissionNote>,
+    },
     #[serde(rename = "tool.finished", rename_all = "camelCase")]
     ToolFinished {
         session_id: &'a str,
@@ -225,7 +232,17 @@ enum WireEvent<'a> {
     #[serde(rename = "approval.requested", rename_all = "camelCase")]
     ApprovalRequested { session_id: &'a str, approval: WireApproval<'a> },
     #[serde(rename = "approval.resolved", rename_all = "camelCase")]
-    ApprovalResolved { session_id: &'a str, approval_id: &'a str, approved: bool },
+    ApprovalResolved {
+        session_id: &'a str,
+        approval_id: &'a str,
+        approved: bool,
+        /// Kestrel's extension: the arguments a person gave the call.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        arguments: Option<&'a Map<String, Value>>,
+        /// Kestrel's extension: the rule the decision was remembered as.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        remembered: Option<&'a str>,
+    },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: &'a str },
     #[serde(rename = "context.compacted", rename_all = "camelCase")]
@@ -384,6 +401,9 @@ struct WireApproval<'a> {
     tool_name: &'a str,
     arguments: &'a Map<String, Value>,
     created_at: &'a str,
+    /// Kestrel's extension: the rule that made the call wait (none: the tool's permission).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule: Option<&'a crate::domain::RuleView>,
 }
 
 impl<'a> From<&'a ApprovalRequest> for WireApproval<'a> {
@@ -394,6 +414,7 @@ impl<'a> From<&'a ApprovalRequest> for WireApproval<'a> {
             tool_name: &approval.tool_name,
             arguments: &approval.arguments,
             created_at: &approval.created_at,
+            rule: approval.rule.as_ref(),
         }
     }
 }

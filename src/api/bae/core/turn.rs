@@ -254,7 +254,9 @@ impl BaeRun<'_> {
         }
         // Every call is announced before any runs.
         for call in &calls {
-            self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone() });
+            let started =
+                Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone(), permission: None };
+            self.publish(started);
         }
         let mut server_results: Vec<ToolResult> = Vec::new();
         for (call, route) in calls.iter().zip(routes).filter(|(c, _)| c.dispatch != Dispatch::Client) {

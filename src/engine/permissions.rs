@@ -1,0 +1,254 @@
+//! Permission decisions on a run's tool calls, the audit log they go to, and the rules people
+//! add (through the API, or by remembering an approval). The rule language is `crate::policy`.
+//!
+//! Every decision is audited before its effect: an entry is queued on the store ahead of the
+//! call's start mark (or its result), and batches commit in order, so no call runs, and no
+//! denial is answered, without its entry being durable first.
+
+use serde_json::{Map, Value};
+
+use super::run::Run;
+use super::{EngineError, Shared};
+use crate::domain::{new_id, RuleView, ToolCall};
+use crate::policy::{self, AuditDecision, AuditEntry, Call, DecidedBy, Outcome, Rule, Source, Verdict};
+use crate::store::{AuditQuery, PolicyWrite, WriteOp};
+use crate::tools::workspace::Workspace;
+
+/// How far a remembered decision reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remember {
+    /// This session's later calls.
+    Session,
+    /// Every session of the tenant.
+    Tenant,
+}
+
+/// A rule a person asks for, before it has an id.
+#[derive(Debug, Clone)]
+pub struct NewRule {
+    pub tool: String,
+    pub pattern: Option<String>,
+    pub outcome: Outcome,
+    /// `Some`: the session's only.
+    pub session_id: Option<String>,
+    pub created_by: Option<String>,
+}
+
+impl Shared {
+    /// The rules that hold for a call of `tenant`'s session, compiled; a stored rule that cannot
+    /// be read or compiled is an error (the caller denies).
+    fn rules_for(&self, tenant: &str, session_id: &str) -> Result<Vec<policy::Compiled>, EngineError> {
+        let stored = self.store.readers().rules_of(tenant, Some(session_id))?;
+        self.config.rulebook.rules_for(tenant, stored).map_err(|e| EngineError::InvalidRule(e.to_string()))
+    }
+
+    /// The verdict on `call`. Fails closed: when the rules cannot be read, the call is denied.
+    pub(crate) fn judge(
+        &self,
+        tenant: &str,
+        session_id: &str,
+        call: &ToolCall,
+        workspace: Option<&Workspace>,
+    ) -> Verdict {
+        let Some(permission) = self.tools.permission(&call.name) else {
+            // Nobody registered it: it runs nothing and is answered so.
+            return Verdict { outcome: Outcome::Allow, rule: None };
+        };
+        let read = Call::read(&call.name, &call.arguments, self.tools.matches_on(&call.name), workspace);
+        match self.rules_for(tenant, session_id) {
+            Ok(rules) => policy::decide(&read, permission.outcome(), &rules),
+            Err(error) => {
+                log::error!(
+                    "the permission rules of session {session_id} cannot be read ({error}); denying {}",
+                    call.name
+                );
+                Verdict { outcome: Outcome::Deny, rule: None }
+            }
+        }
+    }
+
+    /// Queues `entry` on the store; the next batch queued after it commits after it.
+    pub(crate) fn audit(&self, entry: AuditEntry) {
+        if let Err(error) = self.store.write_detached(vec![WriteOp::Policy(PolicyWrite::Audit(vec![entry]))]) {
+            log::error!("an audit entry could not be queued: {error}");
+        }
+    }
+
+    /// A person's new rule, checked (its patterns compile) and stored.
+    fn insert_rule(&self, tenant: &str, rule: NewRule, source: Source) -> Result<Rule, EngineError> {
+        let rule = Rule {
+            id: new_id("rule"),
+            tenant: Some(tenant.to_string()),
+            session_id: rule.session_id,
+            tool: rule.tool,
+            pattern: rule.pattern,
+            arguments: None,
+            outcome: rule.outcome,
+            source,
+            created_at: crate::time::now_rfc3339(),
+            created_by: rule.created_by,
+        };
+        policy::Compiled::new(rule.clone(), self.config.rulebook.matching())
+            .map_err(|e| EngineError::InvalidRule(e.to_string()))?;
+        self.store.write(vec![WriteOp::Policy(PolicyWrite::InsertRule(rule.clone()))])?;
+        Ok(rule)
+    }
+}
+
+impl super::Engine {
+    /// The rules that hold for `tenant`'s sessions: the config's (server and tenant), then
+    /// those added through the API or remembered for the tenant.
+    pub fn rules(&self, tenant: &str) -> Result<Vec<RuleView>, EngineError> {
+        let shared = &self.shared;
+        let mut views: Vec<RuleView> = shared.config.rulebook.config_rules(tenant).map(|r| r.view()).collect();
+        views.extend(shared.store.readers().rules_of(tenant, None)?.iter().map(Rule::view));
+        Ok(views)
+    }
+
+    /// A session's own rules (added for it, or remembered for it).
+    pub fn session_rules(&self, tenant: &str, session_id: &str) -> Result<Vec<RuleView>, EngineError> {
+        self.shared.owned_session(tenant, session_id)?;
+        Ok(self.shared.store.readers().session_rules(session_id)?.iter().map(Rule::view).collect())
+    }
+
+    /// Adds a rule for `tenant`, or for one of its sessions.
+    pub fn add_rule(&self, tenant: &str, rule: NewRule) -> Result<RuleView, EngineError> {
+        if let Some(session_id) = &rule.session_id {
+            self.shared.owned_session(tenant, session_id)?;
+        }
+        Ok(self.shared.insert_rule(tenant, rule, Source::Api)?.view())
+    }
+
+    /// Revokes one of `tenant`'s stored rules; the config's are not the API's to revoke.
+    pub fn delete_rule(&self, tenant: &str, id: &str, session_id: Option<&str>) -> Result<(), EngineError> {
+        if id.starts_with("config:") {
+            return Err(EngineError::ConfigRule);
+        }
+        let readers = self.shared.store.readers();
+        let exists = match session_id {
+            Some(session_id) => {
+                self.shared.owned_session(tenant, session_id)?;
+                readers.session_rules(session_id)?.iter().any(|r| r.id == id)
+            }
+            None => readers.rules_of(tenant, None)?.iter().any(|r| r.id == id),
+        };
+        if !exists {
+            return Err(EngineError::RuleNotFound);
+        }
+        let delete = PolicyWrite::DeleteRule { tenant: tenant.to_string(), id: id.to_string() };
+        match self.shared.store.write(vec![WriteOp::Policy(delete)]) {
+            Err(crate::store::StoreError::NotFound) => Err(EngineError::RuleNotFound),
+            other => Ok(other?),
+        }
+    }
+
+    /// Audit entries after `after` (and at or after `since`), of one tenant or all.
+    pub fn audit(&self, query: &AuditQuery<'_>, limit: usize) -> Result<Vec<AuditEntry>, EngineError> {
+        Ok(self.shared.store.readers().audit(query, limit)?)
+    }
+
+    /// Drops audit entries older than the retention setting.
+    pub fn trim_audit(&self) -> Result<(), EngineError> {
+        let keep_ms = self.shared.config.audit_retention.as_millis() as i64;
+        let before = crate::time::rfc3339_from_millis(crate::time::now_millis() - keep_ms);
+        self.shared.store.write(vec![WriteOp::Policy(PolicyWrite::TrimAudit { before })])?;
+        Ok(())
+    }
+}
+
+impl Run {
+    /// An audit entry for `call` of this run.
+    pub(super) fn audit_entry(
+        &self,
+        call: &ToolCall,
+        decision: AuditDecision,
+        verdict: Option<&Verdict>,
+    ) -> AuditEntry {
+        let (decided_by, rule_id) = match verdict {
+            Some(Verdict { rule: Some(rule), .. }) => (DecidedBy::Rule, Some(rule.id.clone())),
+            Some(Verdict { rule: None, .. }) => (DecidedBy::Default, None),
+            None => (DecidedBy::Person, None),
+        };
+        AuditEntry {
+            seq: 0,
+            at: crate::time::now_rfc3339(),
+            tenant: self.tenant.to_string(),
+            session_id: Some(self.session_id.clone()),
+            run_id: Some(self.run_id.clone()),
+            call_id: Some(call.id.clone()),
+            tool: call.name.clone(),
+            decision: decision.as_str().to_string(),
+            decided_by: decided_by.as_str().to_string(),
+            rule_id,
+            actor: None,
+            note: None,
+            arguments: policy::truncated(&policy::canonical_arguments(&call.arguments)),
+            edited: None,
+        }
+    }
+
+    /// The rule a person's `remember` adds: their pattern, or this exact call.
+    pub(super) fn remember(
+        &self,
+        call: &ToolCall,
+        workspace: Option<&Workspace>,
+        scope: Remember,
+        pattern: Option<String>,
+        outcome: Outcome,
+        actor: Option<String>,
+    ) -> Result<Rule, EngineError> {
+        let shared = &self.shared;
+        let read = Call::read(&call.name, &call.arguments, shared.tools.matches_on(&call.name), workspace);
+        let exact = match &pattern {
+            Some(_) => None,
+            None => read.exact_pattern(),
+        };
+        let arguments = match (&pattern, &exact) {
+            (None, None) => Some(policy::canonical_arguments(&call.arguments)),
+            _ => None,
+        };
+        let rule = Rule {
+            id: new_id("rule"),
+            tenant: Some(self.tenant.to_string()),
+            session_id: (scope == Remember::Session).then(|| self.session_id.clone()),
+            tool: globset::escape(&call.name),
+            pattern: pattern.or(exact),
+            arguments,
+            outcome,
+            source: Source::Remembered,
+            created_at: crate::time::now_rfc3339(),
+            created_by: actor,
+        };
+        policy::Compiled::new(rule.clone(), shared.config.rulebook.matching())
+            .map_err(|e| EngineError::InvalidRule(e.to_string()))?;
+        shared.store.write(vec![WriteOp::Policy(PolicyWrite::InsertRule(rule.clone()))])?;
+        Ok(rule)
+    }
+}
+
+/// Whether `arguments` fit the tool's input schema; why not, for people.
+pub(crate) fn check_arguments(schema: &Value, arguments: &Map<String, Value>) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema).map_err(|e| format!("the tool's schema cannot be used: {e}"))?;
+    let instance = Value::Object(arguments.clone());
+    let errors: Vec<String> = validator.iter_errors(&instance).take(5).map(|e| e.to_string()).collect();
+    match errors.is_empty() {
+        true => Ok(()),
+        false => Err(errors.join("; ")),
+    }
+}
+
+/// What the model is told of a call the rules denied.
+pub(super) fn denied_text(verdict: &Verdict) -> String {
+    match &verdict.rule {
+        Some(rule) => format!(
+            "This tool call is denied by a permission rule ({}); it did not run. Do not retry it in another form.",
+            rule.id
+        ),
+        None => "This tool is disabled on this server; the call did not run.".to_string(),
+    }
+}
+
+/// Shares a verdict's rule for an event.
+pub(super) fn note_of(verdict: &Verdict) -> Box<crate::domain::PermissionNote> {
+    Box::new(verdict.note())
+}

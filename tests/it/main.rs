@@ -23,6 +23,7 @@ mod mcp;
 mod metrics;
 mod migrate;
 mod openapi;
+mod permissions;
 mod plugins;
 mod providers;
 mod restart;

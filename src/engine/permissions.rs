@@ -67,9 +67,15 @@ impl Shared {
         }
     }
 
-    /// Queues `entry` on the store; the next batch queued after it commits after it.
+    /// Queues `entry` on the store; the next batch queued after it commits after it. Entries
+    /// past the retention go in the same batch (a range delete on `audit_by_time`, most often
+    /// of nothing).
     pub(crate) fn audit(&self, entry: AuditEntry) {
-        if let Err(error) = self.store.write_detached(vec![WriteOp::Policy(PolicyWrite::Audit(vec![entry]))]) {
+        let keep_ms = self.config.audit_retention.as_millis().min(i64::MAX as u128) as i64;
+        let before = crate::time::rfc3339_from_millis(crate::time::now_millis().saturating_sub(keep_ms));
+        let ops =
+            vec![WriteOp::Policy(PolicyWrite::TrimAudit { before }), WriteOp::Policy(PolicyWrite::Audit(vec![entry]))];
+        if let Err(error) = self.store.write_detached(ops) {
             log::error!("an audit entry could not be queued: {error}");
         }
     }
@@ -145,14 +151,6 @@ impl super::Engine {
     /// Audit entries after `after` (and at or after `since`), of one tenant or all.
     pub fn audit(&self, query: &AuditQuery<'_>, limit: usize) -> Result<Vec<AuditEntry>, EngineError> {
         Ok(self.shared.store.readers().audit(query, limit)?)
-    }
-
-    /// Drops audit entries older than the retention setting.
-    pub fn trim_audit(&self) -> Result<(), EngineError> {
-        let keep_ms = self.shared.config.audit_retention.as_millis() as i64;
-        let before = crate::time::rfc3339_from_millis(crate::time::now_millis() - keep_ms);
-        self.shared.store.write(vec![WriteOp::Policy(PolicyWrite::TrimAudit { before })])?;
-        Ok(())
     }
 }
 

@@ -26,6 +26,7 @@ pub fn run_all(open: Open<'_>) {
     a_walk_keeps_each_session_where_it_stood(open);
     the_log_drops_its_oldest_past_capacity_but_never_bae_history(open);
     a_checkpoint_of_unchanged_files_shares_the_manifest_of_its_session(open);
+    rules_keep_to_their_tenant_and_session_and_the_audit_log_pages_and_trims(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.
@@ -393,5 +394,79 @@ pub fn a_checkpoint_of_unchanged_files_shares_the_manifest_of_its_session(open: 
     assert!(entries("c2").is_empty() && entries("c3").is_empty(), "a's checkpoints went with it");
     assert_eq!(entries("c4"), sorted, "b's stayed");
     assert!(!backend.blob_referenced("d3").expect("read"), "d3 was only a's");
+    close(opened);
+}
+
+fn rule(id: &str, tenant: &str, session_id: Option<&str>) -> crate::policy::Rule {
+    crate::policy::Rule {
+        id: id.into(),
+        tenant: Some(tenant.into()),
+        session_id: session_id.map(str::to_string),
+        tool: "run_command".into(),
+        pattern: Some("git *".into()),
+        arguments: None,
+        outcome: crate::policy::Outcome::Allow,
+        source: crate::policy::Source::Remembered,
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        created_by: Some("ci".into()),
+    }
+}
+
+fn audit_entry(tenant: &str, at: &str) -> crate::policy::AuditEntry {
+    crate::policy::AuditEntry {
+        seq: 0,
+        at: at.into(),
+        tenant: tenant.into(),
+        session_id: None,
+        run_id: None,
+        call_id: None,
+        tool: "run_command".into(),
+        decision: "denied".into(),
+        decided_by: "rule".into(),
+        rule_id: None,
+        actor: None,
+        note: None,
+        arguments: "{}".into(),
+        edited: None,
+    }
+}
+
+/// Rules read back whole for their tenant (and session) only, go with their session, and are
+/// deleted by their own tenant only; audit entries page by seq, filter by tenant and time, and
+/// trim by time.
+pub fn rules_keep_to_their_tenant_and_session_and_the_audit_log_pages_and_trims(open: Open<'_>) {
+    use super::{AuditQuery, PolicyWrite};
+    let (_dir, opened) = nodes(open, 1);
+    let backend = &*opened[0].0;
+    write(backend, vec![session("s", SessionStatus::Idle)]).expect("a session");
+    let rules = [rule("r1", "t", None), rule("r2", "t", Some("s")), rule("r3", "u", None)];
+    let inserts = rules.iter().map(|r| WriteOp::Policy(PolicyWrite::InsertRule(r.clone()))).collect();
+    write(backend, inserts).expect("rules");
+    let of_t: Vec<String> = backend.rules_of("t", None).expect("reads").into_iter().map(|r| r.id).collect();
+    assert_eq!(of_t, ["r1"]);
+    assert_eq!(backend.rules_of("t", Some("s")).expect("reads"), rules[..2].to_vec(), "read back whole");
+    assert_eq!(backend.session_rules("s").expect("reads"), rules[1..2].to_vec());
+    let missing = write(backend, vec![WriteOp::Policy(PolicyWrite::InsertRule(rule("r4", "t", Some("gone"))))]);
+    assert!(matches!(missing, Err(StoreError::MissingSession)), "{missing:?}");
+    let foreign =
+        write(backend, vec![WriteOp::Policy(PolicyWrite::DeleteRule { tenant: "u".into(), id: "r1".into() })]);
+    assert!(matches!(foreign, Err(StoreError::NotFound)), "another tenant's rule is not found");
+    write(backend, vec![WriteOp::DeleteSession { id: "s".into() }]).expect("a delete");
+    assert!(backend.session_rules("s").expect("reads").is_empty(), "a session's rules go with it");
+
+    let entries = vec![
+        audit_entry("t", "2020-01-01T00:00:00.000Z"),
+        audit_entry("u", "2026-01-01T00:00:00.000Z"),
+        audit_entry("t", "2026-01-02T00:00:00.000Z"),
+    ];
+    write(backend, vec![WriteOp::Policy(PolicyWrite::Audit(entries))]).expect("entries");
+    let all = backend.audit(&AuditQuery::default(), 10).expect("reads");
+    assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3], "seqs in order from 1");
+    let page = backend.audit(&AuditQuery { after: 1, ..Default::default() }, 1).expect("reads");
+    assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+    let t = backend.audit(&AuditQuery { tenant: Some("t"), since: Some("2025"), after: 0 }, 10).expect("reads");
+    assert_eq!(t.iter().map(|e| e.seq).collect::<Vec<_>>(), [3]);
+    write(backend, vec![WriteOp::Policy(PolicyWrite::TrimAudit { before: "2025-01-01".into() })]).expect("a trim");
+    assert_eq!(backend.audit(&AuditQuery::default(), 10).expect("reads").len(), 2);
     close(opened);
 }

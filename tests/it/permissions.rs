@@ -354,3 +354,67 @@ fn rules_are_per_tenant_config_rules_stay_and_the_audit_log_is_for_admins() {
     assert_eq!(ops.get("/api/audit").status, 200);
     assert_eq!(ops.get("/api/audit?after=x").status, 400);
 }
+
+/// `/admin/v1/audit` on the admin port: the admin key, pages, and the retention (an entry
+/// older than `audit_retention_days` goes when the next one is written).
+#[test]
+fn the_admin_port_pages_the_audit_log_and_old_entries_go_past_the_retention() {
+    let mut server = TestServer::start_with(|config| {
+        config.builtin.delay_ms = 0;
+        config.agent.rules = vec![spec("run_command", None, Outcome::Deny)];
+    });
+    let session = server.create_session(json!({}));
+    for i in 0..3 {
+        let (fate, _) = attempt(&server, &session, "run_command", &json!({ "command": format!("echo {i}") }));
+        assert_eq!(fate, Fate::Denied);
+    }
+    let admin = format!("http://{}", server.admin_addr().unwrap());
+    let key = std::fs::read_to_string(server.data_dir.join("admin-key")).unwrap().trim().to_string();
+    let admin_client = crate::support::Client { base: admin.clone(), token: Some(key.clone()) };
+    assert_eq!(admin_client.with_token(None).get("/admin/v1/audit").status, 401);
+    let first = admin_client.get("/admin/v1/audit?limit=2");
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(first.json["items"].as_array().unwrap().len(), 2);
+    let cursor = first.json["next_cursor"].as_str().unwrap();
+    let second = admin_client.get(&format!("/admin/v1/audit?limit=2&cursor={cursor}"));
+    assert_eq!(second.json["items"].as_array().unwrap().len(), 1);
+    assert!(second.json["next_cursor"].is_null());
+    for entry in first.json["items"].as_array().unwrap() {
+        assert_eq!((entry["decision"].as_str(), entry["ruleId"].as_str()), (Some("denied"), Some("config:server:0")));
+    }
+    assert_eq!(admin_client.get("/admin/v1/audit?tenant=nobody").json["items"], json!([]));
+
+    // An entry from long ago, written through the store while the server is down.
+    server.stop();
+    {
+        let (store, writer) = kestrel::store::Store::open(&server.data_dir).unwrap();
+        let old = kestrel::policy::AuditEntry {
+            seq: 0,
+            at: "2020-01-01T00:00:00.000Z".into(),
+            tenant: "default".into(),
+            session_id: Some(session.clone()),
+            run_id: None,
+            call_id: None,
+            tool: "run_command".into(),
+            decision: "denied".into(),
+            decided_by: "rule".into(),
+            rule_id: None,
+            actor: None,
+            note: None,
+            arguments: "{}".into(),
+            edited: None,
+        };
+        let write = kestrel::store::PolicyWrite::Audit(vec![old]);
+        store.write(vec![kestrel::store::WriteOp::Policy(write)]).unwrap();
+        writer.shutdown();
+    }
+    server.restart(|config| {
+        config.builtin.delay_ms = 0;
+        config.agent.rules = vec![spec("run_command", None, Outcome::Deny)];
+    });
+    assert_eq!(audit_of(&server, &session).len(), 4, "the old entry is there until the next one");
+    attempt(&server, &session, "run_command", &json!({ "command": "echo again" }));
+    let audit = audit_of(&server, &session);
+    assert_eq!(audit.len(), 4, "one in, the old one out");
+    assert!(audit.iter().all(|e| e["at"].as_str().unwrap() > "2020-01-02"));
+}

@@ -45,6 +45,7 @@ pub enum Kind {
     Providers,
     Config,
     SandboxStatus,
+    Audit,
 }
 
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
@@ -67,6 +68,7 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/admin/v1/providers", GET, Kind::Providers),
     row("/admin/v1/config", GET, Kind::Config),
     row("/admin/v1/sandbox-status", GET, Kind::SandboxStatus),
+    row("/admin/v1/audit", GET, Kind::Audit),
 ];
 
 /// Fixed views for the read-only routes.
@@ -140,7 +142,30 @@ impl AdminApi {
             (Kind::Providers, _) => Ok(json_reply(200, &self.providers)),
             (Kind::Config, _) => Ok(json_reply(200, &self.config)),
             (Kind::SandboxStatus, _) => self.sandbox_status(),
+            (Kind::Audit, _) => self.audit(request),
         }
+    }
+
+    /// Kestrel's audit log of permission decisions (docs/permissions.md), every tenant's or
+    /// `?tenant=`'s, from `?since=` (RFC 3339), paged like every admin list.
+    fn audit(&self, request: &Request) -> Result<Reply, Problem> {
+        let (after, limit) = page::parse(request)?;
+        let since = request.query("since").filter(|s| !s.is_empty());
+        if since.is_some_and(|s| s.len() > 64) {
+            return Err(Problem::bad_request("since must be an RFC 3339 time"));
+        }
+        let query = crate::store::AuditQuery { tenant: request.query("tenant"), after, since };
+        let mut entries =
+            self.bae.engine.audit(&query, limit + 1).map_err(|e| Problem::internal(&format!("audit: {e}")))?;
+        let next = match entries.len() > limit {
+            true => {
+                entries.truncate(limit);
+                entries.last().map(|e| e.seq)
+            }
+            false => None,
+        };
+        let items: Vec<Value> = entries.iter().map(|e| serde_json::to_value(e).unwrap_or_default()).collect();
+        Ok(json_reply(200, &json!({ "items": items, "next_cursor": next.map(|seq| seq.to_string()) })))
     }
 
     fn create_profile(&self, request: &mut Request) -> Result<Reply, Problem> {

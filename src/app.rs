@@ -425,6 +425,13 @@ impl Server {
                 rulebook: config.rulebook().map_err(StartError::Config)?,
                 token_names: token_names(&config),
                 audit_retention: Duration::from_secs(config.agent.audit_retention_days.max(1) * 86_400),
+                budget: config.agent.budget.clone(),
+                tenant_budgets: config
+                    .auth
+                    .tokens
+                    .iter()
+                    .filter_map(|t| Some((t.tenant.clone(), t.budget.clone()?)))
+                    .collect(),
             },
             vec![Arc::new(bae)],
         );

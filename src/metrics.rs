@@ -330,6 +330,7 @@ fn outcome_label(outcome: RunOutcome) -> &'static str {
         RunOutcome::Cancelled => "cancelled",
         RunOutcome::MaxSteps => "max_steps",
         RunOutcome::Paused => "paused",
+        RunOutcome::BudgetExceeded => "budget_exceeded",
     }
 }
 

@@ -100,6 +100,9 @@ pub struct TokenConfig {
     /// Whether the token may also read every tenant's audit log (`GET /api/audit`).
     #[serde(default)]
     pub admin: bool,
+    /// This tenant's budget, over `[agent.budget]` field by field.
+    #[serde(default)]
+    pub budget: Option<crate::policy::Budget>,
     /// Permission rules of this tenant: they add to the server's and never weaken them.
     #[serde(default)]
     pub rules: Vec<crate::policy::RuleSpec>,
@@ -124,6 +127,9 @@ pub struct AgentConfig {
     pub rules_ignore_case: bool,
     /// Days the audit log keeps a decision.
     pub audit_retention_days: u64,
+    /// Every tenant's and BAE profile's budget, where its own sets nothing
+    /// (docs/permissions.md).
+    pub budget: crate::policy::Budget,
     /// run_command's timeout when the call sets none.
     pub command_timeout_secs: u64,
     /// The longest timeout a call may ask for.
@@ -182,6 +188,7 @@ impl Default for AgentConfig {
             rules: Vec::new(),
             rules_ignore_case: false,
             audit_retention_days: 90,
+            budget: Default::default(),
             command_timeout_secs: 120,
             command_max_timeout_secs: 600,
             file_read_limit_bytes: 2 * 1024 * 1024,
@@ -239,6 +246,7 @@ impl TokenConfig {
             workspace_roots: None,
             name: None,
             admin: false,
+            budget: None,
             rules: Vec::new(),
         }
     }
@@ -360,6 +368,11 @@ impl Config {
             return Err(ConfigError::Invalid(format!("tenant name {:?} is empty or starts with `@`", token.tenant)));
         }
         self.rulebook()?;
+        let budgets =
+            std::iter::once(&self.agent.budget).chain(self.auth.tokens.iter().filter_map(|t| t.budget.as_ref()));
+        for budget in budgets {
+            budget.check().map_err(|why| ConfigError::Invalid(format!("budget: {why}")))?;
+        }
         Ok(())
     }
 

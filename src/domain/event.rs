@@ -16,6 +16,8 @@ pub enum RunOutcome {
     MaxSteps,
     /// The turn waits for a client's tool results (BAE).
     Paused,
+    /// The run's budget was spent: it stopped before its next model call.
+    BudgetExceeded,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,20 +246,46 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum Fault {
-    ProviderConfig { detail: String },
-    ProviderCallFailed { provider: String, detail: String },
-    AllProvidersFailed { attempts: u32 },
-    LoopLimit { max_iterations: u32 },
-    ProfileUnavailable { profile_id: String },
-    PrimaryProviderUnavailable { profile_id: String, primary_provider: String },
-    DriverTurnAbandoned { owner_client_key_id: String },
-    ToolResultMergeInvalid { detail: String },
+    ProviderConfig {
+        detail: String,
+    },
+    ProviderCallFailed {
+        provider: String,
+        detail: String,
+    },
+    AllProvidersFailed {
+        attempts: u32,
+    },
+    LoopLimit {
+        max_iterations: u32,
+    },
+    ProfileUnavailable {
+        profile_id: String,
+    },
+    PrimaryProviderUnavailable {
+        profile_id: String,
+        primary_provider: String,
+    },
+    DriverTurnAbandoned {
+        owner_client_key_id: String,
+    },
+    ToolResultMergeInvalid {
+        detail: String,
+    },
+    /// The profile's budget was spent: the turn stopped before its next model call. The
+    /// session stays open.
+    BudgetExceeded {
+        detail: String,
+    },
 }
 
 impl Fault {
     /// Whether the session cannot go on after it.
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, Fault::ProviderCallFailed { .. } | Fault::DriverTurnAbandoned { .. })
+        !matches!(
+            self,
+            Fault::ProviderCallFailed { .. } | Fault::DriverTurnAbandoned { .. } | Fault::BudgetExceeded { .. }
+        )
     }
 }
 

@@ -12,6 +12,7 @@ pub(crate) mod checkpoints;
 pub(crate) mod compaction;
 pub(crate) mod context;
 pub mod idempotency;
+mod meter;
 mod permissions;
 pub mod plan;
 pub(crate) mod publish;
@@ -32,6 +33,7 @@ use crate::store::{SessionPatch, Store, StoreError, WriteOp};
 use crate::tools::workspace::{PathError, Workspace, WorkspacePolicy, WorkspaceRefusal};
 pub use calls::{Decision, Repair};
 pub use idempotency::{Created, Idempotent, Lookup};
+pub use meter::{Allowance, Meter, RunSlot, UsageView};
 pub use permissions::{NewRule, Remember};
 pub use plan::{Lifecycle, Opening, SessionDoor, TurnPlan};
 pub use run::{Run, Step, Stop};
@@ -79,6 +81,8 @@ pub enum EngineError {
     InvalidEdit(String),
     /// An approval's edited arguments are denied by a rule: what the model would be told.
     EditDenied(String),
+    /// A new run would pass its scope's budget (or its runs at once): why.
+    BudgetExceeded(String),
     Store(StoreError),
 }
 
@@ -118,6 +122,7 @@ impl std::fmt::Display for EngineError {
             EngineError::ConfigRule => write!(f, "rules from the config file are changed in the config file"),
             EngineError::InvalidEdit(why) => write!(f, "the edited arguments do not fit the tool's schema: {why}"),
             EngineError::EditDenied(why) => write!(f, "the edited call is denied: {why}"),
+            EngineError::BudgetExceeded(why) => write!(f, "budget exceeded: {why}"),
             EngineError::Store(error) => write!(f, "{error}"),
         }
     }
@@ -156,6 +161,10 @@ pub struct EngineConfig {
     pub token_names: std::collections::HashMap<String, String>,
     /// How long the audit log keeps a decision.
     pub audit_retention: std::time::Duration,
+    /// `[agent.budget]`: every scope's, where its own sets nothing.
+    pub budget: crate::policy::Budget,
+    /// Each tenant's token's `budget`.
+    pub tenant_budgets: std::collections::HashMap<String, crate::policy::Budget>,
 }
 
 pub struct NewSession {
@@ -183,6 +192,8 @@ pub(crate) struct Shared {
     pub(crate) checkpoints: crate::checkpoints::Checkpoints,
     /// What each door keeps across its sessions (`DoorShared`).
     pub(crate) doors: Vec<Arc<dyn DoorShared>>,
+    /// Budgets and rate limits in flight.
+    pub(crate) meter: Arc<meter::Meter>,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     pub(crate) spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
@@ -220,6 +231,7 @@ impl Engine {
                 config,
                 sessions: session::Registry::default(),
                 claims: idempotency::Claims::default(),
+                meter: Arc::new(meter::Meter::new()),
                 spawn_run: spawn_run_thread,
             }),
         }

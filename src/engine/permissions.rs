@@ -14,6 +14,9 @@ use crate::policy::{self, AuditDecision, AuditEntry, Call, DecidedBy, Outcome, R
 use crate::store::{AuditQuery, PolicyWrite, WriteOp};
 use crate::tools::workspace::Workspace;
 
+/// What a budget's audit entries name as their tool: the model call it refused.
+pub const BUDGET_SUBJECT: &str = "(model call)";
+
 /// How far a remembered decision reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Remember {
@@ -78,6 +81,27 @@ impl Shared {
         if let Err(error) = self.store.write_detached(ops) {
             log::error!("an audit entry could not be queued: {error}");
         }
+    }
+
+    /// Records a budget's refusal of a new run, or its stop of a running one, as a decision
+    /// on the model's next call.
+    pub(crate) fn audit_budget(&self, tenant: &str, session_id: &str, run_id: Option<&str>, reason: &str) {
+        self.audit(AuditEntry {
+            seq: 0,
+            at: crate::time::now_rfc3339(),
+            tenant: tenant.to_string(),
+            session_id: Some(session_id.to_string()),
+            run_id: run_id.map(str::to_string),
+            call_id: None,
+            tool: BUDGET_SUBJECT.to_string(),
+            decision: AuditDecision::Denied.as_str().to_string(),
+            decided_by: DecidedBy::Budget.as_str().to_string(),
+            rule_id: None,
+            actor: None,
+            note: Some(policy::truncated(reason)),
+            arguments: "{}".to_string(),
+            edited: None,
+        });
     }
 
     /// A person's new rule, checked (its patterns compile) and stored.

@@ -63,6 +63,21 @@ pub trait TurnPlan: Send {
     /// The turn made them all without a final answer.
     fn limit_reached(&self, run: &Run) -> Result<Stop, EngineError>;
 
+    /// Where the turn's model calls are counted, and what they may spend: its tenant's,
+    /// unless the door says otherwise (a BAE profile's).
+    fn allowance(&self, config: &EngineConfig, tenant: &str) -> super::Allowance {
+        config.tenant_allowance(tenant)
+    }
+
+    /// The budget was spent before the turn's next model call: how the turn ends (by
+    /// default `budget_exceeded`, with a notice saying why).
+    fn budget_spent(&self, run: &Run, reason: String) -> Result<Stop, EngineError> {
+        let message = format!("The run stopped before its next model call: budget exceeded ({reason}).");
+        let level = crate::domain::NoticeLevel::Warn;
+        run.publish(crate::domain::Event::Notice { level, message, session_id: Some(run.session_id.clone()) });
+        Ok(Stop::Finished(crate::domain::RunOutcome::BudgetExceeded))
+    }
+
     /// One model call. `tail` is what the turn keeps in memory after the stored history (the
     /// rounds a door does not store).
     fn ask(

@@ -41,6 +41,8 @@ pub struct Run {
     pub(super) held: std::cell::RefCell<super::publish::Held>,
     /// Whether the run took its automatic checkpoint already.
     pub(super) checkpointed: std::cell::Cell<bool>,
+    /// Where its model calls are counted, and what they may spend.
+    pub(crate) allowance: super::Allowance,
 }
 
 /// How the steps ended when nothing failed.
@@ -171,6 +173,10 @@ impl Run {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
             }
+            if let Some(reason) = self.budget_spent()? {
+                self.shared.audit_budget(&self.tenant, &self.session_id, Some(&self.run_id), &reason);
+                return plan.budget_spent(self, reason);
+            }
             let answer = match plan.ask(self, &route, &session, usage, &tail)? {
                 Step::Answered(answer) => answer,
                 Step::Cancelled => return Ok(Stop::Cancelled),
@@ -185,6 +191,20 @@ impl Run {
             }
         }
         plan.limit_reached(self)
+    }
+
+    /// Why the run's budget allows no more model calls, if it does not.
+    fn budget_spent(&self) -> Result<Option<String>, EngineError> {
+        let budget = &self.allowance.budget;
+        if budget.tokens_per_day.is_none() && budget.cost_per_day.is_none() && budget.cost_per_month.is_none() {
+            return Ok(None);
+        }
+        Ok(budget.exceeded(&self.shared.spent(&self.allowance.scope)?))
+    }
+
+    /// Counts a model call's usage against the run's budget scope.
+    pub(crate) fn count_usage(&self, model: &str, usage: &Usage) {
+        self.shared.count_usage(&self.allowance.scope, model, usage);
     }
 
     /// Announces the user's message that opens the turn (stored with its claim).
@@ -229,6 +249,7 @@ impl Run {
             Ok(answered) => {
                 let completion = answered.completion;
                 usage.add(&completion.usage);
+                self.count_usage(&session.summary.model, &completion.usage);
                 message.blocks = answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
                 if let Some(finish) = &completion.finish {
                     let meta = message.meta.get_or_insert_with(Map::new);

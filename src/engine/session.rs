@@ -113,6 +113,8 @@ pub(crate) enum Done {
 pub(crate) struct ActiveTurn {
     pub(crate) run_id: String,
     pub(crate) canceller: Canceller,
+    /// Counts the run against its scope's runs at once until the turn ends.
+    _slot: super::RunSlot,
 }
 
 /// A session in the registry: an actor running, or what an idle session's door keeps between
@@ -484,6 +486,11 @@ impl SessionActor {
         if self.shared.sessions.stopping.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
+        let slot = self.shared.open_run(&plan.allowance(&self.shared.config, &self.tenant)).inspect_err(|error| {
+            if let EngineError::BudgetExceeded(reason) = error {
+                self.shared.audit_budget(&self.tenant, &self.id, None, reason);
+            }
+        })?;
         let run_id = new_id("run");
         let now = crate::time::now_rfc3339();
         let mut ops = Vec::new();
@@ -505,7 +512,7 @@ impl SessionActor {
             Err(StoreError::Busy) => return Err(EngineError::SessionBusy),
             other => other?,
         }
-        match self.spawn_run(run_id.clone(), user, plan) {
+        match self.spawn_run(run_id.clone(), user, plan, slot) {
             Ok(()) => Ok(run_id),
             Err(error) => Err(self.no_worker(&run_id, &error)),
         }
@@ -517,8 +524,10 @@ impl SessionActor {
         run_id: String,
         user: Option<Message>,
         plan: Box<dyn TurnPlan>,
+        slot: super::RunSlot,
     ) -> std::io::Result<()> {
         let canceller = Canceller::new();
+        let allowance = plan.allowance(&self.shared.config, &self.tenant);
         let run = run::Run {
             shared: Arc::clone(&self.shared),
             tenant: Arc::clone(&self.tenant),
@@ -531,9 +540,10 @@ impl SessionActor {
             pending: Default::default(),
             held: Default::default(),
             checkpointed: Default::default(),
+            allowance,
         };
         (self.shared.spawn_run)(run)?;
-        self.turn = Some(ActiveTurn { run_id, canceller });
+        self.turn = Some(ActiveTurn { run_id, canceller, _slot: slot });
         self.shared.sessions.turns.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -58,6 +58,8 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         rulebook: Default::default(),
         token_names: Default::default(),
         audit_retention: std::time::Duration::from_secs(86_400),
+        budget: Default::default(),
+        tenant_budgets: Default::default(),
     };
     let doors: Vec<Arc<dyn DoorShared>> = vec![Arc::new(crate::api::bae::core::BaeShared::new(bae))];
     (Engine::new(store, bus, models, tools, config, doors), writer, bus_handle)

@@ -17,6 +17,7 @@
 
 mod audit;
 mod book;
+mod budget;
 mod command;
 mod paths;
 
@@ -28,6 +29,7 @@ use serde_json::{Map, Value};
 
 pub use audit::{truncated, AuditEntry, DecidedBy, Decision as AuditDecision, ARGUMENTS_CHARS};
 pub use book::Rulebook;
+pub use budget::{periods, Bucket, Budget, Spent};
 pub use command::CommandLine;
 pub use paths::PathNames;
 

@@ -27,6 +27,8 @@ pub struct ProfileRecord {
     pub available_sandboxes: Vec<String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Kestrel's extension: what the profile's sessions may spend (`None`: the server's).
+    pub budget: Option<crate::policy::Budget>,
 }
 
 impl ProfileRecord {
@@ -203,8 +205,8 @@ fn json_text(value: &impl serde::Serialize) -> Result<String, StoreError> {
 fn insert_profile(tx: &Transaction<'_>, p: &ProfileRecord) -> Result<(), StoreError> {
     tx.prepare_cached(
         "INSERT INTO bae_profiles (id, name, primary_provider, fallback_providers, mcp_servers, allowed_tools,
-                                   available_sandboxes, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                                   available_sandboxes, created_at, updated_at, budget)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?
     .execute(params![
         p.id,
@@ -215,7 +217,8 @@ fn insert_profile(tx: &Transaction<'_>, p: &ProfileRecord) -> Result<(), StoreEr
         json_text(&p.allowed_tools)?,
         json_text(&p.available_sandboxes)?,
         p.created_at,
-        p.updated_at
+        p.updated_at,
+        p.budget.as_ref().map(json_text).transpose()?
     ])?;
     Ok(())
 }
@@ -224,7 +227,7 @@ fn replace_profile(tx: &Transaction<'_>, p: &ProfileRecord) -> Result<(), StoreE
     let changed = tx
         .prepare_cached(
             "UPDATE bae_profiles SET name = ?2, primary_provider = ?3, fallback_providers = ?4, mcp_servers = ?5,
-                    allowed_tools = ?6, available_sandboxes = ?7, updated_at = ?8
+                    allowed_tools = ?6, available_sandboxes = ?7, updated_at = ?8, budget = ?9
              WHERE id = ?1 AND deleted_at IS NULL",
         )?
         .execute(params![
@@ -235,7 +238,8 @@ fn replace_profile(tx: &Transaction<'_>, p: &ProfileRecord) -> Result<(), StoreE
             json_text(&p.mcp_servers)?,
             json_text(&p.allowed_tools)?,
             json_text(&p.available_sandboxes)?,
-            p.updated_at
+            p.updated_at,
+            p.budget.as_ref().map(json_text).transpose()?
         ])?;
     if changed == 0 {
         return Err(StoreError::NotFound);
@@ -348,7 +352,7 @@ fn set_tool_entry(
 }
 
 const PROFILE_COLUMNS: &str = "seq, id, name, primary_provider, fallback_providers, mcp_servers, allowed_tools,
-     available_sandboxes, created_at, updated_at";
+     available_sandboxes, created_at, updated_at, budget";
 const KEY_COLUMNS: &str = "seq, id, name, role, prefix, profile_id, client_id, session_id, created_at, last_used_at";
 const SESSION_COLUMNS: &str = "seq, id, creator_key_id, profile_id, state, client_version, client_tools, sandbox_tools,
      subagent_tools, compaction, created_at, closed_at";
@@ -372,6 +376,10 @@ fn profile_row(row: &Row<'_>) -> rusqlite::Result<(u64, ProfileRecord)> {
             available_sandboxes: parse_json(row, 7)?,
             created_at: row.get(8)?,
             updated_at: row.get(9)?,
+            budget: match row.get::<_, Option<String>>(10)? {
+                Some(_) => Some(parse_json(row, 10)?),
+                None => None,
+            },
         },
     ))
 }

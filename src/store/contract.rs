@@ -28,7 +28,7 @@ use super::{
 };
 use crate::auth::keys::KeyRole;
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
-use crate::policy::{AuditEntry, Rule};
+use crate::policy::{AuditEntry, Rule, Spent};
 
 /// What a committed batch reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -167,6 +167,8 @@ pub trait PolicyReads: Send + Sync {
     fn rules_of(&self, tenant: &str, session_id: Option<&str>) -> Result<Vec<Rule>, StoreError>;
     /// A session's own stored rules, oldest first.
     fn session_rules(&self, session_id: &str) -> Result<Vec<Rule>, StoreError>;
+    /// What `scope` spent in the day and month periods named (`policy::periods`).
+    fn spent(&self, scope: &str, day: &str, month: &str) -> Result<Spent, StoreError>;
     /// Audit entries `query` admits, in seq order, at most `limit`.
     fn audit(&self, query: &AuditQuery<'_>, limit: usize) -> Result<Vec<AuditEntry>, StoreError>;
 }

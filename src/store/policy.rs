@@ -4,7 +4,7 @@
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use super::StoreError;
-use crate::policy::{AuditEntry, Outcome, Rule, Source};
+use crate::policy::{AuditEntry, Outcome, Rule, Source, Spent};
 
 /// A change to the rules or the audit log.
 #[derive(Debug, Clone)]
@@ -17,6 +17,8 @@ pub enum PolicyWrite {
     Audit(Vec<AuditEntry>),
     /// Drops audit entries from before `before` (RFC 3339).
     TrimAudit { before: String },
+    /// Adds a model call's tokens and cost to a scope's day and month (`policy::periods`).
+    AddUsage { scope: String, day: String, month: String, tokens: u64, cost: f64 },
 }
 
 pub(super) fn apply(tx: &Transaction<'_>, write: &PolicyWrite) -> Result<(), StoreError> {
@@ -33,6 +35,16 @@ pub(super) fn apply(tx: &Transaction<'_>, write: &PolicyWrite) -> Result<(), Sto
         PolicyWrite::Audit(entries) => entries.iter().try_for_each(|entry| insert_audit(tx, entry)),
         PolicyWrite::TrimAudit { before } => {
             tx.prepare_cached("DELETE FROM audit WHERE at < ?1")?.execute([before])?;
+            Ok(())
+        }
+        PolicyWrite::AddUsage { scope, day, month, tokens, cost } => {
+            let mut add = tx.prepare_cached(
+                "INSERT INTO usage (scope, period, tokens, cost) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (scope, period) DO UPDATE SET tokens = tokens + ?3, cost = cost + ?4",
+            )?;
+            for period in [day, month] {
+                add.execute(params![scope, period, *tokens as i64, cost])?;
+            }
             Ok(())
         }
     }
@@ -168,6 +180,20 @@ impl super::contract::PolicyReads for super::sqlite::Sqlite {
             let mut statement = conn.prepare_cached(&sql)?;
             let rows = statement.query_map([session_id], rule)?;
             rows.map(|row| row?).collect()
+        })
+    }
+
+    fn spent(&self, scope: &str, day: &str, month: &str) -> Result<Spent, StoreError> {
+        self.with(|conn| {
+            let mut read = conn.prepare_cached("SELECT tokens, cost FROM usage WHERE scope = ?1 AND period = ?2")?;
+            let mut totals = |period: &str| -> Result<(u64, f64), StoreError> {
+                let row =
+                    read.query_row([scope, period], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))).optional()?;
+                Ok(row.map_or((0, 0.0), |(tokens, cost)| (tokens.max(0) as u64, cost)))
+            };
+            let (day_tokens, day_cost) = totals(day)?;
+            let (month_tokens, month_cost) = totals(month)?;
+            Ok(Spent { day: day.to_string(), month: month.to_string(), day_tokens, day_cost, month_tokens, month_cost })
         })
     }
 

@@ -3,6 +3,7 @@
 mod auth;
 mod bae;
 mod browser;
+mod budgets;
 mod checkpoints;
 mod cli;
 mod console;

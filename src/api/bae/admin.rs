@@ -46,6 +46,7 @@ pub enum Kind {
     Config,
     SandboxStatus,
     Audit,
+    Usage,
 }
 
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
@@ -69,6 +70,7 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/admin/v1/config", GET, Kind::Config),
     row("/admin/v1/sandbox-status", GET, Kind::SandboxStatus),
     row("/admin/v1/audit", GET, Kind::Audit),
+    row("/admin/v1/usage", GET, Kind::Usage),
 ];
 
 /// Fixed views for the read-only routes.
@@ -143,7 +145,27 @@ impl AdminApi {
             (Kind::Config, _) => Ok(json_reply(200, &self.config)),
             (Kind::SandboxStatus, _) => self.sandbox_status(),
             (Kind::Audit, _) => self.audit(request),
+            (Kind::Usage, _) => self.usage(request),
         }
+    }
+
+    /// What each profile's sessions spent today and this month, run now and may spend
+    /// (Kestrel's extension), paged over the profiles like `/admin/v1/profiles`.
+    fn usage(&self, request: &Request) -> Result<Reply, Problem> {
+        let (after, limit) = page::parse(request)?;
+        let page = match request.query("profile_id") {
+            Some(id) => Page { items: vec![self.bae.profile(id)?], next: None },
+            None => self.bae.profiles(after, limit)?,
+        };
+        let mut items = Vec::new();
+        for profile in &page.items {
+            let usage = self.bae.engine.usage_of(&self.bae.allowance(&profile.id));
+            let usage = usage.map_err(|e| Problem::internal(&format!("usage: {e}")))?;
+            let mut item = serde_json::to_value(&usage).unwrap_or_default();
+            item["profile_id"] = json!(profile.id);
+            items.push(item);
+        }
+        Ok(json_reply(200, &json!({ "items": items, "next_cursor": page.next.map(|seq| seq.to_string()) })))
     }
 
     /// Kestrel's audit log of permission decisions (docs/permissions.md), every tenant's or
@@ -249,7 +271,7 @@ fn page_reply<T>(page: Page<T>, view: fn(&T) -> Value) -> Reply {
 }
 
 pub fn profile_view(p: &ProfileRecord) -> Value {
-    json!({
+    let mut view = json!({
         "id": p.id,
         "name": p.name,
         "primary_provider": p.primary_provider,
@@ -259,7 +281,12 @@ pub fn profile_view(p: &ProfileRecord) -> Value {
         "available_sandboxes": p.available_sandboxes,
         "created_at": p.created_at,
         "updated_at": p.updated_at,
-    })
+    });
+    // Kestrel's extension, only where it was set: a BAE client sees BAE's profile.
+    if let Some(budget) = &p.budget {
+        view["budget"] = serde_json::to_value(budget).unwrap_or_default();
+    }
+    view
 }
 
 fn key_view(k: &KeyRecord) -> Value {
@@ -296,7 +323,21 @@ fn profile_input(mut fields: Map<String, Value>) -> Result<ProfileInput, Problem
         mcp_servers: strings(&mut fields, "mcp_servers")?,
         allowed_tools: array(&mut fields, "allowed_tools")?,
         available_sandboxes: strings(&mut fields, "available_sandboxes")?,
+        budget: budget(&mut fields)?,
     })
+}
+
+/// Kestrel's `budget` extension of a profile body (docs/permissions.md); absent or null: none.
+fn budget(fields: &mut Map<String, Value>) -> Result<Option<crate::policy::Budget>, Problem> {
+    match fields.remove("budget") {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            let budget: crate::policy::Budget = serde_json::from_value(value)
+                .map_err(|e| Problem::bad_request(format!("invalid request body: budget: {e}")))?;
+            budget.check().map_err(|why| Problem::bad_request(format!("invalid request body: budget: {why}")))?;
+            Ok(Some(budget))
+        }
+    }
 }
 
 fn array(fields: &mut Map<String, Value>, field: &str) -> Result<Vec<Value>, Problem> {

@@ -162,7 +162,16 @@ pub(crate) fn authenticate(bae: &Bae, request: &Request, role: KeyRole) -> Resul
         KeyRole::Session => Denied::SessionKey,
         KeyRole::Admin => Denied::AdminKey,
     };
-    bae.authenticate(role, token)?.ok_or_else(|| BaeError::Unauthorized(denied).into())
+    let key = bae.authenticate(role, token)?.ok_or_else(|| Problem::from(BaeError::Unauthorized(denied)))?;
+    if let Some(profile_id) = key.profile_id.as_deref().filter(|_| role == KeyRole::Client) {
+        admit(bae, profile_id)?;
+    }
+    Ok(key)
+}
+
+/// Takes one request from the rate limit of the profile's budget (Kestrel's extension).
+fn admit(bae: &Bae, profile_id: &str) -> Result<(), Problem> {
+    bae.admit_request(profile_id).map_err(Problem::rate_limited)
 }
 
 fn bearer(request: &Request) -> Result<&str, Problem> {
@@ -177,7 +186,9 @@ pub(crate) fn authorize_session(
     id: &str,
 ) -> Result<(KeyRecord, BaeSessionRecord), Problem> {
     let token = bearer(request)?;
-    Ok(bae.authorize_session(token, id)?)
+    let (key, session) = bae.authorize_session(token, id)?;
+    admit(bae, &session.profile_id)?;
+    Ok((key, session))
 }
 
 fn attached_json(attached: &Attached) -> Value {

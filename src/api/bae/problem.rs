@@ -18,6 +18,9 @@ pub struct Problem {
     /// The `Allow` header of a 405.
     #[serde(skip)]
     pub allow: Option<String>,
+    /// The `Retry-After` header of a 429, in seconds.
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
 }
 
 fn title(status: u16) -> &'static str {
@@ -34,6 +37,7 @@ fn title(status: u16) -> &'static str {
         415 => "Unsupported Media Type",
         417 => "Expectation Failed",
         422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
         505 => "HTTP Version Not Supported",
@@ -43,7 +47,7 @@ fn title(status: u16) -> &'static str {
 
 impl Problem {
     pub fn new(status: u16, slug: &'static str, detail: impl Into<String>) -> Problem {
-        Problem { slug, title: title(status), status, detail: detail.into(), allow: None }
+        Problem { slug, title: title(status), status, detail: detail.into(), allow: None, retry_after: None }
     }
 
     /// A 405 naming the methods `path` accepts, in its detail and its `Allow` header.
@@ -75,8 +79,18 @@ impl Problem {
 
     pub fn into_reply(self) -> Reply {
         let body = serde_json::to_vec(&self).unwrap_or_default();
-        let headers = self.allow.map(|allow| vec![("Allow", allow)]).unwrap_or_default();
+        let mut headers = self.allow.clone().map(|allow| vec![("Allow", allow)]).unwrap_or_default();
+        if let Some(seconds) = self.retry_after {
+            headers.push(("Retry-After", seconds.to_string()));
+        }
         Reply::Json { status: self.status, body, headers }
+    }
+
+    /// `429 rate_limited` (Kestrel's extension: a profile's `budget.requests_per_second`).
+    pub fn rate_limited(wait: std::time::Duration) -> Problem {
+        let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let detail = format!("too many requests for this profile; retry in {seconds} s");
+        Problem { retry_after: Some(seconds), ..Problem::new(429, "rate_limited", detail) }
     }
 }
 

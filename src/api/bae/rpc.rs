@@ -470,6 +470,7 @@ fn rpc_error_frame_for(id: &RpcId, error: &RpcError, method: &str) -> String {
         RpcError::TurnInProgress => (-32020, "turn in progress: resolve the paused turn before compacting".to_string()),
         RpcError::ToolNotAllowed(name) => (-32015, format!("tool_not_allowed: tool {name:?} is not in the profile's allowlist")),
         RpcError::Internal => (-32603, "Internal error".to_string()),
+        RpcError::BudgetExceeded(why) => (-32000, format!("budget_exceeded: {why}")),
         RpcError::SandboxImageNotAllowed(image) => (
             -32011,
             format!("sandbox_image_not_allowed: image {image:?} is not in this session profile's available_sandboxes"),

@@ -310,6 +310,7 @@ fn fault_payload(fault: &Fault) -> Value {
         }
         Fault::AllProvidersFailed { attempts } => json!({ "reason": "all_providers_failed", "attempts": attempts }),
         Fault::LoopLimit { max_iterations } => json!({ "reason": "loop_limit", "max_iterations": max_iterations }),
+        Fault::BudgetExceeded { detail } => json!({ "reason": "budget_exceeded", "detail": detail }),
         Fault::ProfileUnavailable { profile_id } => {
             json!({ "reason": "profile_unavailable", "profile_id": profile_id })
         }

@@ -14,11 +14,13 @@ pub struct ApiError {
     pub message: String,
     /// The `Allow` header of a 405.
     pub allow: Option<String>,
+    /// The `Retry-After` header of a 429, in seconds.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), allow: None }
+        ApiError { status, code, message: message.into(), allow: None, retry_after: None }
     }
 
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -38,6 +40,13 @@ impl ApiError {
         ApiError { allow: Some(allow.clone()), ..ApiError::new(405, "method_not_allowed", format!("allowed: {allow}")) }
     }
 
+    /// `429 rate_limited`, to retry after `wait` (whole seconds, at least one).
+    pub fn rate_limited(wait: std::time::Duration) -> ApiError {
+        let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
+        let message = format!("too many requests for this tenant; retry in {seconds} s");
+        ApiError { retry_after: Some(seconds), ..ApiError::new(429, "rate_limited", message) }
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError::new(401, "unauthorized", "a valid bearer token is required")
     }
@@ -53,6 +62,9 @@ impl ApiError {
         let mut headers = vec![("Cache-Control", "no-store".to_string())];
         if let Some(allow) = self.allow {
             headers.push(("Allow", allow));
+        }
+        if let Some(seconds) = self.retry_after {
+            headers.push(("Retry-After", seconds.to_string()));
         }
         Reply::Json { status: self.status, body: body.to_string().into_bytes(), headers }
     }
@@ -83,6 +95,7 @@ impl From<EngineError> for ApiError {
             EngineError::ConfigRule => ApiError::new(403, "forbidden", message),
             EngineError::InvalidEdit(_) => ApiError::bad_request("invalid_decision", message),
             EngineError::EditDenied(_) => ApiError::new(403, "forbidden", message),
+            EngineError::BudgetExceeded(_) => ApiError::new(429, "budget_exceeded", message),
             // A unique key that already exists: the request collides with another.
             EngineError::Store(StoreError::Conflict(_)) => {
                 ApiError::new(409, "conflict", "the request conflicts with another")

@@ -95,6 +95,7 @@ pub enum Kind {
     SessionRules,
     SessionRule,
     Audit,
+    Usage,
 }
 
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
@@ -138,6 +139,7 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/api/rules", &["GET", "POST"], Kind::Rules),
     row("/api/rules/{ruleId}", DELETE, Kind::Rule),
     row("/api/audit", GET, Kind::Audit),
+    row("/api/usage", GET, Kind::Usage),
 ];
 
 impl KestrelApi {
@@ -187,6 +189,7 @@ impl KestrelApi {
             _ => {}
         }
         let caller = self.authenticate(request)?;
+        self.engine.admit_request(&self.engine.tenant_allowance(&caller.tenant)).map_err(ApiError::rate_limited)?;
         match (found.kind(), method.as_str()) {
             (Kind::Bootstrap, _) => meta::bootstrap(self),
             (Kind::Config, _) => Ok(json(200, &self.config_view)),
@@ -217,6 +220,10 @@ impl KestrelApi {
             (Kind::SessionRules, _) => rules::create(self, &caller, Some(id), request),
             (Kind::SessionRule, _) => rules::delete(self, &caller, Some(id), second),
             (Kind::Audit, _) => rules::audit(self, &caller, request),
+            (Kind::Usage, _) => {
+                let usage = self.engine.usage_of(&self.engine.tenant_allowance(&caller.tenant))?;
+                Ok(json(200, &serde_json::json!({ "usage": usage })))
+            }
             (Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi, _) => {
                 unreachable!("answered before authentication")
             }

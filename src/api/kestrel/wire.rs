@@ -268,6 +268,7 @@ fn outcome_name(outcome: RunOutcome) -> &'static str {
         RunOutcome::Cancelled => "cancelled",
         RunOutcome::MaxSteps => "max_steps",
         RunOutcome::Paused => "paused",
+        RunOutcome::BudgetExceeded => "budget_exceeded",
     }
 }
 

@@ -40,6 +40,8 @@ pub(crate) struct CompactionJob {
     pub fallbacks: Vec<String>,
     /// A paused turn reclaimed on the way: its unanswered calls are answered first.
     pub repair: Option<PausedTurn>,
+    /// The session's profile's budget.
+    pub allowance: crate::engine::Allowance,
 }
 
 impl BaeRun<'_> {
@@ -82,6 +84,7 @@ impl BaeRun<'_> {
             .summarize_messages(&chain, &mut recorded, &history, prompt, None)
             .map_err(|why| EngineError::Compaction(why.to_string()))?;
         usage.add(&written.usage);
+        self.count_usage(primary, &written.usage);
         let preamble = flagged(Message::text_of(Role::User, PREAMBLE), "compaction_preamble", true);
         let summary = Message::text_of(Role::Assistant, written.text);
         let (preamble_event, summary_event) = self.store_pair(preamble, summary)?;
@@ -168,6 +171,10 @@ fn flagged(mut message: Message, why: &str, start: bool) -> Message {
 impl crate::engine::plan::TurnPlan for CompactionJob {
     fn actor(&self) -> Option<Arc<str>> {
         Some(Arc::clone(&self.actor))
+    }
+
+    fn allowance(&self, _: &crate::engine::EngineConfig, _: &str) -> crate::engine::Allowance {
+        self.allowance.clone()
     }
 
     fn lifecycle(&self) -> crate::engine::plan::Lifecycle {

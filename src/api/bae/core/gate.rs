@@ -181,6 +181,7 @@ impl BaeSession<'_> {
             fallbacks: profile.fallback_providers,
             server_result_ids: server_ids,
             auto_compaction: auto_size(&record).filter(|_| self.state.auto_compaction_allowed()),
+            allowance: Some(profile_allowance(&self.actor.shared.config, &record.profile_id, profile.budget)),
             ..self.turn_tools(&record, &key)
         };
         self.spawn_turn(run_id, Some(user), Box::new(turn))
@@ -220,6 +221,7 @@ impl BaeSession<'_> {
             server_result_ids: HashSet::new(),
             auto_compaction: None,
             loop_limit: bae(&self.actor.shared).settings.loop_limit,
+            allowance: None,
         }
     }
 
@@ -236,7 +238,9 @@ impl BaeSession<'_> {
         };
         let stored =
             record.compaction.as_ref().and_then(|c| c.get("prompt")).and_then(Value::as_str).map(str::to_string);
+        let allowance = profile_allowance(&self.actor.shared.config, &record.profile_id, profile.budget);
         let job = CompactionJob {
+            allowance,
             actor: Arc::from(key.as_str()),
             prompt: prompt.or(stored).unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
             primary: profile.primary_provider,
@@ -287,7 +291,16 @@ impl BaeSession<'_> {
         user: Option<Message>,
         plan: Box<dyn TurnPlan>,
     ) -> Result<(), RpcError> {
-        match self.actor.spawn_run(run_id.clone(), user, plan) {
+        let shared = &self.actor.shared;
+        let slot = match shared.open_run(&plan.allowance(&shared.config, &self.actor.tenant)) {
+            Ok(slot) => slot,
+            Err(crate::engine::EngineError::BudgetExceeded(why)) => {
+                shared.audit_budget(&self.actor.tenant, &self.actor.id, Some(&run_id), &why);
+                return Err(RpcError::BudgetExceeded(why));
+            }
+            Err(_) => return Err(RpcError::Internal),
+        };
+        match self.actor.spawn_run(run_id.clone(), user, plan, slot) {
             Ok(()) => {
                 self.state.gate = Gate::Running { run_id };
                 Ok(())
@@ -405,4 +418,13 @@ fn declared_tools(by_key: &serde_json::Map<String, Value>, key: &str) -> (Vec<To
 fn auto_size(record: &BaeSessionRecord) -> Option<u64> {
     let compaction = record.compaction.as_ref()?;
     (compaction.get("mode")?.as_str()? == "auto").then(|| compaction.get("size")?.as_u64()).flatten()
+}
+
+/// A BAE profile's allowance: its budget over the server's `[agent.budget]`.
+pub(crate) fn profile_allowance(
+    config: &crate::engine::EngineConfig,
+    profile_id: &str,
+    budget: Option<crate::policy::Budget>,
+) -> crate::engine::Allowance {
+    crate::engine::Allowance::profile(profile_id, budget.unwrap_or_default().over(&config.budget))
 }

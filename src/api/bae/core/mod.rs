@@ -164,6 +164,8 @@ pub struct ProfileInput {
     pub mcp_servers: Vec<String>,
     pub allowed_tools: Vec<Value>,
     pub available_sandboxes: Vec<String>,
+    /// Kestrel's extension (`budget`): BAE clients never send it.
+    pub budget: Option<crate::policy::Budget>,
 }
 
 /// The tool name BAE reserves for remote subagent status.
@@ -186,10 +188,27 @@ impl Bae {
             available_sandboxes: input.available_sandboxes,
             created_at: now.clone(),
             updated_at: now,
+            budget: input.budget,
         };
         self.write(BaeWrite::InsertProfile(profile.clone()))?;
         bae(&self.engine.shared).images.provision(&profile.available_sandboxes);
         Ok(profile)
+    }
+
+    /// A profile's allowance (its budget over the server's); a profile that is gone has the
+    /// server's.
+    pub fn allowance(&self, profile_id: &str) -> crate::engine::Allowance {
+        let budget = self.engine.shared.store.readers().bae_profile(profile_id).ok().flatten().and_then(|p| p.budget);
+        gate::profile_allowance(&self.engine.shared.config, profile_id, budget)
+    }
+
+    /// Takes one request from a profile's rate limit, or says how long to wait.
+    pub fn admit_request(&self, profile_id: &str) -> Result<(), std::time::Duration> {
+        let allowance = self.allowance(profile_id);
+        match allowance.budget.requests_per_second {
+            Some(_) => self.engine.admit_request(&allowance),
+            None => Ok(()),
+        }
     }
 
     pub fn profile(&self, id: &str) -> Result<ProfileRecord, BaeError> {
@@ -212,6 +231,7 @@ impl Bae {
             available_sandboxes: input.available_sandboxes,
             created_at: old.created_at,
             updated_at: crate::time::now_rfc3339(),
+            budget: input.budget,
         };
         match self.write(BaeWrite::ReplaceProfile(profile.clone())) {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {

@@ -184,6 +184,8 @@ pub enum RpcError {
     SandboxExecFailed(String),
     SubagentNotFound(String),
     ToolNotAllowed(String),
+    /// The profile's budget allows no new turn: why.
+    BudgetExceeded(String),
     Internal,
 }
 

@@ -41,6 +41,8 @@ pub(crate) struct BaeTurn {
     pub auto_compaction: Option<u64>,
     /// Provider calls the turn may make.
     pub loop_limit: u32,
+    /// The session's profile's budget (`None`: the server's, under BAE's own tenant).
+    pub allowance: Option<crate::engine::Allowance>,
 }
 
 impl BaeTurn {
@@ -191,6 +193,7 @@ impl BaeRun<'_> {
         match chain.call(&request, &mut recorded, &self.cancel) {
             Ok(answered) => {
                 usage.add(&answered.completion.usage);
+                self.count_usage(&answered.target.model, &answered.completion.usage);
                 let completion = answered.completion;
                 let mut answer = Message::new(Role::Assistant);
                 answer.model = Some(answered.target.model.clone());
@@ -478,6 +481,17 @@ impl crate::engine::plan::TurnPlan for BaeTurn {
 
     fn limit_reached(&self, run: &Run) -> Result<Stop, EngineError> {
         BaeRun { run }.bae_loop_limit()
+    }
+
+    fn allowance(&self, config: &crate::engine::EngineConfig, tenant: &str) -> crate::engine::Allowance {
+        self.allowance.clone().unwrap_or_else(|| config.tenant_allowance(tenant))
+    }
+
+    /// A spent budget ends the turn with a `session.error` (`budget_exceeded`); the session
+    /// stays open for when the budget allows again.
+    fn budget_spent(&self, run: &Run, reason: String) -> Result<Stop, EngineError> {
+        BaeRun { run }.fault(crate::domain::Fault::BudgetExceeded { detail: reason });
+        Ok(Stop::Faulted)
     }
 
     fn ask(

@@ -1,0 +1,146 @@
+//! Budgets and rate limits: what a tenant (Kestrel) or a profile (BAE) may spend, and the
+//! arithmetic of checking it. The counters live in the store (`usage`); the running state
+//! (token buckets, runs in flight) in `engine::meter`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits; an absent field is no limit. `[agent.budget]` is the server's default, a token's
+/// `budget` and a BAE profile's `budget` replace it field by field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Budget {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// In the models' price currency (`pricing`); calls of unpriced models cost nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_per_day: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_per_month: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_runs: Option<u32>,
+    /// Requests per second, as a token bucket holding a second's worth (at least one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<f64>,
+}
+
+impl Budget {
+    /// This budget's limits, and `base`'s where this one sets none.
+    pub fn over(&self, base: &Budget) -> Budget {
+        Budget {
+            tokens_per_day: self.tokens_per_day.or(base.tokens_per_day),
+            cost_per_day: self.cost_per_day.or(base.cost_per_day),
+            cost_per_month: self.cost_per_month.or(base.cost_per_month),
+            max_concurrent_runs: self.max_concurrent_runs.or(base.max_concurrent_runs),
+            requests_per_second: self.requests_per_second.or(base.requests_per_second),
+        }
+    }
+
+    /// Why the budget cannot be used as given (a negative or non-finite amount).
+    pub fn check(&self) -> Result<(), String> {
+        let amounts = [("cost_per_day", self.cost_per_day), ("cost_per_month", self.cost_per_month)];
+        for (name, amount) in amounts.into_iter().chain([("requests_per_second", self.requests_per_second)]) {
+            if amount.is_some_and(|a| !a.is_finite() || a < 0.0) {
+                return Err(format!("{name} must be a finite number, 0 or more"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why a new model call would pass the budget, given what was spent; `None`: it may go.
+    pub fn exceeded(&self, spent: &Spent) -> Option<String> {
+        if let Some(limit) = self.tokens_per_day.filter(|limit| spent.day_tokens >= *limit) {
+            return Some(format!("{} of {limit} tokens used today", spent.day_tokens));
+        }
+        if let Some(limit) = self.cost_per_day.filter(|limit| spent.day_cost >= *limit) {
+            return Some(format!("{:.4} of {limit} spent today", spent.day_cost));
+        }
+        if let Some(limit) = self.cost_per_month.filter(|limit| spent.month_cost >= *limit) {
+            return Some(format!("{:.4} of {limit} spent this month", spent.month_cost));
+        }
+        None
+    }
+}
+
+/// What a scope spent in the current day and month (UTC).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spent {
+    pub day: String,
+    pub month: String,
+    pub day_tokens: u64,
+    pub day_cost: f64,
+    pub month_tokens: u64,
+    pub month_cost: f64,
+}
+
+/// The day and month periods (`d:2026-12-01`, `m:2026-12`) of an RFC 3339 time.
+pub fn periods(at: &str) -> (String, String) {
+    let day = at.get(..10).unwrap_or(at);
+    let month = at.get(..7).unwrap_or(at);
+    (format!("d:{day}"), format!("m:{month}"))
+}
+
+/// A token bucket: `rate` tokens a second, holding at most `max(rate, 1)`.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    tokens: f64,
+    /// When `tokens` was last brought up to date, in seconds on the caller's clock.
+    at: f64,
+}
+
+impl Bucket {
+    pub fn full(rate: f64, now: f64) -> Bucket {
+        Bucket { tokens: rate.max(1.0), at: now }
+    }
+
+    /// Takes a token at `now` (seconds), or says how long until one is there.
+    pub fn take(&mut self, rate: f64, now: f64) -> Result<(), Duration> {
+        let capacity = rate.max(1.0);
+        self.tokens = (self.tokens + (now - self.at).max(0.0) * rate).min(capacity);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        if rate <= 0.0 {
+            return Err(Duration::from_secs(3600));
+        }
+        Err(Duration::from_secs_f64(((1.0 - self.tokens) / rate).min(3600.0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_lets_a_second_s_worth_through_then_refills_at_its_rate() {
+        let mut bucket = Bucket::full(2.0, 0.0);
+        assert!(bucket.take(2.0, 0.0).is_ok());
+        assert!(bucket.take(2.0, 0.0).is_ok());
+        let wait = bucket.take(2.0, 0.0).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(500));
+        assert!(bucket.take(2.0, 0.5).is_ok(), "half a second later, one more");
+        let mut slow = Bucket::full(0.5, 0.0);
+        assert!(slow.take(0.5, 0.0).is_ok());
+        assert_eq!(slow.take(0.5, 0.0).unwrap_err(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_budget_is_passed_at_its_limit_and_falls_back_field_by_field() {
+        let base = Budget { tokens_per_day: Some(100), cost_per_month: Some(5.0), ..Budget::default() };
+        let own = Budget { tokens_per_day: Some(10), ..Budget::default() }.over(&base);
+        assert_eq!((own.tokens_per_day, own.cost_per_month), (Some(10), Some(5.0)));
+        let mut spent = Spent { day_tokens: 9, ..Spent::default() };
+        assert_eq!(own.exceeded(&spent), None);
+        spent.day_tokens = 10;
+        assert!(own.exceeded(&spent).unwrap().contains("10 of 10 tokens"));
+        spent = Spent { month_cost: 5.0, ..Spent::default() };
+        assert!(own.exceeded(&spent).unwrap().contains("this month"));
+        assert!(Budget { cost_per_day: Some(-1.0), ..Budget::default() }.check().is_err());
+        assert!(Budget { requests_per_second: Some(f64::NAN), ..Budget::default() }.check().is_err());
+        assert_eq!(periods("2026-12-01T10:00:00.000Z"), ("d:2026-12-01".into(), "m:2026-12".into()));
+    }
+}

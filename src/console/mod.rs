@@ -52,6 +52,7 @@ const ASSETS: &[Asset] = &[
         content_type: "text/javascript; charset=utf-8",
         body: include_str!("assets/checkpoints.js"),
     },
+    Asset { name: "rules.js", content_type: "text/javascript; charset=utf-8", body: include_str!("assets/rules.js") },
     Asset {
         name: "plugins.js",
         content_type: "text/javascript; charset=utf-8",

@@ -71,7 +71,7 @@ fn the_console_and_plugin_files_carry_a_strict_content_security_policy() {
 }
 
 /// A session created in the page: its id.
-fn create_session_in_page(browser: &crate::browser::Browser, title: &str) -> String {
+pub(crate) fn create_session_in_page(browser: &crate::browser::Browser, title: &str) -> String {
     browser.click("#new-session");
     browser.wait_for("the new-session dialog", "document.querySelector('.dialog input[name=title]')");
     browser.type_into(".dialog input[name=title]", title);
@@ -82,7 +82,7 @@ fn create_session_in_page(browser: &crate::browser::Browser, title: &str) -> Str
     hash.as_str().unwrap().trim_start_matches("#/s/").to_string()
 }
 
-fn send_in_page(browser: &crate::browser::Browser, text: &str) {
+pub(crate) fn send_in_page(browser: &crate::browser::Browser, text: &str) {
     browser.type_into("textarea.input", text);
     browser.type_into("textarea.input", ENTER);
 }

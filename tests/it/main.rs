@@ -7,6 +7,7 @@ mod budgets;
 mod checkpoints;
 mod cli;
 mod console;
+mod console_permissions;
 mod context;
 mod edge;
 mod events;

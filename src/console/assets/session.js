@@ -8,6 +8,7 @@ import { h, clear, confirmDialog, toast } from "./dom.js";
 import { Transcript } from "./transcript.js";
 import { WorkspaceBrowser } from "./workspace.js";
 import { CheckpointsPanel } from "./checkpoints.js";
+import { RulesPanel } from "./rules.js";
 
 const MAX_IMAGES = 6;
 
@@ -91,9 +92,10 @@ export class SessionView {
       chat: h("div", { class: "panel chat" }),
       files: h("div", { class: "panel files", hidden: true }),
       checkpoints: h("div", { class: "panel checkpoints", hidden: true }),
+      rules: h("div", { class: "panel rules", hidden: true }),
     };
     const tabs = h("div", { class: "tabs", role: "tablist" },
-      ["chat", "files", "checkpoints"].map((name) => h("button", { type: "button", role: "tab", class: name === "chat" ? "tab current" : "tab",
+      ["chat", "files", "checkpoints", "rules"].map((name) => h("button", { type: "button", role: "tab", class: name === "chat" ? "tab current" : "tab",
         dataset: { tab: name }, onclick: (e) => this.tab(name, e.currentTarget) }, name[0].toUpperCase() + name.slice(1))));
     const scroller = h("div", { class: "scroller" }, this.transcript.element);
     this.panels.chat.append(scroller, this.composer());
@@ -110,6 +112,10 @@ export class SessionView {
     if (name === "checkpoints") {
       this.checkpoints = this.checkpoints || new CheckpointsPanel(this.api, this.base, this.panels.checkpoints);
       this.checkpoints.show();
+    }
+    if (name === "rules") {
+      this.rules = this.rules || new RulesPanel(this.api, this.base, this.panels.rules);
+      this.rules.show();
     }
   }
 
@@ -274,10 +280,10 @@ export class SessionView {
       case "message.started": return t.started(event.message);
       case "message.delta": return t.delta(event.messageId, event.channel, event.delta);
       case "message.completed": return t.completed(event.message);
-      case "tool.started": return t.toolStarted(event.call);
+      case "tool.started": return t.toolStarted(event.call, event.permission);
       case "tool.finished": return t.toolFinished(event.result);
       case "approval.requested": return t.approvalRequested(event.approval);
-      case "approval.resolved": return t.approvalResolved(event.approvalId, event.approved);
+      case "approval.resolved": return t.approvalResolved(event.approvalId, event.approved, event.arguments);
       case "run.finished": return t.runFinished(event);
       case "run.failed": return t.runFailed(event);
       case "session.rewound": return t.load(event.messages);

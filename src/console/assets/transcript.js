@@ -95,9 +95,10 @@ export class Transcript {
   }
 
   // tool.started: the card exists already when the assistant message completed first.
-  toolStarted(call) {
+  toolStarted(call, permission) {
     const known = this.cards.has(call.id);
     const card = this.card(call);
+    card.decided(permission);
     card.running();
     if (!known) this.add(card.element);
   }
@@ -111,6 +112,8 @@ export class Transcript {
   toolMessage(message) {
     if (!message.toolCallId) return;
     const card = this.cards.get(message.toolCallId);
+    const meta = message.meta || {};
+    if (card) card.decided(meta.permission, meta.editedArguments);
     if (card && card.done) return;
     this.toolFinished({ callId: message.toolCallId, name: message.toolName || "tool", ok: null, content: message.content });
   }
@@ -122,13 +125,14 @@ export class Transcript {
     this.follow();
   }
 
-  approvalResolved(approvalId, approved) {
-    for (const card of this.cards.values()) card.resolved(approvalId, approved);
+  approvalResolved(approvalId, approved, edited) {
+    for (const card of this.cards.values()) card.resolved(approvalId, approved, edited);
   }
 
   runFinished(event) {
     const usage = event.usage;
-    const parts = [event.status === "completed" ? "Done" : event.status === "cancelled" ? "Cancelled" : "Stopped at the step limit"];
+    const endings = { completed: "Done", cancelled: "Cancelled", budget_exceeded: "Stopped: the budget is spent" };
+    const parts = [endings[event.status] || "Stopped at the step limit"];
     if (usage) parts.push(`${usage.inputTokens} in · ${usage.outputTokens} out tokens`);
     this.add(h("div", { class: `run-end ${event.status}`, dataset: { run: event.runId } }, parts.join(" — ")));
   }
@@ -162,17 +166,39 @@ class ToolCard {
     this.transcript = transcript;
     this.done = false;
     this.status = h("span", { class: "tool-status" }, "");
+    this.rule = h("div", { class: "tool-rule muted small", hidden: true });
+    this.edited = h("div", { class: "tool-edited", hidden: true });
     this.approvalBox = h("div", { class: "approval", hidden: true });
     this.output = h("div", { class: "tool-output", hidden: true });
     this.element = h("section", { class: "tool", dataset: { call: call.id, tool: call.name } },
       h("header", {}, h("span", { class: "tool-name" }, call.name), this.status),
       argumentsView(call),
+      this.rule,
+      this.edited,
       this.approvalBox,
       this.output);
   }
 
   running() {
     if (!this.done) this.status.textContent = "running…";
+  }
+
+  // Which rule decided the call (or the tool's own permission), and a person's edit.
+  decided(permission, editedArguments) {
+    if (permission) {
+      const verbs = { allow: "Allowed", ask: "Asked", deny: "Denied" };
+      const by = permission.rule ? ruleText(permission.rule) : "the tool's own permission";
+      clear(this.rule).append(`${verbs[permission.outcome] || permission.outcome} by ${by}`);
+      this.rule.hidden = false;
+      this.element.dataset.outcome = permission.outcome;
+    }
+    if (editedArguments) this.showEdit(editedArguments);
+  }
+
+  showEdit(args) {
+    clear(this.edited).append(h("div", { class: "muted small" }, "Ran with arguments edited by a person:"),
+      argumentsView({ name: this.call.name, arguments: args }));
+    this.edited.hidden = false;
   }
 
   result(result) {
@@ -188,10 +214,22 @@ class ToolCard {
     this.approvalId = approval.id;
     this.status.textContent = "waiting for approval";
     const note = h("input", { class: "note", placeholder: "Note (optional)", "aria-label": "Note" });
-    const decide = async (approved) => {
+    const editor = h("textarea", { class: "edit-arguments", rows: "4", hidden: true, "aria-label": "Edited arguments (JSON)" });
+    editor.value = JSON.stringify(approval.arguments || {}, null, 2);
+    const decide = async (approved, remember) => {
       for (const button of this.approvalBox.querySelectorAll("button")) button.disabled = true;
       const body = { approved };
       if (note.value.trim()) body.note = note.value.trim();
+      if (remember) body.remember = remember;
+      if (approved && !editor.hidden) {
+        try {
+          body.arguments = JSON.parse(editor.value);
+        } catch (error) {
+          for (const button of this.approvalBox.querySelectorAll("button")) button.disabled = false;
+          this.approvalBox.append(h("p", { class: "error" }, `The arguments are not JSON: ${error.message}`));
+          return;
+        }
+      }
       try {
         await this.transcript.api.post(`/api/sessions/${this.transcript.sessionId}/approvals/${approval.id}`, body);
         this.resolved(approval.id, approved);
@@ -201,20 +239,34 @@ class ToolCard {
       }
     };
     clear(this.approvalBox).hidden = false;
+    const why = approval.rule ? `, as ${ruleText(approval.rule)} says` : "";
     this.approvalBox.append(
-      h("p", {}, `${approval.toolName} needs your approval.`),
+      h("p", {}, `${approval.toolName} needs your approval${why}.`),
       note,
+      editor,
       h("div", { class: "row" },
         h("button", { type: "button", class: "primary approve", onclick: () => decide(true) }, "Approve"),
+        h("button", { type: "button", class: "remember", title: "Approve, and approve this same call again in this session without asking",
+          onclick: () => decide(true, "session") }, "Allow for this session"),
+        h("button", { type: "button", class: "subtle edit", onclick: () => { editor.hidden = !editor.hidden; } }, "Edit arguments"),
         h("button", { type: "button", class: "danger deny", onclick: () => decide(false) }, "Deny")));
   }
 
-  resolved(approvalId, approved) {
+  resolved(approvalId, approved, edited) {
     if (this.approvalId !== approvalId) return;
     this.approvalId = null;
-    clear(this.approvalBox).append(h("p", { class: approved ? "approved" : "denied" }, approved ? "Approved" : "Denied"));
+    const text = approved ? (edited ? "Approved with edited arguments" : "Approved") : "Denied";
+    clear(this.approvalBox).append(h("p", { class: approved ? "approved" : "denied" }, text));
+    if (edited) this.showEdit(edited);
     if (!this.done) this.status.textContent = approved ? "running…" : "denied";
   }
+}
+
+// A rule, for people: `deny rm * (server rule)`.
+export function ruleText(rule) {
+  const pattern = rule.match ? ` ${rule.match}` : "";
+  const whose = rule.source === "remembered" ? "remembered" : rule.scope;
+  return `rule “${rule.outcome} ${rule.tool}${pattern}” (${whose})`;
 }
 
 function argumentsView(call) {

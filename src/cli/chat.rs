@@ -1,6 +1,7 @@
 //! `kestrel chat`: a conversation in the terminal. A line sends a message; the reply streams as
 //! it is written (reasoning dimmed on a terminal), tool calls and results show in a line each,
-//! an approval is asked here (y/n, then an optional note), Ctrl-C cancels the run and a second
+//! an approval is asked here (`[y]es / [n]o / [a]lways for this session / [e]dit`, then an
+//! optional note), Ctrl-C cancels the run and a second
 //! Ctrl-C leaves. An interrupted session offers to resume its run.
 //!
 //! Three inputs meet in one loop: the session's event stream and stdin each on a thread of
@@ -31,7 +32,17 @@ struct Asking {
     approval_id: String,
     /// The answer, once given; then the note is asked.
     approved: Option<bool>,
+    /// `[a]lways`: remembered for the session.
+    remember: bool,
+    /// `[e]dit` was chosen and the arguments are asked (`None`), or were given.
+    editing: Option<Option<Value>>,
 }
+
+/// The approval question.
+const APPROVE: &str = "approve? [y]es / [n]o / [a]lways for this session / [e]dit ";
+
+/// The edit's question.
+const EDIT: &str = "arguments, as one line of JSON: ";
 
 struct Chat {
     client: Client,
@@ -235,8 +246,9 @@ impl Chat {
                 let ended = event["runId"] == run_id.as_str()
                     && matches!(event["type"].as_str(), Some("run.finished" | "run.failed"));
                 if let Some(approval) = self.show(&event) {
-                    self.prompt("approve? [y/n] ");
-                    return same(Some(Asking { approval_id: approval, approved: None }), cancelled);
+                    self.prompt(APPROVE);
+                    let asking = Asking { approval_id: approval, approved: None, remember: false, editing: None };
+                    return same(Some(asking), cancelled);
                 }
                 match ended {
                     true => Ok(Some(State::Idle)),
@@ -278,43 +290,80 @@ impl Chat {
         let _ = write!(out, "{text}").and_then(|()| out.flush());
     }
 
-    /// An answer to the approval asked: first y/n, then the note, then the decision is sent.
+    /// An answer to the approval asked: first y/n/a/e (after `e`, the arguments), then the
+    /// note, then the decision is sent. A decision the server refuses (an edit the tool's
+    /// schema or the rules refuse) is said, and the question is asked again.
     fn answer(&mut self, ask: &mut Asking, line: &str) -> Result<(), CliError> {
         self.echo(line);
-        match ask.approved {
-            None => match line.trim().to_ascii_lowercase().as_str() {
-                "y" | "yes" => ask.approved = Some(true),
-                "n" | "no" => ask.approved = Some(false),
+        if let Some(None) = ask.editing {
+            match serde_json::from_str::<Value>(line.trim()) {
+                Ok(arguments) if arguments.is_object() => ask.editing = Some(Some(arguments)),
                 _ => {
-                    self.prompt("please answer y or n: ");
+                    self.prompt(&format!("not a JSON object; {EDIT}"));
                     return Ok(());
                 }
-            },
-            Some(approved) => {
-                let mut decision = json!({ "approved": approved });
-                if !line.trim().is_empty() {
-                    decision["note"] = json!(line.trim());
+            }
+            self.prompt("note (optional, Enter for none): ");
+            return Ok(());
+        }
+        let Some(approved) = ask.approved else {
+            match line.trim().to_ascii_lowercase().as_str() {
+                "y" | "yes" => ask.approved = Some(true),
+                "n" | "no" => ask.approved = Some(false),
+                "a" | "always" => (ask.approved, ask.remember) = (Some(true), true),
+                "e" | "edit" => {
+                    (ask.approved, ask.editing) = (Some(true), Some(None));
+                    self.prompt(EDIT);
+                    return Ok(());
                 }
-                let path = format!("/api/sessions/{}/approvals/{}", self.session, ask.approval_id);
-                if let Err(error) = self.client.call("POST", &path, Some(&decision)) {
-                    eprintln!("kestrel: {error}");
+                _ => {
+                    self.prompt("please answer y, n, a or e: ");
+                    return Ok(());
                 }
-                ask.approval_id.clear();
-                return Ok(());
+            }
+            self.prompt("note (optional, Enter for none): ");
+            return Ok(());
+        };
+        let mut decision = json!({ "approved": approved });
+        if !line.trim().is_empty() {
+            decision["note"] = json!(line.trim());
+        }
+        if ask.remember {
+            decision["remember"] = json!("session");
+        }
+        if let Some(Some(arguments)) = ask.editing.take() {
+            decision["arguments"] = arguments;
+        }
+        let path = format!("/api/sessions/{}/approvals/{}", self.session, ask.approval_id);
+        match self.client.call("POST", &path, Some(&decision)) {
+            Ok(_) => ask.approval_id.clear(),
+            Err(error) => {
+                eprintln!("kestrel: {error}");
+                (ask.approved, ask.remember) = (None, false);
+                self.prompt(APPROVE);
             }
         }
-        self.prompt("note (optional, Enter for none): ");
         Ok(())
     }
 
-    /// The input ended while an approval was asked: after a y/n, the decision goes without a
-    /// note; before one, the call is denied (nobody can approve it any more).
+    /// The input ended while an approval was asked: after a y/n/a (or a whole edit), the
+    /// decision goes without a note; before one, or in the middle of an edit, the call is
+    /// denied (nobody can approve it any more).
     fn answer_at_end_of_input(&mut self, ask: &mut Asking) {
-        let decision = match ask.approved {
-            Some(approved) => json!({ "approved": approved }),
-            None => {
+        let decision = match (ask.approved, ask.editing.take()) {
+            (None, _) | (Some(_), Some(None)) => {
                 self.line("(no answer: the input ended; denied)");
                 json!({ "approved": false, "note": "no answer: the terminal's input ended" })
+            }
+            (Some(approved), edit) => {
+                let mut decision = json!({ "approved": approved });
+                if ask.remember {
+                    decision["remember"] = json!("session");
+                }
+                if let Some(Some(arguments)) = edit {
+                    decision["arguments"] = arguments;
+                }
+                decision
             }
         };
         let path = format!("/api/sessions/{}/approvals/{}", self.session, ask.approval_id);
@@ -371,7 +420,15 @@ impl Chat {
             "tool.started" => {
                 let call = &event["call"];
                 let arguments = first_line(&call["arguments"].to_string());
-                self.line(&format!("⚙ {}({arguments})", text(&call["name"])));
+                let rule = &event["permission"]["rule"];
+                let decided = match (event["permission"]["outcome"].as_str(), rule.is_object()) {
+                    (Some(outcome), true) => {
+                        let pattern = rule["match"].as_str().map(|p| format!(" {p}")).unwrap_or_default();
+                        format!("  [{outcome}: rule {} {}{pattern}]", text(&rule["outcome"]), text(&rule["tool"]))
+                    }
+                    _ => String::new(),
+                };
+                self.line(&format!("⚙ {}({arguments}){decided}", text(&call["name"])));
             }
             "tool.finished" => {
                 let result = &event["result"];

@@ -164,6 +164,53 @@ fn chat_streams_the_reply_and_answers_an_approval_from_stdin() {
     assert!(stdout(&output).contains("Echo: plain words"), "{}", stdout(&output));
 }
 
+/// `[a]lways` remembers the call for the session, `[e]dit` runs edited arguments (and an edit
+/// the rules deny is refused, and asked again), and each call says the rule that decided it.
+#[test]
+fn chat_answers_always_and_edit_and_shows_the_deciding_rule() {
+    let server = TestServer::start_with(|config| {
+        config.agent.rules = vec![kestrel::policy::RuleSpec {
+            tool: "run_command".into(),
+            pattern: Some("rm *".into()),
+            outcome: kestrel::policy::Outcome::Deny,
+        }];
+    });
+    std::fs::write(server.workspace.join("marker"), "kept").unwrap();
+    let workspace = server.workspace.to_string_lossy().into_owned();
+    let input = [
+        "/tool run_command {\"command\":\"echo one\"}",
+        "a",
+        "",
+        "/tool run_command {\"command\":\"echo one\"}",
+        "/tool run_command {\"command\":\"echo two\"}",
+        "e",
+        "not json",
+        "{\"command\":\"rm -rf marker\"}",
+        "",
+        "e",
+        "{\"command\":\"echo edited-by-cli\"}",
+        "edited",
+    ]
+    .join("\n");
+    let output = chat(&server, &["--workspace", &workspace], &format!("{input}\n"));
+    let (printed, errors) = (stdout(&output), stderr(&output));
+    assert_eq!(output.status.code(), Some(0), "{printed}\n{errors}");
+    assert!(printed.contains("[y]es / [n]o / [a]lways for this session / [e]dit"), "{printed}");
+    assert!(printed.contains("[allow: rule allow run_command echo one]"), "the remembered rule decided: {printed}");
+    assert_eq!(
+        printed.matches("? run_command wants to run").count(),
+        2,
+        "the remembered call was not asked: {printed}"
+    );
+    assert!(printed.contains("not a JSON object"), "{printed}");
+    assert!(errors.contains("denied"), "the refused edit is said: {errors}");
+    assert!(printed.contains("edited-by-cli"), "{printed}");
+    assert_eq!(std::fs::read_to_string(server.workspace.join("marker")).unwrap(), "kept");
+    let id = server.get("/api/sessions").json["sessions"][0]["id"].as_str().unwrap().to_string();
+    let rules = server.get(&format!("/api/sessions/{id}/rules"));
+    assert_eq!(rules.json["rules"][0]["match"], "echo one", "{}", rules.text);
+}
+
 /// The input ending mid-question never hangs the chat: at the note it means no note (the
 /// approved write happens), at y/n a denial; either way the chat leaves once the run ends.
 #[test]

@@ -14,6 +14,9 @@ use crate::policy::{self, AuditDecision, AuditEntry, Call, DecidedBy, Outcome, R
 use crate::store::{AuditQuery, PolicyWrite, WriteOp};
 use crate::tools::workspace::Workspace;
 
+/// Stored rules (added and remembered) that hold for one call at most.
+pub const MAX_STORED_RULES: usize = 1_000;
+
 /// What a budget's audit entries name as their tool: the model call it refused.
 pub const BUDGET_SUBJECT: &str = "(model call)";
 
@@ -104,8 +107,20 @@ impl Shared {
         });
     }
 
+    /// Refuses a rule past `MAX_STORED_RULES` of the tenant and the session together: every
+    /// call compiles the rules that hold for it.
+    fn room_for_a_rule(&self, tenant: &str, session_id: Option<&str>) -> Result<(), EngineError> {
+        if self.store.readers().rules_of(tenant, session_id)?.len() >= MAX_STORED_RULES {
+            return Err(EngineError::InvalidRule(format!(
+                "a tenant and a session hold at most {MAX_STORED_RULES} stored rules; revoke some first"
+            )));
+        }
+        Ok(())
+    }
+
     /// A person's new rule, checked (its patterns compile) and stored.
     fn insert_rule(&self, tenant: &str, rule: NewRule, source: Source) -> Result<Rule, EngineError> {
+        self.room_for_a_rule(tenant, rule.session_id.as_deref())?;
         let rule = Rule {
             id: new_id("rule"),
             tenant: Some(tenant.to_string()),
@@ -243,6 +258,7 @@ impl Run {
         };
         policy::Compiled::new(rule.clone(), shared.config.rulebook.matching())
             .map_err(|e| EngineError::InvalidRule(e.to_string()))?;
+        shared.room_for_a_rule(&self.tenant, Some(&self.session_id))?;
         shared.store.write(vec![WriteOp::Policy(PolicyWrite::InsertRule(rule.clone()))])?;
         Ok(rule)
     }

@@ -350,6 +350,14 @@ fn rules_are_per_tenant_config_rules_stay_and_the_audit_log_is_for_admins() {
         .assert_error(404, "session_not_found");
     a.get(&format!("/api/sessions/{session_b}/rules")).assert_error(404, "session_not_found");
 
+    // At most 1,000 stored rules hold for one call: every call compiles them.
+    for n in 1..1_000 {
+        let added = a.post("/api/rules", json!({ "tool": format!("tool_{n}"), "outcome": "deny" }));
+        assert_eq!(added.status, 201, "rule {n}: {}", added.text);
+    }
+    let refused = a.post("/api/rules", json!({ "tool": "one_too_many", "outcome": "deny" }));
+    refused.assert_error(400, "invalid_rule");
+    assert!(refused.json["error"]["message"].as_str().unwrap().contains("1000"), "{}", refused.text);
     a.get("/api/audit").assert_error(403, "forbidden");
     assert_eq!(ops.get("/api/audit").status, 200);
     assert_eq!(ops.get("/api/audit?after=x").status, 400);

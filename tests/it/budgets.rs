@@ -148,3 +148,34 @@ fn a_bae_profile_s_budget_refuses_turns_over_it_and_limits_its_requests() {
     assert_problem(&refused, 429, "rate_limited");
     assert!(refused.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok()));
 }
+
+/// A BAE turn whose first model call passes its profile's budget runs the MCP call the model
+/// asked for, then stops before asking the model again: `session.error` `budget_exceeded`,
+/// the session still open.
+#[test]
+fn a_bae_turn_crossing_its_budget_stops_before_its_next_model_call() {
+    use crate::mcp::TINY;
+    let marker = format!("budget-{}", std::process::id());
+    let server = kestrel::config::bae::McpServer::stdio("tiny", "python3", vec![TINY.into(), marker]);
+    let bae = Bae::start_with(move |config| config.bae.file.mcp.servers.push(server));
+    let body = json!({ "name": "metered", "primary_provider": "fake", "mcp_servers": ["tiny"], "budget": { "tokens_per_day": 10 } });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    assert_eq!(profile.status, 201, "{}", profile.text);
+    let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    let call = json!([{ "type": "tool_use", "id": "tu_m", "name": "echo", "input": { "text": "hi" } }]);
+    bae.fake.script([anthropic::answer(call, "tool_use", 10, 5), anthropic::text_answer("never asked")]);
+    let frames = harness.send_message(json!("echo hi"));
+    let events: Vec<&serde_json::Value> =
+        frames.iter().filter(|f| f["method"] == "session.event").map(|f| &f["params"]).collect();
+    let fault = events.iter().find(|e| e["event_type"] == "session.error").expect("a session.error");
+    assert_eq!(fault["payload"]["reason"], "budget_exceeded", "{fault}");
+    assert!(fault["payload"]["detail"].as_str().unwrap().contains("tokens used today"), "{fault}");
+    assert!(events.iter().any(|e| e["event_type"] == "mcp.response"), "the MCP call ran");
+    // BAE's terminal error of a turn whose loop ended in a fault.
+    let terminal = &frames.last().unwrap()["error"];
+    assert_eq!((terminal["code"].as_i64(), terminal["message"].as_str()), (Some(-32000), Some("session loop failed")));
+    assert_eq!(bae.fake.requests().len(), 1, "the model was not asked again");
+    let session = bae.admin_send("GET", "/admin/v1/sessions", None);
+    assert_eq!(session.json["items"][0]["state"], "open", "{}", session.text);
+}

@@ -21,7 +21,7 @@ mod invariants;
 mod local_model;
 mod logs;
 mod markdown;
-mod mcp;
+pub mod mcp;
 mod metrics;
 mod migrate;
 mod openapi;

@@ -11,18 +11,37 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Budget {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "whole")]
     pub tokens_per_day: Option<u64>,
     /// In the models' price currency (`pricing`); calls of unpriced models cost nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_per_day: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_per_month: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "whole")]
     pub max_concurrent_runs: Option<u32>,
     /// Requests per second, as a token bucket holding a second's worth (at least one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requests_per_second: Option<f64>,
+}
+
+/// A count written as any JSON number with no fraction (`4178.0` is 4178, as JSON Schema
+/// reads it), or null.
+fn whole<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    use serde::de::Error;
+    let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else { return Ok(None) };
+    let whole = match (number.as_u64(), number.as_f64()) {
+        (Some(n), _) => Some(n),
+        (None, Some(f)) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => Some(f as u64),
+        _ => None,
+    };
+    let whole =
+        whole.ok_or_else(|| D::Error::custom(format!("{number} is not a count (a whole number, 0 or more)")))?;
+    T::try_from(whole).map(Some).map_err(|_| D::Error::custom(format!("{number} is too large")))
 }
 
 impl Budget {
@@ -142,5 +161,18 @@ mod tests {
         assert!(Budget { cost_per_day: Some(-1.0), ..Budget::default() }.check().is_err());
         assert!(Budget { requests_per_second: Some(f64::NAN), ..Budget::default() }.check().is_err());
         assert_eq!(periods("2026-12-01T10:00:00.000Z"), ("d:2026-12-01".into(), "m:2026-12".into()));
+    }
+
+    #[test]
+    fn counts_read_as_json_schema_reads_integers() {
+        let read = |text: &str| serde_json::from_str::<Budget>(text);
+        assert_eq!(read(r#"{"tokens_per_day": 4178.0}"#).unwrap().tokens_per_day, Some(4178));
+        assert_eq!(read(r#"{"tokens_per_day": null, "max_concurrent_runs": 2}"#).unwrap().max_concurrent_runs, Some(2));
+        for bad in [r#"{"tokens_per_day": 1.5}"#, r#"{"tokens_per_day": -1}"#, r#"{"max_concurrent_runs": 5000000000}"#]
+        {
+            assert!(read(bad).is_err(), "{bad}");
+        }
+        let toml: Budget = toml::from_str("tokens_per_day = 10\nrequests_per_second = 2").unwrap();
+        assert_eq!((toml.tokens_per_day, toml.requests_per_second), (Some(10), Some(2.0)));
     }
 }

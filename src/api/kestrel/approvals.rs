@@ -35,12 +35,11 @@ pub fn resolve(
     if pattern.is_some() && remember.is_none() {
         return Err(ApiError::bad_request("invalid_decision", "`match` goes with `remember`"));
     }
+    // An edit is what an approved call runs with; a denial has nothing to run, so its
+    // `arguments` are left unused.
     let arguments = match body.get("arguments") {
         None | Some(Value::Null) => None,
-        Some(Value::Object(arguments)) if approved => Some(arguments.clone()),
-        Some(Value::Object(_)) => {
-            return Err(ApiError::bad_request("invalid_decision", "`arguments` edit a call that is approved"))
-        }
+        Some(Value::Object(arguments)) => Some(arguments.clone()).filter(|_| approved),
         Some(_) => return Err(ApiError::bad_request("invalid_decision", "`arguments` must be an object")),
     };
     let actor = caller.name.clone();

@@ -232,7 +232,7 @@ class ToolCard {
       }
       try {
         await this.transcript.api.post(`/api/sessions/${this.transcript.sessionId}/approvals/${approval.id}`, body);
-        this.resolved(approval.id, approved);
+        this.resolved(approval.id, approved, body.arguments);
       } catch (error) {
         for (const button of this.approvalBox.querySelectorAll("button")) button.disabled = false;
         this.approvalBox.append(h("p", { class: "error" }, error.message));

@@ -25,6 +25,9 @@ pub struct Budget {
     pub requests_per_second: Option<f64>,
 }
 
+/// The largest count every JSON reader keeps exactly (2^53 - 1).
+const MAX_EXACT: u64 = (1 << 53) - 1;
+
 /// A count written as any JSON number with no fraction (`4178.0` is 4178, as JSON Schema
 /// reads it), or null.
 fn whole<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
@@ -56,8 +59,12 @@ impl Budget {
         }
     }
 
-    /// Why the budget cannot be used as given (a negative or non-finite amount).
+    /// Why the budget cannot be used as given (a negative or non-finite amount, a count past
+    /// what JSON carries exactly).
     pub fn check(&self) -> Result<(), String> {
+        if self.tokens_per_day.is_some_and(|t| t > MAX_EXACT) {
+            return Err(format!("tokens_per_day is at most {MAX_EXACT}"));
+        }
         let amounts = [("cost_per_day", self.cost_per_day), ("cost_per_month", self.cost_per_month)];
         for (name, amount) in amounts.into_iter().chain([("requests_per_second", self.requests_per_second)]) {
             if amount.is_some_and(|a| !a.is_finite() || a < 0.0) {
@@ -160,6 +167,7 @@ mod tests {
         assert!(own.exceeded(&spent).unwrap().contains("this month"));
         assert!(Budget { cost_per_day: Some(-1.0), ..Budget::default() }.check().is_err());
         assert!(Budget { requests_per_second: Some(f64::NAN), ..Budget::default() }.check().is_err());
+        assert!(Budget { tokens_per_day: Some(1 << 53), ..Budget::default() }.check().is_err());
         assert_eq!(periods("2026-12-01T10:00:00.000Z"), ("d:2026-12-01".into(), "m:2026-12".into()));
     }
 

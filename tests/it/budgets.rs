@@ -134,7 +134,13 @@ fn a_bae_profile_s_budget_refuses_turns_over_it_and_limits_its_requests() {
     assert!(everyone.json["items"].as_array().unwrap().iter().any(|i| i["profile_id"] == profile_id.as_str()));
 
     // Bad budgets are refused.
-    for budget in [json!({ "tokens_per_day": -1 }), json!({ "cost_per_day": "a lot" }), json!({ "whatever": 1 })] {
+    let bad = [
+        json!({ "tokens_per_day": -1 }),
+        json!({ "cost_per_day": "a lot" }),
+        json!({ "whatever": 1 }),
+        json!([null, null]),
+    ];
+    for budget in bad {
         let body = json!({ "name": "bad", "primary_provider": "fake", "budget": budget });
         assert_problem(&bae.admin_send("POST", "/admin/v1/profiles", Some(body)), 400, "bad_request");
     }

@@ -331,12 +331,14 @@ fn profile_input(mut fields: Map<String, Value>) -> Result<ProfileInput, Problem
 fn budget(fields: &mut Map<String, Value>) -> Result<Option<crate::policy::Budget>, Problem> {
     match fields.remove("budget") {
         None | Some(Value::Null) => Ok(None),
-        Some(value) => {
+        // An object only: serde would also read a struct from an array of its fields.
+        Some(value @ Value::Object(_)) => {
             let budget: crate::policy::Budget = serde_json::from_value(value)
                 .map_err(|e| Problem::bad_request(format!("invalid request body: budget: {e}")))?;
             budget.check().map_err(|why| Problem::bad_request(format!("invalid request body: budget: {why}")))?;
             Ok(Some(budget))
         }
+        Some(_) => Err(Problem::bad_request("invalid request body: budget must be an object")),
     }
 }
 

@@ -35,6 +35,9 @@ pub fn resolve(
     if pattern.is_some() && remember.is_none() {
         return Err(ApiError::bad_request("invalid_decision", "`match` goes with `remember`"));
     }
+    if pattern.as_ref().is_some_and(|p| p.is_empty() || p.len() > 4096) {
+        return Err(ApiError::bad_request("invalid_decision", "`match` is a pattern of 1 to 4096 bytes"));
+    }
     // An edit is what an approved call runs with; a denial has nothing to run, so its
     // `arguments` are left unused.
     let arguments = match body.get("arguments") {

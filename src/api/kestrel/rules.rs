@@ -63,11 +63,12 @@ pub fn audit(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Rep
         return Err(ApiError::new(403, "forbidden", "the audit log is for admin tokens"));
     }
     let after = match request.query("after") {
-        // Past every seq there is: nothing after it (seqs are SQLite integers).
-        Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
-            text.parse::<u64>().unwrap_or(u64::MAX).min(i64::MAX as u64)
-        }
-        Some(_) => return Err(ApiError::bad_request("invalid_query", "`after` is a seq")),
+        // Seqs are SQLite integers: no seq is past i64::MAX.
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|after| *after <= i64::MAX as u64)
+            .ok_or_else(|| ApiError::bad_request("invalid_query", "`after` is a seq"))?,
         None => 0,
     };
     let since = request.query("since");

@@ -297,7 +297,7 @@ impl Run {
         entry.note = decision.note.clone().map(|n| policy::truncated(&n));
         entry.rule_id = remembered.clone();
         entry.edited = edited.as_ref().map(|c| policy::truncated(&policy::canonical_arguments(&c.arguments)));
-        self.shared.audit(entry);
+        self.shared.audit_now(entry);
         Ok(Taken { approved: decision.approved, edited, remembered, note: decision.note })
     }
 
@@ -317,7 +317,7 @@ impl Run {
             let mut entry = self.audit_entry(call, AuditDecision::Denied, Some(&verdict));
             entry.actor = decision.actor.clone();
             entry.edited = Some(policy::truncated(&policy::canonical_arguments(arguments)));
-            self.shared.audit(entry);
+            self.shared.audit_now(entry);
             return Err(EngineError::EditDenied(permissions::denied_text(&verdict)));
         }
         Ok(edited)

@@ -77,19 +77,29 @@ impl Shared {
     /// past the retention go in the same batch (a range delete on `audit_by_time`, most often
     /// of nothing).
     pub(crate) fn audit(&self, entry: AuditEntry) {
-        let keep_ms = self.config.audit_retention.as_millis().min(i64::MAX as u128) as i64;
-        let before = crate::time::rfc3339_from_millis(crate::time::now_millis().saturating_sub(keep_ms));
-        let ops =
-            vec![WriteOp::Policy(PolicyWrite::TrimAudit { before }), WriteOp::Policy(PolicyWrite::Audit(vec![entry]))];
-        if let Err(error) = self.store.write_detached(ops) {
+        if let Err(error) = self.store.write_detached(self.audit_ops(entry)) {
             log::error!("an audit entry could not be queued: {error}");
         }
+    }
+
+    /// `audit`, returning once the entry is durable: for a decision answered to a client
+    /// straight away (a person's, a budget's refusal), with no write of its own after it.
+    pub(crate) fn audit_now(&self, entry: AuditEntry) {
+        if let Err(error) = self.store.write(self.audit_ops(entry)) {
+            log::error!("an audit entry could not be written: {error}");
+        }
+    }
+
+    fn audit_ops(&self, entry: AuditEntry) -> Vec<WriteOp> {
+        let keep_ms = self.config.audit_retention.as_millis().min(i64::MAX as u128) as i64;
+        let before = crate::time::rfc3339_from_millis(crate::time::now_millis().saturating_sub(keep_ms));
+        vec![WriteOp::Policy(PolicyWrite::TrimAudit { before }), WriteOp::Policy(PolicyWrite::Audit(vec![entry]))]
     }
 
     /// Records a budget's refusal of a new run, or its stop of a running one, as a decision
     /// on the model's next call.
     pub(crate) fn audit_budget(&self, tenant: &str, session_id: &str, run_id: Option<&str>, reason: &str) {
-        self.audit(AuditEntry {
+        self.audit_now(AuditEntry {
             seq: 0,
             at: crate::time::now_rfc3339(),
             tenant: tenant.to_string(),

@@ -1,16 +1,22 @@
 //! The config file's rules, compiled once at start, and what the engine asks of them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::{Compiled, Matching, Rule, RuleError, RuleSpec, Source};
 
-/// The server's rules (`[[agent.rules]]`) and each tenant's (`rules` under `auth.tokens[]`).
+/// Stored rules kept compiled; past this many the cache starts over.
+const COMPILED_CACHE: usize = 100_000;
+
+/// The server's rules (`[[agent.rules]]`) and each tenant's (`rules` under `auth.tokens[]`),
+/// and stored rules once compiled, by id (a stored rule never changes: it is added or
+/// deleted), so a call under a thousand rules does not compile a thousand globs.
 #[derive(Debug, Clone, Default)]
 pub struct Rulebook {
     matching: Matching,
     server: Vec<Compiled>,
     tenants: HashMap<String, Vec<Compiled>>,
+    compiled: Arc<Mutex<HashMap<String, Compiled>>>,
 }
 
 impl Rulebook {
@@ -33,7 +39,7 @@ impl Rulebook {
             let compiled = compile(Some(tenant), specs)?;
             by_tenant.entry(tenant.clone()).or_default().extend(compiled);
         }
-        Ok(Rulebook { matching, server: compile(None, server)?, tenants: by_tenant })
+        Ok(Rulebook { matching, server: compile(None, server)?, tenants: by_tenant, compiled: Arc::default() })
     }
 
     pub fn matching(&self) -> Matching {
@@ -51,8 +57,21 @@ impl Rulebook {
     pub fn rules_for(&self, tenant: &str, stored: Vec<Rule>) -> Result<Vec<Compiled>, RuleError> {
         let own = self.tenants.get(tenant).map(Vec::as_slice).unwrap_or_default();
         let mut rules: Vec<Compiled> = self.server.iter().chain(own).cloned().collect();
+        let mut compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        if compiled.len() > COMPILED_CACHE {
+            compiled.clear();
+        }
         for rule in stored {
-            rules.push(Compiled::new(rule, self.matching)?);
+            // The id names one rule for its whole life; the check guards against a row that
+            // was replaced under the same id all the same.
+            match compiled.get(&rule.id).filter(|known| *known.rule == rule) {
+                Some(known) => rules.push(known.clone()),
+                None => {
+                    let fresh = Compiled::new(rule, self.matching)?;
+                    compiled.insert(fresh.rule.id.clone(), fresh.clone());
+                    rules.push(fresh);
+                }
+            }
         }
         Ok(rules)
     }

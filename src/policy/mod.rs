@@ -168,21 +168,23 @@ pub struct Matching {
     pub paths_ignore_case: bool,
 }
 
-/// A rule ready to match.
+/// A rule ready to match. Cheap to clone, and clones share their matchers: a regex's clone
+/// would build its match cache anew on its first use.
 #[derive(Debug, Clone)]
 pub struct Compiled {
     pub rule: Arc<Rule>,
-    tool: GlobMatcher,
-    command: Option<GlobMatcher>,
-    path: Option<GlobMatcher>,
+    tool: Arc<GlobMatcher>,
+    command: Option<Arc<GlobMatcher>>,
+    path: Option<Arc<GlobMatcher>>,
 }
 
 impl Compiled {
     pub fn new(rule: Rule, matching: Matching) -> Result<Compiled, RuleError> {
-        let tool = glob(&rule.tool, false, false)?;
+        let tool = Arc::new(glob(&rule.tool, false, false)?);
         let (command, path) = match &rule.pattern {
             Some(pattern) => {
-                (Some(glob(pattern, false, false)?), Some(glob(pattern, true, matching.paths_ignore_case)?))
+                let command = glob(pattern, false, false)?;
+                (Some(Arc::new(command)), Some(Arc::new(glob(pattern, true, matching.paths_ignore_case)?)))
             }
             None => (None, None),
         };

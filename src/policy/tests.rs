@@ -265,3 +265,17 @@ fn remembering_this_exact_call_escapes_the_glob_characters_it_holds() {
     let sibling = Call::read("write_file", sibling.as_object().unwrap(), MatchOn::Path("path", "."), Some(&workspace));
     assert_eq!(decide(&sibling, Outcome::Ask, &[rule]).outcome, Outcome::Ask);
 }
+
+#[test]
+fn stored_rules_are_compiled_once_and_a_changed_row_is_compiled_again() {
+    let book = Rulebook::default();
+    let stored = vec![rule("run_command", Some("git *"), Outcome::Allow)];
+    let first = book.rules_for("t", stored.clone()).unwrap();
+    let second = book.rules_for("t", stored.clone()).unwrap();
+    assert!(Arc::ptr_eq(&first[0].tool, &second[0].tool), "the second call reuses the first's matchers");
+    let mut changed = stored[0].clone();
+    changed.pattern = Some("git push".into());
+    let third = book.rules_for("t", vec![changed]).unwrap();
+    assert!(!Arc::ptr_eq(&first[0].tool, &third[0].tool));
+    assert_eq!(third[0].rule.pattern.as_deref(), Some("git push"));
+}

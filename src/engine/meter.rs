@@ -141,9 +141,13 @@ impl Shared {
         Ok(self.store.readers().spent(scope, &day, &month)?)
     }
 
-    /// A slot for a new run of `allowance`'s scope (see `Meter::open_run`).
+    /// A slot for a new run of `allowance`'s scope (see `Meter::open_run`); what was spent
+    /// is read only when the budget limits spending.
     pub(crate) fn open_run(&self, allowance: &Allowance) -> Result<RunSlot, EngineError> {
-        let spent = self.spent(&allowance.scope)?;
+        let spent = match allowance.budget.limits_spending() {
+            true => self.spent(&allowance.scope)?,
+            false => Spent::default(),
+        };
         self.meter.open_run(allowance, &spent)
     }
 

@@ -196,7 +196,7 @@ impl Run {
     /// Why the run's budget allows no more model calls, if it does not.
     fn budget_spent(&self) -> Result<Option<String>, EngineError> {
         let budget = &self.allowance.budget;
-        if budget.tokens_per_day.is_none() && budget.cost_per_day.is_none() && budget.cost_per_month.is_none() {
+        if !budget.limits_spending() {
             return Ok(None);
         }
         Ok(budget.exceeded(&self.shared.spent(&self.allowance.scope)?))

@@ -74,6 +74,11 @@ impl Budget {
         Ok(())
     }
 
+    /// Whether it limits tokens or cost (then what was spent must be read).
+    pub fn limits_spending(&self) -> bool {
+        self.tokens_per_day.is_some() || self.cost_per_day.is_some() || self.cost_per_month.is_some()
+    }
+
     /// Why a new model call would pass the budget, given what was spent; `None`: it may go.
     pub fn exceeded(&self, spent: &Spent) -> Option<String> {
         if let Some(limit) = self.tokens_per_day.filter(|limit| spent.day_tokens >= *limit) {

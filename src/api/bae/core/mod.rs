@@ -66,12 +66,25 @@ pub struct BaeShared {
     pub(crate) mcp: mcp::McpSessions,
     pub(crate) images: crate::sandbox::provision::Images,
     pub(crate) subagents: subagent::Subagents,
+    /// Profiles' budgets as last read, for a second: every request of a profile's keys takes
+    /// from its rate limit, and a profile read per request would cost more than the check.
+    budgets: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Option<crate::policy::Budget>)>>,
 }
+
+/// How long a profile's budget is taken as read (`BaeShared::budgets`); a change made on
+/// another node is seen within it.
+const BUDGET_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl BaeShared {
     pub fn new(settings: BaeSettings) -> BaeShared {
         let images = crate::sandbox::provision::Images::start(Arc::clone(&settings.sandbox.0));
-        BaeShared { settings, mcp: Default::default(), images, subagents: Default::default() }
+        BaeShared {
+            settings,
+            mcp: Default::default(),
+            images,
+            subagents: Default::default(),
+            budgets: Default::default(),
+        }
     }
 }
 
@@ -196,10 +209,33 @@ impl Bae {
     }
 
     /// A profile's allowance (its budget over the server's); a profile that is gone has the
-    /// server's.
+    /// server's. Read at most once a second per profile (`BUDGET_FRESH`), and at once after
+    /// this node changed the profile.
     pub fn allowance(&self, profile_id: &str) -> crate::engine::Allowance {
-        let budget = self.engine.shared.store.readers().bae_profile(profile_id).ok().flatten().and_then(|p| p.budget);
+        let shared = bae(&self.engine.shared);
+        let cached = {
+            let budgets = shared.budgets.lock().unwrap_or_else(|e| e.into_inner());
+            budgets.get(profile_id).filter(|(at, _)| at.elapsed() < BUDGET_FRESH).map(|(_, b)| b.clone())
+        };
+        let budget = match cached {
+            Some(budget) => budget,
+            None => {
+                let read = self.engine.shared.store.readers().bae_profile(profile_id).ok().flatten();
+                let budget = read.and_then(|p| p.budget);
+                let mut budgets = shared.budgets.lock().unwrap_or_else(|e| e.into_inner());
+                if budgets.len() > 10_000 {
+                    budgets.clear();
+                }
+                budgets.insert(profile_id.to_string(), (std::time::Instant::now(), budget.clone()));
+                budget
+            }
+        };
         gate::profile_allowance(&self.engine.shared.config, profile_id, budget)
+    }
+
+    /// Forgets a profile's budget as read, after this node changed it.
+    fn forget_budget(&self, profile_id: &str) {
+        bae(&self.engine.shared).budgets.lock().unwrap_or_else(|e| e.into_inner()).remove(profile_id);
     }
 
     /// Takes one request from a profile's rate limit, or says how long to wait.
@@ -233,6 +269,7 @@ impl Bae {
             updated_at: crate::time::now_rfc3339(),
             budget: input.budget,
         };
+        self.forget_budget(id);
         match self.write(BaeWrite::ReplaceProfile(profile.clone())) {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
                 Err(BaeError::ProfileNotFound(id.into()))
@@ -245,6 +282,7 @@ impl Bae {
     }
 
     pub fn delete_profile(&self, id: &str) -> Result<(), BaeError> {
+        self.forget_budget(id);
         match self.write(BaeWrite::DeleteProfile { id: id.to_string(), at: crate::time::now_rfc3339() }) {
             Err(BaeError::Engine(EngineError::Store(StoreError::NotFound))) => {
                 Err(BaeError::ProfileNotFound(id.into()))

@@ -11,8 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::tools::Permission;
 
+mod auth;
 pub mod bae;
 mod providers;
+pub use auth::{AuthConfig, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
 
@@ -71,41 +73,6 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Serve a non-loopback address with no token configured.
     pub allow_unauthenticated: bool,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AuthConfig {
-    /// A single token for the `default` tenant.
-    #[serde(skip_serializing)]
-    pub token: Option<String>,
-    pub tokens: Vec<TokenConfig>,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    pub tenant: String,
-    #[serde(default, skip_serializing)]
-    pub token: Option<String>,
-    /// The name of an environment variable holding the token.
-    #[serde(default)]
-    pub token_env: Option<String>,
-    /// Directories this tenant's sessions may work in, replacing `agent.workspace_roots`.
-    #[serde(default)]
-    pub workspace_roots: Option<Vec<PathBuf>>,
-    /// What the audit log names this token by; the tenant when unset.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Whether the token may also read every tenant's audit log (`GET /api/audit`).
-    #[serde(default)]
-    pub admin: bool,
-    /// This tenant's budget, over `[agent.budget]` field by field.
-    #[serde(default)]
-    pub budget: Option<crate::policy::Budget>,
-    /// Permission rules of this tenant: they add to the server's and never weaken them.
-    #[serde(default)]
-    pub rules: Vec<crate::policy::RuleSpec>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -235,39 +202,6 @@ impl std::fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-impl TokenConfig {
-    /// A tenant with its token given directly and the global workspace roots.
-    pub fn new(tenant: impl Into<String>, token: impl Into<String>) -> TokenConfig {
-        TokenConfig {
-            tenant: tenant.into(),
-            token: Some(token.into()),
-            token_env: None,
-            workspace_roots: None,
-            name: None,
-            admin: false,
-            budget: None,
-            rules: Vec::new(),
-        }
-    }
-}
-
-/// A resolved token and the tenant it admits.
-#[derive(Clone)]
-pub struct TenantToken {
-    pub tenant: String,
-    pub token: String,
-    /// What the audit log calls it.
-    pub name: String,
-    /// May read every tenant's audit log.
-    pub admin: bool,
-}
-
-impl std::fmt::Debug for TenantToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TenantToken {{ tenant: {:?}, token: <redacted> }}", self.tenant)
-    }
-}
 
 /// The variables a `${VAR}` template names.
 pub fn template_vars(template: &str) -> Vec<String> {

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 mod event;
+mod lifecycle;
 mod provider_call;
 mod usage;
 
@@ -20,6 +21,7 @@ mod usage;
 pub const STORED_FORM: i64 = 1;
 
 pub use event::*;
+pub use lifecycle::*;
 pub use provider_call::{ProviderRequest, ProviderResponse};
 pub use usage::*;
 

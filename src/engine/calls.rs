@@ -310,7 +310,7 @@ impl Run {
         workspace: Option<&Workspace>,
     ) -> Result<ToolCall, EngineError> {
         let schema = self.shared.tools.parameters(&call.name).unwrap_or_else(|| json!({ "type": "object" }));
-        permissions::check_arguments(&schema, arguments).map_err(EngineError::InvalidEdit)?;
+        permissions::check_arguments(&schema, arguments)?;
         let edited = ToolCall { arguments: arguments.clone(), ..call.clone() };
         let verdict = self.shared.judge(&self.tenant, &self.session_id, &edited, workspace);
         if verdict.outcome == Outcome::Deny {

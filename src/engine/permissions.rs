@@ -274,14 +274,15 @@ impl Run {
     }
 }
 
-/// Whether `arguments` fit the tool's input schema; why not, for people.
-pub(crate) fn check_arguments(schema: &Value, arguments: &Map<String, Value>) -> Result<(), String> {
-    let validator = jsonschema::validator_for(schema).map_err(|e| format!("the tool's schema cannot be used: {e}"))?;
+/// Whether `arguments` fit the tool's input schema; `EngineError::InvalidEdit` says why not.
+pub(crate) fn check_arguments(schema: &Value, arguments: &Map<String, Value>) -> Result<(), EngineError> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| EngineError::InvalidEdit(format!("the tool's schema cannot be used: {e}")))?;
     let instance = Value::Object(arguments.clone());
     let errors: Vec<String> = validator.iter_errors(&instance).take(5).map(|e| e.to_string()).collect();
     match errors.is_empty() {
         true => Ok(()),
-        false => Err(errors.join("; ")),
+        false => Err(EngineError::InvalidEdit(errors.join("; "))),
     }
 }
 

@@ -25,6 +25,18 @@ pub struct Budget {
     pub requests_per_second: Option<f64>,
 }
 
+/// A budget that cannot be used as given: why, for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetError(pub String);
+
+impl std::fmt::Display for BudgetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BudgetError {}
+
 /// The largest count every JSON reader keeps exactly (2^53 - 1).
 const MAX_EXACT: u64 = (1 << 53) - 1;
 
@@ -61,14 +73,14 @@ impl Budget {
 
     /// Why the budget cannot be used as given (a negative or non-finite amount, a count past
     /// what JSON carries exactly).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BudgetError> {
         if self.tokens_per_day.is_some_and(|t| t > MAX_EXACT) {
-            return Err(format!("tokens_per_day is at most {MAX_EXACT}"));
+            return Err(BudgetError(format!("tokens_per_day is at most {MAX_EXACT}")));
         }
         let amounts = [("cost_per_day", self.cost_per_day), ("cost_per_month", self.cost_per_month)];
         for (name, amount) in amounts.into_iter().chain([("requests_per_second", self.requests_per_second)]) {
             if amount.is_some_and(|a| !a.is_finite() || a < 0.0) {
-                return Err(format!("{name} must be a finite number, 0 or more"));
+                return Err(BudgetError(format!("{name} must be a finite number, 0 or more")));
             }
         }
         Ok(())

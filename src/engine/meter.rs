@@ -38,19 +38,21 @@ pub struct Meter {
     epoch: Option<Instant>,
 }
 
-/// A run in flight, counted against its scope's `max_concurrent_runs` until it is dropped.
+/// A run in flight, counted against its scope's `max_concurrent_runs` until it is dropped;
+/// it holds the allowance it was opened under, which the run then counts against.
 pub struct RunSlot {
     meter: Arc<Meter>,
-    scope: String,
+    pub allowance: Allowance,
 }
 
 impl Drop for RunSlot {
     fn drop(&mut self) {
         let mut running = self.meter.running.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = running.get_mut(&self.scope) {
+        let scope = &self.allowance.scope;
+        if let Some(count) = running.get_mut(scope) {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                running.remove(&self.scope);
+                running.remove(scope);
             }
         }
     }
@@ -89,7 +91,7 @@ impl Meter {
             return Err(EngineError::BudgetExceeded(format!("{limit} run(s) at once at most; {count} running")));
         }
         *count += 1;
-        Ok(RunSlot { meter: Arc::clone(self), scope: allowance.scope.clone() })
+        Ok(RunSlot { meter: Arc::clone(self), allowance: allowance.clone() })
     }
 }
 

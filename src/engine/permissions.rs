@@ -100,20 +100,10 @@ impl Shared {
     /// on the model's next call.
     pub(crate) fn audit_budget(&self, tenant: &str, session_id: &str, run_id: Option<&str>, reason: &str) {
         self.audit_now(AuditEntry {
-            seq: 0,
-            at: crate::time::now_rfc3339(),
-            tenant: tenant.to_string(),
             session_id: Some(session_id.to_string()),
             run_id: run_id.map(str::to_string),
-            call_id: None,
-            tool: BUDGET_SUBJECT.to_string(),
-            decision: AuditDecision::Denied.as_str().to_string(),
-            decided_by: DecidedBy::Budget.as_str().to_string(),
-            rule_id: None,
-            actor: None,
             note: Some(policy::truncated(reason)),
-            arguments: "{}".to_string(),
-            edited: None,
+            ..AuditEntry::now(tenant, BUDGET_SUBJECT, AuditDecision::Denied, DecidedBy::Budget)
         });
     }
 
@@ -217,20 +207,12 @@ impl Run {
             None => (DecidedBy::Person, None),
         };
         AuditEntry {
-            seq: 0,
-            at: crate::time::now_rfc3339(),
-            tenant: self.tenant.to_string(),
             session_id: Some(self.session_id.clone()),
             run_id: Some(self.run_id.clone()),
             call_id: Some(call.id.clone()),
-            tool: call.name.clone(),
-            decision: decision.as_str().to_string(),
-            decided_by: decided_by.as_str().to_string(),
             rule_id,
-            actor: None,
-            note: None,
             arguments: policy::truncated(&policy::canonical_arguments(&call.arguments)),
-            edited: None,
+            ..AuditEntry::now(&self.tenant, &call.name, decision, decided_by)
         }
     }
 

@@ -527,7 +527,7 @@ impl SessionActor {
         slot: super::RunSlot,
     ) -> std::io::Result<()> {
         let canceller = Canceller::new();
-        let allowance = plan.allowance(&self.shared.config, &self.tenant);
+        let allowance = slot.allowance.clone();
         let run = run::Run {
             shared: Arc::clone(&self.shared),
             tenant: Arc::clone(&self.tenant),

@@ -92,6 +92,29 @@ pub struct AuditEntry {
     pub edited: Option<String>,
 }
 
+impl AuditEntry {
+    /// An entry made now for `tenant`'s `tool` (no session, run, call, rule, actor, note or
+    /// arguments: the caller fills in what it knows).
+    pub fn now(tenant: &str, tool: &str, decision: Decision, decided_by: DecidedBy) -> AuditEntry {
+        AuditEntry {
+            seq: 0,
+            at: crate::time::now_rfc3339(),
+            tenant: tenant.to_string(),
+            session_id: None,
+            run_id: None,
+            call_id: None,
+            tool: tool.to_string(),
+            decision: decision.as_str().to_string(),
+            decided_by: decided_by.as_str().to_string(),
+            rule_id: None,
+            actor: None,
+            note: None,
+            arguments: "{}".to_string(),
+            edited: None,
+        }
+    }
+}
+
 /// `text` cut to `ARGUMENTS_CHARS` characters, saying so.
 pub fn truncated(text: &str) -> String {
     match text.char_indices().nth(ARGUMENTS_CHARS) {

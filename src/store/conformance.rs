@@ -413,22 +413,8 @@ fn rule(id: &str, tenant: &str, session_id: Option<&str>) -> crate::policy::Rule
 }
 
 fn audit_entry(tenant: &str, at: &str) -> crate::policy::AuditEntry {
-    crate::policy::AuditEntry {
-        seq: 0,
-        at: at.into(),
-        tenant: tenant.into(),
-        session_id: None,
-        run_id: None,
-        call_id: None,
-        tool: "run_command".into(),
-        decision: "denied".into(),
-        decided_by: "rule".into(),
-        rule_id: None,
-        actor: None,
-        note: None,
-        arguments: "{}".into(),
-        edited: None,
-    }
+    use crate::policy::{AuditDecision, AuditEntry, DecidedBy};
+    AuditEntry { at: at.into(), ..AuditEntry::now(tenant, "run_command", AuditDecision::Denied, DecidedBy::Rule) }
 }
 
 /// Rules read back whole for their tenant (and session) only, go with their session, and are

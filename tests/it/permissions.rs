@@ -396,21 +396,11 @@ fn the_admin_port_pages_the_audit_log_and_old_entries_go_past_the_retention() {
     server.stop();
     {
         let (store, writer) = kestrel::store::Store::open(&server.data_dir).unwrap();
-        let old = kestrel::policy::AuditEntry {
-            seq: 0,
+        use kestrel::policy::{AuditDecision, AuditEntry, DecidedBy};
+        let old = AuditEntry {
             at: "2020-01-01T00:00:00.000Z".into(),
-            tenant: "default".into(),
             session_id: Some(session.clone()),
-            run_id: None,
-            call_id: None,
-            tool: "run_command".into(),
-            decision: "denied".into(),
-            decided_by: "rule".into(),
-            rule_id: None,
-            actor: None,
-            note: None,
-            arguments: "{}".into(),
-            edited: None,
+            ..AuditEntry::now("default", "run_command", AuditDecision::Denied, DecidedBy::Rule)
         };
         let write = kestrel::store::PolicyWrite::Audit(vec![old]);
         store.write(vec![kestrel::store::WriteOp::Policy(write)]).unwrap();

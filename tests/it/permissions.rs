@@ -416,3 +416,35 @@ fn the_admin_port_pages_the_audit_log_and_old_entries_go_past_the_retention() {
     assert_eq!(audit.len(), 4, "one in, the old one out");
     assert!(audit.iter().all(|e| e["at"].as_str().unwrap() > "2020-01-02"));
 }
+
+/// Acknowledged is durable: an approval remembered and answered 200, then kill -9 at once, is
+/// still a rule after the restart, its decision is in the audit log, and the same call then
+/// runs without asking.
+#[test]
+fn a_remembered_approval_answered_before_a_kill_9_survives_it() {
+    use crate::support::{spawn_binary, test_config, Client, SseClient};
+    let data = tempfile::tempdir().unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let (mut child, base, _) = spawn_binary(data.path(), workspace.path(), "[builtin]\ndelay_ms = 0\n");
+    let client = Client { base: base.clone(), token: None };
+    let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let mut stream = SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
+    let call = json!({ "command": "echo kept" });
+    let line = format!("/tool run_command {call}");
+    assert_eq!(client.post(&format!("/api/sessions/{id}/messages"), json!({ "content": line })).status, 202);
+    let asked = stream.collect_until(|e| event_type(e) == "approval.requested");
+    let approval = asked.last().unwrap()["event"]["approval"]["id"].as_str().unwrap().to_string();
+    let decision = json!({ "approved": true, "remember": "session", "note": "keep it" });
+    assert_eq!(client.post(&format!("/api/sessions/{id}/approvals/{approval}"), decision).status, 200);
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let server = TestServer::from_config(test_config(data.path(), workspace.path()));
+    let rules = server.get(&format!("/api/sessions/{id}/rules"));
+    assert_eq!(rules.json["rules"][0]["match"], "echo kept", "{}", rules.text);
+    let audit = audit_of(&server, &id);
+    let approved = audit.iter().find(|e| e["decision"] == "approved").expect("the decision survived");
+    assert_eq!(approved["note"], "keep it");
+    assert_eq!(approved["ruleId"], rules.json["rules"][0]["id"]);
+    assert_eq!(attempt(&server, &id, "run_command", &call).0, Fate::Ran, "remembered: not asked again");
+}

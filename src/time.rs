@@ -11,22 +11,27 @@ pub fn now_millis() -> i64 {
 }
 
 /// `now_rfc3339` for one thread that stamps many events a millisecond (the bus): the text is
-/// formatted once per millisecond and cloned after that.
+/// formatted once per millisecond and shared after that.
 #[derive(Default)]
 pub struct StampClock {
     millis: i64,
-    text: String,
+    text: Option<std::sync::Arc<str>>,
 }
 
 impl StampClock {
     /// The current time as `now_rfc3339` writes it.
-    pub fn now(&mut self) -> String {
+    /// Shared: every event of the same millisecond holds the same text.
+    pub fn now(&mut self) -> std::sync::Arc<str> {
         let millis = now_millis();
-        if millis != self.millis || self.text.is_empty() {
-            self.millis = millis;
-            self.text = rfc3339_from_millis(millis);
+        match &self.text {
+            Some(text) if millis == self.millis => text.clone(),
+            _ => {
+                self.millis = millis;
+                let text: std::sync::Arc<str> = rfc3339_from_millis(millis).into();
+                self.text = Some(text.clone());
+                text
+            }
         }
-        self.text.clone()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::time::StampClock;
 
 /// A published event with its time, waiting for the log to give it its seq.
 struct Stamped {
-    at: String,
+    at: Arc<str>,
     tenant: Option<Arc<str>>,
     origin: Origin,
     event: Arc<Event>,
@@ -183,7 +183,7 @@ impl BusActor {
     fn take_publish(&mut self, batch: &mut Vec<Stamped>, publication: Publication) {
         let Publication { tenant, origin, before, event, writes, logged, committed } = publication;
         for event in before {
-            if let Some(stamped) = self.stamp(tenant.clone(), origin.clone(), Box::new(event), true) {
+            if let Some(stamped) = self.stamp(tenant.clone(), origin.clone(), Arc::new(event), true) {
                 batch.push(stamped);
             }
         }
@@ -197,7 +197,7 @@ impl BusActor {
 
     /// Gives an event its time and, unless it is a delta or unlogged, the form the log keeps.
     /// Frames are built later, by the streams, once per format.
-    fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Box<Event>, logged: bool) -> Option<Stamped> {
+    fn stamp(&mut self, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>, logged: bool) -> Option<Stamped> {
         let at = self.clock.now();
         let logged = match !logged || event.is_transient() {
             true => None,
@@ -208,7 +208,7 @@ impl BusActor {
                     session_id: event.session_id().map(str::to_string),
                     actor: origin.actor.as_deref().map(str::to_string),
                     kind: event.kind().to_string(),
-                    at: at.clone(),
+                    at: at.to_string(),
                     body,
                     form: crate::domain::STORED_FORM,
                 }),
@@ -218,7 +218,7 @@ impl BusActor {
                 }
             },
         };
-        Some(Stamped { at, tenant, origin, event: Arc::from(event), logged })
+        Some(Stamped { at, tenant, origin, event, logged })
     }
 
     /// Sends a batch to the log with its events' own writes, without waiting: the log gives

@@ -46,10 +46,9 @@ const MAX_BATCH: usize = 512;
 pub struct Envelope {
     pub seq: u64,
     /// When it was published (RFC 3339).
-    pub at: String,
+    pub at: Arc<str>,
     /// `None` for events every tenant may see (notices).
     pub tenant: Option<Arc<str>>,
-    pub session_id: Option<Arc<str>>,
     /// Whom the event is attributed to (a BAE client key id); kept in the log.
     pub actor: Option<Arc<str>>,
     /// The turn (run id) that emitted it, for streams that follow one turn; live only.
@@ -81,18 +80,22 @@ impl Format {
 }
 
 impl Envelope {
-    pub(crate) fn new(seq: u64, at: String, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
+    pub(crate) fn new(seq: u64, at: Arc<str>, tenant: Option<Arc<str>>, origin: Origin, event: Arc<Event>) -> Envelope {
         Envelope {
             seq,
             at,
             tenant,
-            session_id: event.session_id().map(Arc::from),
             actor: origin.actor,
             turn: origin.turn,
             event,
             frames: Default::default(),
             weight: OnceLock::new(),
         }
+    }
+
+    /// The session the event belongs to, if it belongs to one.
+    pub fn session_id(&self) -> Option<&str> {
+        self.event.session_id()
     }
 
     /// About how much memory the envelope holds: its event's weight, twice, since it also
@@ -126,7 +129,7 @@ impl Envelope {
         match crate::store::decode_event(&logged) {
             Ok(event) => {
                 let origin = Origin { actor: logged.actor.map(Arc::from), turn: None };
-                Some(Envelope::new(logged.seq, logged.at, logged.tenant.map(Arc::from), origin, Arc::new(event)))
+                Some(Envelope::new(logged.seq, logged.at.into(), logged.tenant.map(Arc::from), origin, Arc::new(event)))
             }
             Err(error) => {
                 log::error!("logged event {} cannot be read ({error}); it is skipped", logged.seq);
@@ -210,7 +213,7 @@ impl Filter {
         let tenant_ok = envelope.tenant.as_deref().is_none_or(|t| t == self.tenant);
         let scope_ok = match &self.scope {
             Scope::AllSessions => !envelope.event.is_plugin_change(),
-            Scope::Session(wanted) => envelope.session_id.as_deref() == Some(wanted.as_str()),
+            Scope::Session(wanted) => envelope.session_id() == Some(wanted.as_str()),
             Scope::Plugins => envelope.event.is_plugin_change(),
         };
         tenant_ok && scope_ok
@@ -376,7 +379,8 @@ pub struct Publication {
     tenant: Option<Arc<str>>,
     origin: Origin,
     before: Vec<Event>,
-    event: Box<Event>,
+    /// Shared from here on: the ring, the streams and the log read the one the publisher built.
+    event: Arc<Event>,
     /// Written in the same transaction as the events (what they announce).
     writes: Vec<WriteOp>,
     /// `false`: streamed in order but kept out of the log (a turn's end for a front door
@@ -392,7 +396,7 @@ impl Publication {
             tenant,
             origin,
             before: Vec::new(),
-            event: Box::new(event),
+            event: Arc::new(event),
             writes: Vec::new(),
             logged: true,
             committed: None,

@@ -119,7 +119,7 @@ fn replay_and_filters_respect_tenant_and_session() {
     bus.publish(None, notice("everyone"));
     let mut all = bus.subscribe(filter(), Some(0)).unwrap();
     let replayed = replay(&mut all);
-    let sessions: Vec<Option<&str>> = replayed.iter().map(|e| e.session_id.as_deref()).collect();
+    let sessions: Vec<Option<&str>> = replayed.iter().map(|e| e.session_id()).collect();
     assert_eq!(sessions, [Some("a"), Some("c"), None]);
     let mut one =
         bus.subscribe(Filter { tenant: "t".into(), scope: Scope::Session("c".into()), format: None }, Some(0)).unwrap();

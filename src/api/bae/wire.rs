@@ -142,7 +142,7 @@ impl<'a, P: Serialize> View<'a, P> {
             event_type,
             id: event_id(envelope.seq),
             payload,
-            session_id: envelope.session_id.as_deref(),
+            session_id: envelope.session_id(),
         }
     }
 }

@@ -486,6 +486,7 @@ fn session_op(id: &str) -> WriteOp {
             model: "builtin/echo".into(),
             message_count: 0,
             workspace: "/".into(),
+            forked_from: None,
         },
         tenant: "default".into(),
         system_prompt: None,

@@ -147,6 +147,7 @@ fn session(id: String, tenant: &str, updated_ms: i64, message_count: u64) -> Wri
             model: "builtin/echo".into(),
             message_count,
             workspace: "/srv/project".into(),
+            forked_from: None,
         },
         tenant: tenant.into(),
         system_prompt: None,

@@ -10,6 +10,10 @@
 //! - negation (`!pattern`) is not read, so a file one would bring back stays out;
 //!   `.gitignore` files below the root are not read, so what they name is kept.
 
+/// Where a fork's copy of a workspace goes when no directory beside the workspace is allowed
+/// (the workspace is a root itself): `<workspace>/.kestrel-forks/<session id>`.
+pub const FORKS_DIR: &str = ".kestrel-forks";
+
 /// One `.gitignore` line.
 #[derive(Debug, Clone)]
 struct Rule {
@@ -42,10 +46,11 @@ impl IgnoreRules {
         IgnoreRules { rules }
     }
 
-    /// Whether `path` (POSIX, relative to the workspace) is left out. `.git` always is.
+    /// Whether `path` (POSIX, relative to the workspace) is left out. `.git` always is, and
+    /// so is the root's `FORKS_DIR` (the copies forks of its sessions made inside it).
     pub fn ignores(&self, path: &str, is_dir: bool) -> bool {
         let name = path.rsplit('/').next().unwrap_or(path);
-        if name == ".git" {
+        if name == ".git" || path == FORKS_DIR {
             return true;
         }
         self.rules.iter().any(|rule| {
@@ -93,6 +98,7 @@ mod tests {
         assert!(rules.ignores("build/x.o", false) && !rules.ignores("build/sub/x.o", false));
         assert!(rules.ignores("docs/a/b/tmp", true) && rules.ignores("docs/tmp", true));
         assert!(rules.ignores(".git", true) && rules.ignores("vendor/.git", true));
+        assert!(rules.ignores(".kestrel-forks", true) && !rules.ignores("src/.kestrel-forks", true));
         assert!(!rules.ignores("src/main.rs", false) && !rules.ignores("logs", true));
         assert!(rules.ignores("keep.log", false), "negation is not read");
     }

@@ -229,6 +229,15 @@ impl Checkpoints {
         Ok(Restored { restored, safety, warnings })
     }
 
+    /// Writes checkpoint `id` of `session_id` into `directory`, a new empty one (a fork's
+    /// copy of the workspace); what could not be written, one line each.
+    pub fn copy_into(&self, session_id: &str, id: &str, directory: &Path) -> Result<Vec<String>, CheckpointError> {
+        let copied = self.store.readers().checkpoint(session_id, id)?.ok_or(CheckpointError::NotFound)?;
+        let target = self.store.readers().checkpoint_entries(&copied.id)?;
+        let root = Dir::open(directory)?;
+        Ok(self.put_back(&root, &target, &[]))
+    }
+
     /// Makes the workspace's kept files what `target` says, given what they are (`current`).
     fn put_back(&self, root: &Dir, target: &[CheckpointEntry], current: &[CheckpointEntry]) -> Vec<String> {
         let mut warnings = Vec::new();

@@ -103,6 +103,19 @@ pub enum SessionsAction {
     Show { id: String },
     /// Delete a session and its transcript.
     Rm { id: String },
+    /// A new session with this one's transcript up to a message (all of it by default).
+    Fork {
+        id: String,
+        /// The last message the fork keeps.
+        #[arg(long, value_name = "MESSAGE_ID")]
+        message: Option<String>,
+        /// Work in a copy of the files as they were at that message, not in the same directory.
+        #[arg(long)]
+        copy: bool,
+        /// Where the copy goes (a new directory); beside the session's workspace by default.
+        #[arg(long, value_name = "DIR", requires = "copy")]
+        path: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -78,6 +78,19 @@ pub fn sessions(args: &SessionsArgs) -> Result<(), CliError> {
             client.call("DELETE", &format!("/api/sessions/{}", segment(id)?), None)?;
             say(&format!("deleted {id}"))
         }
+        SessionsAction::Fork { id, message, copy, path } => {
+            let workspace = if *copy { "copy" } else { "share" };
+            let body = json!({ "messageId": message, "workspace": workspace, "path": path });
+            let forked = client.call("POST", &format!("/api/sessions/{}/fork", segment(id)?), Some(&body))?;
+            match args.json {
+                true => say(&pretty(&forked)),
+                false => say(&format!(
+                    "forked {id} into {}  workspace {}",
+                    forked["session"]["id"].as_str().unwrap_or(""),
+                    forked["session"]["workspace"].as_str().unwrap_or("")
+                )),
+            }
+        }
     }
 }
 

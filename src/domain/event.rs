@@ -438,6 +438,7 @@ mod stored_form {
             model: "builtin/echo".into(),
             message_count: 2,
             workspace: "/w".into(),
+            forked_from: None,
         };
         vec![
             (

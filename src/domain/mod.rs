@@ -314,6 +314,19 @@ pub struct SessionSummary {
     pub model: String,
     pub message_count: u64,
     pub workspace: String,
+    /// The session and message it was forked from (`POST /api/sessions/:id/fork`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a forked session's transcript came from: the source session and the last message
+/// copied (the source's id of it; the fork's copies have ids of their own), `None` when the
+/// source had none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkedFrom {
+    pub session_id: String,
+    pub message_id: Option<String>,
 }
 
 /// A stored session: the summary plus what only the owner and the engine see.

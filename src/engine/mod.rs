@@ -11,6 +11,7 @@ pub(crate) mod calls;
 pub(crate) mod checkpoints;
 pub(crate) mod compaction;
 pub(crate) mod context;
+mod fork;
 pub mod idempotency;
 mod meter;
 mod permissions;
@@ -32,6 +33,7 @@ use crate::providers::ModelRegistry;
 use crate::store::{SessionPatch, Store, StoreError, WriteOp};
 use crate::tools::workspace::{PathError, Workspace, WorkspacePolicy, WorkspaceRefusal};
 pub use calls::{Decision, Repair};
+pub use fork::{CopiedFiles, ForkRequest, ForkWorkspace, Forked};
 pub use idempotency::{Created, Idempotent, Lookup};
 pub use meter::{Allowance, Meter, RunSlot, UsageView};
 pub use permissions::{NewRule, Remember};
@@ -328,6 +330,7 @@ impl Engine {
                 model,
                 message_count: 0,
                 workspace: workspace.to_string_lossy().into_owned(),
+                forked_from: None,
             },
             tenant: tenant.to_string(),
             system_prompt: new.system_prompt,

@@ -61,6 +61,7 @@ pub(crate) fn session(id: &str, status: SessionStatus) -> WriteOp {
             model: "builtin/echo".into(),
             message_count: 0,
             workspace: "/tmp".into(),
+            forked_from: None,
         },
         tenant: "t".into(),
         system_prompt: None,

@@ -343,7 +343,7 @@ pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
 }
 
 const SESSION_COLUMNS: &str =
-    "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count";
+    "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count, forked_from";
 
 /// Up to `range.2` events with `range.0 < seq < range.1` that `filter` (on `?3`, `tenant`)
 /// keeps, in seq order.
@@ -376,6 +376,13 @@ fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SessionRecord, Sto
             created_at: row.get(7)?,
             updated_at: row.get(8)?,
             message_count: row.get::<_, i64>(9)? as u64,
+            forked_from: match row.get::<_, Option<String>>(10)? {
+                Some(text) => match serde_json::from_str(&text) {
+                    Ok(forked_from) => Some(forked_from),
+                    Err(error) => return Ok(Err(StoreError::Corrupt(format!("session forked_from: {error}")))),
+                },
+                None => None,
+            },
         },
         tenant: row.get(1)?,
         system_prompt: row.get(4)?,

@@ -280,8 +280,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
             let s = &record.summary;
             tx.prepare_cached(
                 "INSERT INTO sessions (id, tenant, title, model, system_prompt, workspace, status,
-                                       created_at, updated_at, message_count)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                       created_at, updated_at, message_count, forked_from)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?
             .execute(params![
                 s.id,
@@ -293,7 +293,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
                 s.status.as_str(),
                 s.created_at,
                 s.updated_at,
-                s.message_count as i64
+                s.message_count as i64,
+                s.forked_from.as_ref().map(|from| serde_json::json!(from).to_string())
             ])?;
         }
         WriteOp::UpdateSession { id, patch, updated_at } => update_session(tx, id, patch, updated_at)?,
@@ -510,6 +511,7 @@ mod tests {
                 model: "builtin/echo".into(),
                 message_count: 0,
                 workspace: "/".into(),
+                forked_from: None,
             },
             tenant: "t".into(),
             system_prompt: None,

@@ -13,6 +13,7 @@ mod edge;
 mod events;
 mod fake_provider;
 mod files;
+mod forks;
 mod hammer;
 mod hardening;
 mod http;

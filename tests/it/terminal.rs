@@ -54,6 +54,23 @@ fn send_waits_for_the_reply_and_prints_it_or_its_json() {
     assert_eq!(sessions[0]["id"], id.as_str());
     let shown = run(&server, &["sessions", "show", &id]);
     assert!(stdout(&shown).contains("assistant: Echo: hello there"), "{}", stdout(&shown));
+
+    // A fork at the first answer, in a copy of the files.
+    let first_answer = sessions_detail(&server, &id)["messages"][1]["id"].as_str().unwrap().to_string();
+    let forked = run(&server, &["sessions", "fork", &id, "--message", &first_answer, "--copy", "--json"]);
+    assert_eq!(forked.status.code(), Some(0), "{}", stderr(&forked));
+    let forked: Value = serde_json::from_str(&stdout(&forked)).unwrap();
+    assert_eq!(forked["session"]["forkedFrom"], json!({ "sessionId": id, "messageId": first_answer }));
+    assert_eq!(forked["session"]["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(forked["copiedFrom"]["kind"], "manual");
+    let plain = run(&server, &["sessions", "fork", &id]);
+    assert!(stdout(&plain).starts_with(&format!("forked {id} into ses_")), "{}", stdout(&plain));
+    let path_alone = run(&server, &["sessions", "fork", &id, "--path", "/tmp/x"]);
+    assert_eq!(path_alone.status.code(), Some(2), "--path needs --copy");
+}
+
+fn sessions_detail(server: &TestServer, id: &str) -> Value {
+    server.get(&format!("/api/sessions/{id}")).json["session"].clone()
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! `/api/sessions/:id/checkpoints`, `…/:checkpointId/restore` and `/rewind`: snapshots of a
-//! session's workspace, putting one back, and dropping the end of a conversation.
+//! `/api/sessions/:id/checkpoints`, `…/:checkpointId/restore`, `/rewind` and `/fork`:
+//! snapshots of a session's workspace, putting one back, dropping the end of a conversation,
+//! and a new session from its beginning (docs/forks.md).
 //!
 //! A checkpoint on the wire: `{id, label?, kind: "manual" | "auto" | "safety", createdAt,
 //! runId?, fileCount, totalBytes}`.
@@ -8,6 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::body::JsonBody;
 use super::{json, ApiError, Caller, KestrelApi};
+use crate::engine::{ForkRequest, ForkWorkspace};
 use crate::http::{Reply, Request};
 use crate::store::CheckpointRecord;
 
@@ -75,6 +77,39 @@ pub fn rewind(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request
         answer.insert("warning".into(), json!(partial_warning(&files.warnings)));
     }
     Ok(json(200, &Value::Object(answer)))
+}
+
+/// `POST /fork` with `{messageId?, workspace?: "share" | "copy", path?}`: `201 {session,
+/// copiedFrom?, warning?}`, `copiedFrom` the checkpoint a copy's files were put back from.
+pub fn fork(api: &KestrelApi, caller: &Caller, id: &str, request: &mut Request) -> Result<Reply, ApiError> {
+    api.engine.check_session(&caller.tenant, id)?;
+    let body = JsonBody::read(request)?;
+    let message_id = match body.get("messageId") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(message_id)) if !message_id.is_empty() => Some(message_id.clone()),
+        Some(_) => return Err(ApiError::invalid_body("`messageId` must name a message of this session")),
+    };
+    let path = match body.get("path") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(path)) if !path.is_empty() => Some(std::path::PathBuf::from(path)),
+        Some(_) => return Err(ApiError::invalid_body("`path` must be an absolute path")),
+    };
+    let workspace = match (body.get("workspace").and_then(Value::as_str), body.get("workspace")) {
+        (Some("share"), _) | (None, None | Some(Value::Null)) if path.is_none() => ForkWorkspace::Share,
+        (Some("copy"), _) | (None, None | Some(Value::Null)) => ForkWorkspace::Copy { path },
+        _ => return Err(ApiError::invalid_body("`workspace` must be \"share\" or \"copy\" (`path` only with a copy)")),
+    };
+    let forked = api.engine.fork_session(&caller.tenant, id, ForkRequest { message_id, workspace })?;
+    let mut answer = Map::new();
+    let session = serde_json::to_value(super::wire::WireSession::from(&forked.detail)).unwrap_or_default();
+    answer.insert("session".into(), session);
+    if let Some(copy) = &forked.copy {
+        answer.insert("copiedFrom".into(), checkpoint_json(&copy.checkpoint));
+        if !copy.warnings.is_empty() {
+            answer.insert("warning".into(), json!(partial_warning(&copy.warnings)));
+        }
+    }
+    Ok(json(201, &Value::Object(answer)))
 }
 
 /// One line for people about what a restore could not put back.

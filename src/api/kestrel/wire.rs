@@ -284,6 +284,9 @@ pub struct WireSummary<'a> {
     model: &'a str,
     message_count: u64,
     workspace: &'a str,
+    /// Kestrel's extension: the session and message a fork was made from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forked_from: Option<&'a crate::domain::ForkedFrom>,
 }
 
 impl<'a> From<&'a SessionSummary> for WireSummary<'a> {
@@ -297,6 +300,7 @@ impl<'a> From<&'a SessionSummary> for WireSummary<'a> {
             model: &summary.model,
             message_count: summary.message_count,
             workspace: &summary.workspace,
+            forked_from: summary.forked_from.as_ref(),
         }
     }
 }

@@ -23,7 +23,10 @@ export class SessionView {
     this.base = `/api/sessions/${encodeId(id)}`;
     this.summary = null;
     this.images = [];
-    this.transcript = new Transcript(api, id, { onRewind: (message) => this.rewind(message) });
+    this.transcript = new Transcript(api, id, {
+      onRewind: (message) => this.rewind(message),
+      onFork: (message) => this.fork(message),
+    });
     this.keydown = (event) => {
       if (event.key === "Escape" && this.summary && this.summary.status === "running" && !document.querySelector(".overlay")) this.cancel();
     };
@@ -229,16 +232,8 @@ export class SessionView {
 
   async rewind(message) {
     const restore = h("input", { type: "checkbox", checked: true });
-    const chosen = await new Promise((resolve) => {
-      const done = (answer) => { overlay.remove(); resolve(answer); };
-      const overlay = h("div", { class: "overlay" }, h("div", { class: "dialog" },
-        h("p", {}, "Drop this message and everything after it?"),
-        h("label", { class: "check" }, restore, "Also put the workspace's files back as they were"),
-        h("div", { class: "row end" },
-          h("button", { type: "button", onclick: () => done(false) }, "Cancel"),
-          h("button", { type: "button", class: "danger", onclick: () => done(true) }, "Rewind"))));
-      document.body.append(overlay);
-    });
+    const chosen = await confirmWith("Drop this message and everything after it?",
+      h("label", { class: "check" }, restore, "Also put the workspace's files back as they were"), "Rewind", "danger");
     if (!chosen) return;
     try {
       const answer = await this.api.post(`${this.base}/rewind`, { messageId: message.id, restoreFiles: restore.checked });
@@ -246,6 +241,24 @@ export class SessionView {
       toast(answer.restored ? `Rewound; files restored (safety checkpoint ${answer.safety.id}).` : "Rewound.");
       if (answer.warning) toast(answer.warning, "warn");
       this.input.value = message.content;
+    } catch (error) {
+      toast(error.message, "error");
+    }
+  }
+
+  // A new session with the conversation up to `message`, in this workspace or a copy of its
+  // files as they were then; the console moves to it.
+  async fork(message) {
+    const copy = h("input", { type: "checkbox" });
+    const chosen = await confirmWith("Start a new session with the conversation up to this message?",
+      h("label", { class: "check" }, copy, "Work in a copy of the files as they were then"), "Fork", "primary");
+    if (!chosen) return;
+    try {
+      const body = { messageId: message.id, workspace: copy.checked ? "copy" : "share" };
+      const answer = await this.api.post(`${this.base}/fork`, body);
+      toast(copy.checked ? `Forked into ${answer.session.workspace}.` : "Forked.");
+      if (answer.warning) toast(answer.warning, "warn");
+      location.hash = `#/s/${answer.session.id}`;
     } catch (error) {
       toast(error.message, "error");
     }
@@ -293,4 +306,19 @@ export class SessionView {
       default: return undefined;
     }
   }
+}
+
+// A dialog asking `question`, with `option` (a checkbox's label) under it: whether `action`
+// was chosen.
+function confirmWith(question, option, action, actionClass) {
+  return new Promise((resolve) => {
+    const done = (answer) => { overlay.remove(); resolve(answer); };
+    const overlay = h("div", { class: "overlay" }, h("div", { class: "dialog" },
+      h("p", {}, question),
+      option,
+      h("div", { class: "row end" },
+        h("button", { type: "button", onclick: () => done(false) }, "Cancel"),
+        h("button", { type: "button", class: actionClass, onclick: () => done(true) }, action))));
+    document.body.append(overlay);
+  });
 }

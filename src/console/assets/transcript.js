@@ -7,10 +7,11 @@ import { h, clear } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 export class Transcript {
-  constructor(api, sessionId, { onRewind }) {
+  constructor(api, sessionId, { onRewind, onFork }) {
     this.api = api;
     this.sessionId = sessionId;
     this.onRewind = onRewind;
+    this.onFork = onFork;
     this.element = h("div", { class: "transcript", role: "log", "aria-live": "polite" });
     this.messages = new Map(); // id → { element, completed }
     this.cards = new Map(); // call id → ToolCard
@@ -71,6 +72,10 @@ export class Transcript {
         h("button", { type: "button", class: "link small rewind", title: "Drop this message and everything after it",
           onclick: () => this.onRewind(message) }, "Rewind to here")));
     }
+    const fork = h("button", { type: "button", class: "link small fork", title: "A new session with the conversation up to here",
+      onclick: () => this.onFork(message) }, "Fork from here");
+    if (message.role === "assistant") element.append(h("div", { class: "who" }, "Agent", fork));
+    else if (message.role === "user") element.querySelector(".who").append(fork);
     if (message.reasoning) {
       element.append(h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"), h("div", { class: "reasoning-text" }, message.reasoning)));
     }

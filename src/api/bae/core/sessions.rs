@@ -481,6 +481,7 @@ fn engine_session(id: &str, model: &str, now: &str) -> SessionRecord {
             model: model.to_string(),
             message_count: 0,
             workspace: String::new(),
+            forked_from: None,
         },
         tenant: BAE_TENANT.to_string(),
         system_prompt: None,

@@ -128,6 +128,10 @@ pub struct SendArgs {
     /// Print JSON: `{runId}`, or with --wait the run's outcome and messages.
     #[arg(long)]
     pub json: bool,
+    /// Ask for a final answer valid against the JSON Schema in this file (or a whole
+    /// `responseFormat`); waits, and prints the answer's value (with --json, as `structured`).
+    #[arg(long, value_name = "FILE")]
+    pub schema: Option<PathBuf>,
     #[command(flatten)]
     pub remote: Remote,
 }

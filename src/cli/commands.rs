@@ -131,12 +131,15 @@ pub fn send(args: &SendArgs) -> Result<(), CliError> {
     let client = Client::new(&args.remote);
     let id = segment(&args.session)?;
     // Subscribed before the message goes, so the run's first event cannot be missed.
-    let frames = match args.wait {
+    let mut body = json!({ "content": args.message });
+    if let Some(path) = &args.schema {
+        body["responseFormat"] = response_format(path)?;
+    }
+    let frames = match args.wait || args.schema.is_some() {
         true => Some(client.stream(&format!("/api/sessions/{id}/events"), None)?),
         false => None,
     };
-    let sent =
-        client.call("POST", &format!("/api/sessions/{id}/messages"), Some(&json!({ "content": args.message })))?;
+    let sent = client.call("POST", &format!("/api/sessions/{id}/messages"), Some(&body))?;
     let run_id = sent["runId"].as_str().unwrap_or_default().to_string();
     let Some(mut frames) = frames else {
         return say(&if args.json { json!({ "runId": run_id }).to_string() } else { run_id });
@@ -157,7 +160,21 @@ pub fn send(args: &SendArgs) -> Result<(), CliError> {
     if let Some(error) = &outcome.error {
         return Err(CliError::Failed(format!("the run failed: {error}")));
     }
-    say(&outcome.reply())
+    match (&args.schema, outcome.structured()) {
+        (Some(_), Some(value)) => say(&value.to_string()),
+        _ => say(&outcome.reply()),
+    }
+}
+
+/// `--schema FILE`: a JSON Schema, or a whole `responseFormat` (`{type, schema, name?}`).
+fn response_format(path: &std::path::Path) -> Result<Value, CliError> {
+    let unreadable = |why: String| CliError::Usage(format!("--schema {}: {why}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|error| unreadable(error.to_string()))?;
+    let schema: Value = serde_json::from_str(&text).map_err(|error| unreadable(error.to_string()))?;
+    Ok(match schema.get("type") == Some(&json!("json_schema")) && schema.get("schema").is_some() {
+        true => schema,
+        false => json!({ "type": "json_schema", "schema": schema }),
+    })
 }
 
 /// How a run ended, and the messages it completed.
@@ -176,15 +193,25 @@ impl Outcome {
         last.and_then(|m| m["content"].as_str()).unwrap_or("").to_string()
     }
 
+    /// The last assistant message's structured value, when it has one.
+    fn structured(&self) -> Option<&Value> {
+        let last = self.messages.iter().rev().find(|m| m["role"] == "assistant")?;
+        last.get("meta")?.get("structured")
+    }
+
     fn to_json(&self, run_id: &str) -> Value {
-        json!({
+        let mut outcome = json!({
             "runId": run_id,
             "status": self.status.as_deref().unwrap_or("failed"),
             "error": self.error,
             "usage": self.usage,
             "reply": self.reply(),
             "messages": self.messages,
-        })
+        });
+        if let Some(value) = self.structured() {
+            outcome["structured"] = value.clone();
+        }
+        outcome
     }
 }
 

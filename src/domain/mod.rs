@@ -363,6 +363,36 @@ pub struct ModelInfo {
     pub pricing: Option<ModelPricing>,
 }
 
+/// What a turn's final answer must be (`responseFormat` on a message): a JSON value valid
+/// against `schema` (`type: "json_schema"`, the one type there is). Kept in the user message's
+/// `meta.responseFormat`, so a resumed turn asks for the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub schema: Value,
+    /// What a provider's native structured output calls it (`answer` when not given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ResponseFormat {
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("answer")
+    }
+
+    /// What a system prompt says to a model whose wire has no native structured output.
+    pub fn instruction(&self) -> String {
+        format!(
+            "Your final answer must be only a JSON value, with no other text and no code fence, that \
+             is valid against this JSON Schema (named \"{}\"):\n{}",
+            self.name(),
+            self.schema
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolSchema {

@@ -56,7 +56,7 @@ impl Run {
     ) -> Result<Summary, NoSummary> {
         let mut messages = older.to_vec();
         messages.push(Message::text_of(Role::User, prompt));
-        let request = CompletionRequest { system_prompt, messages: &messages, tools: &[] };
+        let request = CompletionRequest { system_prompt, messages: &messages, tools: &[], response_format: None };
         let answered = route.call(&request, watch, &self.cancel).map_err(NoSummary::Call)?;
         if answered.completion.finish == Some(Finish::Length) {
             return Err(NoSummary::Truncated(answered.cut_at_limit));

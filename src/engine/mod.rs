@@ -19,6 +19,7 @@ pub mod plan;
 pub(crate) mod publish;
 pub(crate) mod run;
 pub(crate) mod session;
+pub mod structured;
 pub mod tools;
 
 use std::path::Path;
@@ -85,6 +86,11 @@ pub enum EngineError {
     EditDenied(String),
     /// A new run would pass its scope's budget (or its runs at once): why.
     BudgetExceeded(String),
+    /// A message's `responseFormat` cannot be used.
+    InvalidResponseFormat(structured::FormatError),
+    /// The final answer was not valid against the requested schema, a repair included: the
+    /// last answer's validation errors.
+    StructuredOutputInvalid(Vec<String>),
     Store(StoreError),
 }
 
@@ -125,6 +131,12 @@ impl std::fmt::Display for EngineError {
             EngineError::InvalidEdit(why) => write!(f, "the edited arguments do not fit the tool's schema: {why}"),
             EngineError::EditDenied(why) => write!(f, "the edited call is denied: {why}"),
             EngineError::BudgetExceeded(why) => write!(f, "budget exceeded: {why}"),
+            EngineError::InvalidResponseFormat(why) => write!(f, "{why}"),
+            EngineError::StructuredOutputInvalid(errors) => write!(
+                f,
+                "structured_output_invalid: the final answer is not valid against the schema: {}",
+                errors.join("; ")
+            ),
             EngineError::Store(error) => write!(f, "{error}"),
         }
     }
@@ -179,6 +191,8 @@ pub struct NewSession {
 pub struct NewMessage {
     pub content: String,
     pub images: Vec<ImageAttachment>,
+    /// What the turn's final answer must be (`structured.rs`).
+    pub response_format: Option<crate::domain::ResponseFormat>,
 }
 
 pub(crate) struct Shared {
@@ -416,9 +430,14 @@ impl Engine {
         plan: Box<dyn TurnPlan>,
     ) -> Result<String, EngineError> {
         let record = self.shared.owned_session(tenant, id)?;
-        let NewMessage { content, images } = message;
+        let NewMessage { content, images, response_format } = message;
         let mut message = Message::text_of(Role::User, content);
         message.blocks.extend(images.into_iter().map(Block::Image));
+        if let Some(format) = response_format {
+            structured::check_format(&format).map_err(EngineError::InvalidResponseFormat)?;
+            let format = serde_json::to_value(&format).map_err(|_| EngineError::Internal("a format as JSON"))?;
+            message.meta.get_or_insert_with(Default::default).insert(structured::FORMAT_KEY.into(), format);
+        }
         let (message, idempotent) = (Box::new(message), idempotent.map(Box::new));
         session::ask(&self.shared, &record, |reply| session::Op::Send { message, idempotent, plan, reply })?
     }

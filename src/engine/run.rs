@@ -169,6 +169,7 @@ impl Run {
         }
         // What the door keeps in memory after the stored history (BAE's all-server rounds).
         let mut tail = Vec::new();
+        let mut repairs = 0;
         for _ in 0..plan.step_limit(&self.shared.config) {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
@@ -183,6 +184,14 @@ impl Run {
                 Step::Failed => return Ok(Stop::Faulted),
             };
             if !answer.has_tool_calls() {
+                if let Some(errors) = super::structured::errors_of(&answer) {
+                    if repairs == super::structured::REPAIRS {
+                        return Err(EngineError::StructuredOutputInvalid(errors));
+                    }
+                    repairs += 1;
+                    self.ask_for_repair(&errors)?;
+                    continue;
+                }
                 plan.keep_answer(self, *answer, usage)?;
                 return Ok(Stop::Finished(RunOutcome::Completed));
             }
@@ -237,8 +246,13 @@ impl Run {
         // to see; the model answers again as if it had never started, see `repair_transcript`).
         let history = super::context::visible(self.shared.store.readers().messages(&self.session_id)?);
         let tools = self.shared.tools.schemas();
-        let request =
-            CompletionRequest { system_prompt: session.system_prompt.as_deref(), messages: &history, tools: &tools };
+        let format = super::structured::format_of(&history);
+        let request = CompletionRequest {
+            system_prompt: session.system_prompt.as_deref(),
+            messages: &history,
+            tools: &tools,
+            response_format: format.as_ref(),
+        };
         let mut message = Message::new(Role::Assistant);
         message.model = Some(session.summary.model.clone());
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
@@ -259,6 +273,9 @@ impl Run {
                 if completion.usage.input_tokens > 0 {
                     let meta = message.meta.get_or_insert_with(Map::new);
                     meta.insert("usage".into(), serde_json::to_value(&completion.usage).unwrap_or_default());
+                }
+                if let Some(format) = format.as_ref().filter(|_| !message.has_tool_calls()) {
+                    super::structured::mark(&mut message, format);
                 }
                 Step::Answered(Box::new(message.clone()))
             }
@@ -336,6 +353,7 @@ impl Run {
                     EngineError::Provider(message) => message,
                     EngineError::Compaction(_) => error.to_string(),
                     EngineError::InvalidModel(_) => error.to_string(),
+                    EngineError::StructuredOutputInvalid(_) => error.to_string(),
                     _ => "internal error; the server log has the details".to_string(),
                 };
                 Event::RunFailed { session_id, run_id, error }

@@ -73,8 +73,13 @@ fn a_run_whose_worker_cannot_start_leaves_the_session_resumable_not_running() {
     let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
     let session = engine.create_session("t", new, None).unwrap();
     let id = session.summary.id;
-    let sent =
-        engine.send_message("t", &id, NewMessage { content: "hello".into(), images: Vec::new() }, None, kestrel());
+    let sent = engine.send_message(
+        "t",
+        &id,
+        NewMessage { content: "hello".into(), images: Vec::new(), response_format: None },
+        None,
+        kestrel(),
+    );
     assert!(matches!(sent, Err(EngineError::Overloaded)), "{sent:?}");
     assert_eq!(engine.active_runs(), 0, "no run holds the session");
     let detail = engine.session("t", &id).unwrap();
@@ -127,7 +132,7 @@ fn a_cancel_ends_the_run_even_while_a_tool_is_stuck() {
     let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
     let id = engine.create_session("t", new, None).unwrap().summary.id;
     let events = bus_subscription(&engine, &id);
-    let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
+    let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new(), response_format: None };
     engine.send_message("t", &id, message, None, kestrel()).unwrap();
     wait_for(&events, "tool.started");
     assert!(engine.cancel("t", &id).unwrap());
@@ -172,7 +177,7 @@ fn deletes_that_arrive_together_during_a_turn_are_all_answered() {
     let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
     let id = engine.create_session("t", new, None).unwrap().summary.id;
     let events = bus_subscription(&engine, &id);
-    let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new() };
+    let message = NewMessage { content: "/tool stuck {}".into(), images: Vec::new(), response_format: None };
     engine.send_message("t", &id, message, None, kestrel()).unwrap();
     wait_for(&events, "tool.started");
     let outcomes: Vec<Result<(), EngineError>> = std::thread::scope(|scope| {
@@ -230,7 +235,8 @@ fn a_tool_runs_only_once_its_start_mark_is_durable() {
     let new = NewSession { title: None, model: None, system_prompt: None, workspace: None };
     let id = engine.create_session("t", new, None).unwrap().summary.id;
     let events = bus_subscription(&engine, &id);
-    let message = NewMessage { content: "/tool probe {}\n/tool probe {}".into(), images: Vec::new() };
+    let message =
+        NewMessage { content: "/tool probe {}\n/tool probe {}".into(), images: Vec::new(), response_format: None };
     engine.send_message("t", &id, message, None, kestrel()).unwrap();
     wait_for(&events, "run.finished");
     let seen: Vec<bool> = marked.try_iter().collect();

@@ -82,7 +82,8 @@ fn request_body(request: &CompletionRequest<'_>, model: &str, max_tokens: u32, t
     let messages: Vec<Value> =
         turns.into_iter().map(|(role, content)| json!({ "role": role, "content": content })).collect();
     let mut body = json!({ "model": model, "max_tokens": max_tokens, "messages": messages });
-    if let Some(prompt) = request.system_prompt {
+    // Structured answers are instructed: the Messages API's own is a beta behind a header.
+    if let Some(prompt) = request.system_text(false) {
         body["system"] = json!(prompt);
     }
     if tools && !request.tools.is_empty() {

@@ -2,7 +2,9 @@
 //!
 //! It streams `Echo: <the user's text>` a word per delta after a short reasoning delta. Lines
 //! of the form `/tool NAME {json}` become tool calls (several lines, several calls in one
-//! message); once the results are in, it answers with a one-line summary of each.
+//! message); once the results are in, it answers with a one-line summary of each. Asked for a
+//! structured answer, it does as instructed as far as an echo can: it answers with the user's
+//! text alone, so a message that is valid JSON is answered with itself.
 
 use std::time::Duration;
 
@@ -70,7 +72,7 @@ impl Echo {
         cancel: &CancelToken,
     ) -> Result<Completion, CallError> {
         let request = attempt.request;
-        let plan = plan_answer(request.messages);
+        let plan = plan_answer(request.messages, request.response_format.is_some());
         let finish = if plan.tool_calls.is_empty() { Finish::Stop } else { Finish::ToolCalls };
         let mut completion = Completion { tool_calls: plan.tool_calls, finish: Some(finish), ..Completion::default() };
 
@@ -138,8 +140,8 @@ struct Plan {
 }
 
 /// Decides the answer from the transcript: a summary after tool results, else an echo of the
-/// last user message with its `/tool` lines turned into calls.
-fn plan_answer(messages: &[Message]) -> Plan {
+/// last user message with its `/tool` lines turned into calls (`structured`: without `Echo: `).
+fn plan_answer(messages: &[Message], structured: bool) -> Plan {
     let last_assistant = messages.iter().rposition(|m| m.role == Role::Assistant);
     let results: Vec<&Message> = match last_assistant {
         Some(at) => messages[at + 1..].iter().filter(|m| m.role == Role::Tool).collect(),
@@ -166,6 +168,7 @@ fn plan_answer(messages: &[Message]) -> Plan {
     }
     let said = plain.join("\n").trim().to_string();
     let echoed = match (said.is_empty(), images) {
+        (false, _) if structured => said.clone(),
         (false, _) => format!("Echo: {said}"),
         (true, 0) if !tool_calls.is_empty() => format!("Calling {} tool(s).", tool_calls.len()),
         (true, 0) => "Echo: (nothing)".to_string(),
@@ -210,7 +213,7 @@ mod tests {
 
     #[test]
     fn echoes_and_parses_tool_lines() {
-        let plan = plan_answer(&[user("hello there\n/tool read_file {\"path\":\"a\"}\n/tool list_directory")]);
+        let plan = plan_answer(&[user("hello there\n/tool read_file {\"path\":\"a\"}\n/tool list_directory")], false);
         assert_eq!(plan.text, "Echo: hello there");
         assert_eq!(plan.tool_calls.len(), 2);
         assert_eq!(plan.tool_calls[0].name, "read_file");
@@ -220,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_tool_line_with_bad_json_is_plain_text() {
-        let plan = plan_answer(&[user("/tool x {not json")]);
+        let plan = plan_answer(&[user("/tool x {not json")], false);
         assert!(plan.tool_calls.is_empty());
         assert_eq!(plan.text, "Echo: /tool x {not json");
     }
@@ -240,7 +243,7 @@ mod tests {
             data: None,
             blocks: None,
         }));
-        let plan = plan_answer(&[user("/tool t"), call, result]);
+        let plan = plan_answer(&[user("/tool t"), call, result], false);
         assert_eq!(plan.text, "Tool results: t failed — boom");
         assert!(plan.tool_calls.is_empty());
     }

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::cancel::CancelToken;
 use crate::config::{Config, ModelConfig};
-use crate::domain::{Message, ModelInfo, ToolCall, ToolSchema, Usage};
+use crate::domain::{Message, ModelInfo, ResponseFormat, ToolCall, ToolSchema, Usage};
 
 pub use builtin::{Echo, ECHO_MODEL_ID};
 pub use call::{Answered, CallFailed, Route, Watch};
@@ -98,9 +98,22 @@ pub struct CompletionRequest<'a> {
     pub system_prompt: Option<&'a str>,
     pub messages: &'a [Message],
     pub tools: &'a [ToolSchema],
+    /// What the final answer must be (`engine/structured.rs`).
+    pub response_format: Option<&'a ResponseFormat>,
 }
 
 impl<'a> CompletionRequest<'a> {
+    /// The system prompt a wire sends: the session's, and for a structured answer on a wire
+    /// with no native structured output (`native` false) the instruction to answer in it.
+    pub fn system_text(&self, native: bool) -> Option<std::borrow::Cow<'a, str>> {
+        let instruction = self.response_format.filter(|_| !native).map(ResponseFormat::instruction);
+        match (self.system_prompt, instruction) {
+            (prompt, None) => prompt.map(std::borrow::Cow::Borrowed),
+            (None, Some(instruction)) => Some(instruction.into()),
+            (Some(prompt), Some(instruction)) => Some(format!("{prompt}\n\n{instruction}").into()),
+        }
+    }
+
     /// The tools to offer, each name once (the first of a name wins): providers refuse a
     /// request naming a tool twice, whichever door or server put the two there.
     pub fn distinct_tools(&self) -> Vec<&'a ToolSchema> {

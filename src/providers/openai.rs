@@ -57,7 +57,7 @@ impl super::Wire for OpenAi {
 /// The request body for one call (streaming is the caller's to ask for).
 fn request_body(request: &CompletionRequest<'_>, model: &str, max_tokens: Option<u32>, tools: bool) -> Value {
     let mut messages = Vec::new();
-    if let Some(prompt) = request.system_prompt {
+    if let Some(prompt) = request.system_text(true) {
         messages.push(json!({ "role": "system", "content": prompt }));
     }
     for each in request.messages {
@@ -81,6 +81,13 @@ fn request_body(request: &CompletionRequest<'_>, model: &str, max_tokens: Option
     }
     if let Some(max_tokens) = max_tokens {
         body["max_tokens"] = json!(max_tokens);
+    }
+    // Native structured output; the answer is validated all the same (not `strict`, which
+    // accepts only a subset of JSON Schema).
+    if let Some(format) = request.response_format {
+        body["response_format"] = json!({ "type": "json_schema", "json_schema": {
+            "name": format.name(), "schema": format.schema, "strict": false,
+        }});
     }
     body
 }

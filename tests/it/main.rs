@@ -33,6 +33,7 @@ mod restart;
 mod runs;
 mod sessions;
 mod streams;
+mod structured;
 mod support;
 mod terminal;
 mod tools;

@@ -69,6 +69,30 @@ fn send_waits_for_the_reply_and_prints_it_or_its_json() {
     assert_eq!(path_alone.status.code(), Some(2), "--path needs --copy");
 }
 
+#[test]
+fn send_with_a_schema_prints_the_structured_value_or_fails_with_its_errors() {
+    let server = TestServer::start();
+    let id = server.create_session(json!({}));
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("schema.json");
+    let required = json!({ "type": "object", "properties": { "n": { "type": "integer" } }, "required": ["n"] });
+    std::fs::write(&schema, required.to_string()).unwrap();
+    let schema = schema.to_str().unwrap();
+
+    let plain = run(&server, &["send", &id, "{\"n\": 7}", "--schema", schema]);
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    assert_eq!(stdout(&plain).trim(), "{\"n\":7}");
+    let json = run(&server, &["send", &id, "{\"n\": 8}", "--schema", schema, "--json"]);
+    let outcome: Value = serde_json::from_str(stdout(&json).trim()).unwrap();
+    assert_eq!((&outcome["status"], &outcome["structured"]), (&json!("completed"), &json!({ "n": 8 })));
+
+    let invalid = run(&server, &["send", &id, "{\"n\": \"eight\"}", "--schema", schema]);
+    assert_eq!(invalid.status.code(), Some(1));
+    assert!(stderr(&invalid).contains("structured_output_invalid"), "{}", stderr(&invalid));
+    let missing = run(&server, &["send", &id, "{}", "--schema", "/nonexistent/schema.json"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", stderr(&missing));
+}
+
 fn sessions_detail(server: &TestServer, id: &str) -> Value {
     server.get(&format!("/api/sessions/{id}")).json["session"].clone()
 }

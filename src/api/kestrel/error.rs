@@ -96,6 +96,9 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidEdit(_) => ApiError::bad_request("invalid_decision", message),
             EngineError::EditDenied(_) => ApiError::new(403, "forbidden", message),
             EngineError::BudgetExceeded(_) => ApiError::new(429, "budget_exceeded", message),
+            EngineError::InvalidResponseFormat(_) => ApiError::bad_request("invalid_response_format", message),
+            // A run's end, never a request's answer.
+            EngineError::StructuredOutputInvalid(_) => ApiError::new(422, "structured_output_invalid", message),
             // A unique key that already exists: the request collides with another.
             EngineError::Store(StoreError::Conflict(_)) => {
                 ApiError::new(409, "conflict", "the request conflicts with another")

@@ -8,7 +8,7 @@ use super::body::JsonBody;
 use super::idempotency;
 use super::turn::KestrelTurn;
 use super::{json, ApiError, Caller, KestrelApi};
-use crate::domain::ImageAttachment;
+use crate::domain::{ImageAttachment, ResponseFormat};
 use crate::engine::idempotency::Render;
 use crate::engine::{Created, NewMessage};
 use crate::http::{Reply, Request};
@@ -67,7 +67,37 @@ fn validate_message(body: &JsonBody) -> Result<NewMessage, ApiError> {
     if content.trim().is_empty() && images.is_empty() {
         return Err(ApiError::bad_request("invalid_message", "a message needs text, images or both"));
     }
-    Ok(NewMessage { content, images })
+    let response_format = match body.get("responseFormat") {
+        None | Some(Value::Null) => None,
+        Some(format) => Some(response_format(format)?),
+    };
+    Ok(NewMessage { content, images, response_format })
+}
+
+/// `responseFormat: {type: "json_schema", schema, name?}`; the schema is compiled by the
+/// engine, which refuses one that does not compile with the same code.
+fn response_format(format: &Value) -> Result<ResponseFormat, ApiError> {
+    let invalid = |why: &str| ApiError::bad_request("invalid_response_format", format!("`responseFormat` {why}"));
+    let Value::Object(fields) = format else { return Err(invalid("must be an object")) };
+    let kind = match fields.get("type") {
+        Some(Value::String(kind)) => kind.clone(),
+        _ => return Err(invalid("needs `type`: \"json_schema\"")),
+    };
+    let schema = match fields.get("schema") {
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => schema.clone(),
+        _ => return Err(invalid("needs `schema`, a JSON Schema (an object)")),
+    };
+    let name = match fields.get("name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) if is_format_name(name) => Some(name.clone()),
+        Some(_) => return Err(invalid("`name` must be 1 to 64 letters, digits, `_` or `-`")),
+    };
+    Ok(ResponseFormat { kind, schema, name })
+}
+
+/// A name every provider's native structured output takes.
+fn is_format_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn validate_images(images: &[Value]) -> Result<Vec<ImageAttachment>, ApiError> {

@@ -188,7 +188,8 @@ impl BaeRun<'_> {
         if bae(&self.shared).subagents.tracks(&self.session_id) {
             tools.to_mut().push(super::subagent::status_tool());
         }
-        let request = CompletionRequest { system_prompt: None, messages: &history, tools: &tools };
+        let request =
+            CompletionRequest { system_prompt: None, messages: &history, tools: &tools, response_format: None };
         let mut recorded = Recorded { run: self.run, stored, fault_first: true };
         match chain.call(&request, &mut recorded, &self.cancel) {
             Ok(answered) => {

@@ -38,6 +38,9 @@ pub struct Config {
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,
+    /// The clock schedules fire by: the system's, unless a test moves one by hand.
+    #[serde(skip)]
+    pub clock: crate::clock::SharedClock,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

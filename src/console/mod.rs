@@ -54,6 +54,11 @@ const ASSETS: &[Asset] = &[
     },
     Asset { name: "rules.js", content_type: "text/javascript; charset=utf-8", body: include_str!("assets/rules.js") },
     Asset {
+        name: "schedules.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("assets/schedules.js"),
+    },
+    Asset {
         name: "plugins.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_str!("assets/plugins.js"),

@@ -130,6 +130,12 @@ pub enum Event {
     },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
+    /// A schedule sent its message (`crate::schedule`); `due_at` is the time it was due.
+    #[serde(rename = "schedule.fired", rename_all = "camelCase")]
+    ScheduleFired { schedule_id: String, session_id: String, run_id: String, due_at: String },
+    /// A schedule's fire did not happen: why (`session_busy`, `missed`, …).
+    #[serde(rename = "schedule.skipped", rename_all = "camelCase")]
+    ScheduleSkipped { schedule_id: String, session_id: Option<String>, reason: String, due_at: String },
     /// A turn asks an MCP server to run a tool (`server_name` is `None` when none has it).
     #[serde(rename = "mcp.request", rename_all = "camelCase")]
     McpRequest { session_id: String, server_name: Option<String>, tool: String, input: Value },
@@ -306,6 +312,8 @@ impl Event {
             Event::ApprovalRequested { .. } => "approval.requested",
             Event::ApprovalResolved { .. } => "approval.resolved",
             Event::SessionDeleted { .. } => "session.deleted",
+            Event::ScheduleFired { .. } => "schedule.fired",
+            Event::ScheduleSkipped { .. } => "schedule.skipped",
             Event::SessionRewound { .. } => "session.rewound",
             Event::ContextCompacted { .. } => "context.compacted",
             Event::PluginsChanged { .. } => "plugins.changed",
@@ -370,7 +378,9 @@ impl Event {
             | Event::SessionFault { session_id, .. }
             | Event::SessionClosed { session_id, .. }
             | Event::CompactionStarted { session_id, .. }
-            | Event::StreamsReleased { session_id } => Some(session_id),
+            | Event::StreamsReleased { session_id }
+            | Event::ScheduleFired { session_id, .. } => Some(session_id),
+            Event::ScheduleSkipped { session_id, .. } => session_id.as_deref(),
             Event::ProviderRequest(request) => Some(&request.session_id),
             Event::ProviderResponse(response) => Some(&response.session_id),
             Event::CompactionCompleted(completed) => Some(&completed.session_id),

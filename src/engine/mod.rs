@@ -265,6 +265,11 @@ impl Engine {
         &self.shared.bus
     }
 
+    /// The store, for the parts beside the engine that keep their own tables (schedules).
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
     pub fn session_count(&self) -> Result<u64, EngineError> {
         Ok(self.shared.store.readers().session_count()?)
     }
@@ -320,19 +325,7 @@ impl Engine {
         new: NewSession,
         idempotent: Option<Idempotent>,
     ) -> Result<SessionDetail, EngineError> {
-        let model = new.model.unwrap_or_else(|| self.shared.models.default_model().to_string());
-        if !self.shared.models.contains(&model) {
-            return Err(EngineError::InvalidModel(model));
-        }
-        let policy = &self.shared.config.workspaces;
-        let workspace = match new.workspace {
-            Some(path) => policy.check(tenant, Path::new(&path))?,
-            None => {
-                let default = policy.default_for(tenant);
-                policy.allows(tenant, &default)?;
-                default
-            }
-        };
+        let (model, workspace) = self.check_new_session(tenant, new.model, new.workspace.as_deref())?;
         let now = crate::time::now_rfc3339();
         let record = SessionRecord {
             summary: SessionSummary {
@@ -359,6 +352,35 @@ impl Engine {
         self.shared.store.write(ops)?;
         self.shared.publish_summary(&record);
         Ok(detail)
+    }
+
+    /// The model and workspace a new session of `tenant` would get (defaults filled in), or
+    /// why it cannot be made.
+    pub fn check_new_session(
+        &self,
+        tenant: &str,
+        model: Option<String>,
+        workspace: Option<&str>,
+    ) -> Result<(String, std::path::PathBuf), EngineError> {
+        let model = model.unwrap_or_else(|| self.shared.models.default_model().to_string());
+        if !self.shared.models.contains(&model) {
+            return Err(EngineError::InvalidModel(model));
+        }
+        let policy = &self.shared.config.workspaces;
+        let workspace = match workspace {
+            Some(path) => policy.check(tenant, Path::new(path))?,
+            None => {
+                let default = policy.default_for(tenant);
+                policy.allows(tenant, &default)?;
+                default
+            }
+        };
+        Ok((model, workspace))
+    }
+
+    /// Publishes an event of `tenant`'s that no session's actor owns (a schedule's fire).
+    pub fn announce(&self, tenant: &str, event: Event) {
+        self.shared.bus.publish_shared(Some(Arc::from(tenant)), event);
     }
 
     /// Checks that the session exists and is the tenant's, without loading its transcript.

@@ -1,5 +1,5 @@
 //! What the engine may ask of a store, and what every backend must keep: the contract the
-//! conformance suite (`conformance.rs`) checks. SQLite (`sqlite.rs`) is the first backend; the
+//! conformance suite (`conformance/`) checks. SQLite (`sqlite.rs`) is the first backend; the
 //! contract is written for a database several Kestrel processes ("nodes") share.
 //!
 //! - **Writes** (`Writes`): a batch of `WriteOp`s commits atomically or not at all, and its
@@ -29,6 +29,7 @@ use super::{
 use crate::auth::keys::KeyRole;
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
 use crate::policy::{AuditEntry, Rule, Spent};
+use crate::schedule::{Fire, Schedule};
 
 /// What a committed batch reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -173,10 +174,21 @@ pub trait PolicyReads: Send + Sync {
     fn audit(&self, query: &AuditQuery<'_>, limit: usize) -> Result<Vec<AuditEntry>, StoreError>;
 }
 
-/// Every read.
-pub trait Reads: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads {}
+/// Reads of scheduled runs.
+pub trait ScheduleReads: Send + Sync {
+    /// A tenant's schedules, oldest first.
+    fn schedules_of(&self, tenant: &str) -> Result<Vec<Schedule>, StoreError>;
+    fn schedule(&self, id: &str) -> Result<Option<Schedule>, StoreError>;
+    /// Every schedule that will fire: not paused, with a next fire.
+    fn active_schedules(&self) -> Result<Vec<Schedule>, StoreError>;
+    /// A schedule's fires, newest first, at most `limit`.
+    fn fires(&self, schedule_id: &str, limit: usize) -> Result<Vec<Fire>, StoreError>;
+}
 
-impl<T: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads> Reads for T {}
+/// Every read.
+pub trait Reads: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads + ScheduleReads {}
+
+impl<T: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads + ScheduleReads> Reads for T {}
 
 /// A store backend: everything above.
 pub trait Backend: Reads + Writes + Seqs + Claims + Recovery {}

@@ -33,6 +33,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Sql(include_str!("migrations/0016_rules_and_audit.sql")),
     Migration::Sql(include_str!("migrations/0017_usage_and_budgets.sql")),
     Migration::Sql(include_str!("migrations/0018_session_forks.sql")),
+    Migration::Sql(include_str!("migrations/0019_schedules.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

@@ -15,6 +15,7 @@ mod lock;
 mod migrate;
 mod policy;
 mod reader;
+pub(crate) mod schedules;
 mod sqlite;
 mod writer;
 
@@ -28,11 +29,12 @@ use crate::domain::{Message, SessionRecord, SessionStatus, ToolCall};
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest};
 pub use contract::{
-    Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, PolicyReads, Reads, Recovery, Reply, Seqs,
-    SessionReads, TurnClaim, Writes,
+    Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, PolicyReads, Reads, Recovery, Reply,
+    ScheduleReads, Seqs, SessionReads, TurnClaim, Writes,
 };
 pub use policy::{AuditQuery, PolicyWrite};
 pub use reader::EventQuery;
+pub use schedules::ScheduleWrite;
 pub use sqlite::Sqlite;
 pub use writer::WriterHandle;
 
@@ -198,6 +200,8 @@ pub enum WriteOp {
     },
     /// A change to the permission rules or the audit log.
     Policy(PolicyWrite),
+    /// A change to the scheduled runs.
+    Schedule(ScheduleWrite),
 }
 
 /// An event as the log keeps it.

@@ -370,6 +370,7 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
         }
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
         WriteOp::Policy(write) => super::policy::apply(tx, write)?,
+        WriteOp::Schedule(write) => super::schedules::apply(tx, write)?,
         WriteOp::InsertCheckpoint { record, manifest } => super::checkpoints::insert(tx, record, manifest)?,
         WriteOp::CompactHistory { session_id, summary, hidden, kept } => {
             compact_history(tx, session_id, summary, hidden, kept)?

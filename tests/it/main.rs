@@ -31,6 +31,7 @@ mod plugins;
 mod providers;
 mod restart;
 mod runs;
+mod schedules;
 mod sessions;
 mod streams;
 mod structured;

@@ -15,8 +15,14 @@ mod idempotency;
 mod meta;
 mod rules;
 mod runs;
+mod schedules;
 mod sessions;
 mod turn;
+
+/// A Kestrel run's plan, for a run the server starts on its own (a schedule's).
+pub fn kestrel_turn() -> Box<dyn crate::engine::TurnPlan> {
+    Box::new(turn::KestrelTurn)
+}
 pub use turn::KestrelTurn;
 mod wire;
 
@@ -53,6 +59,7 @@ pub struct KestrelApi {
     /// The whole session list's last answer per tenant, and sessions' detail answers.
     lists: answers::AnswerCache,
     details: answers::AnswerCache,
+    schedules: crate::schedule::Schedules,
 }
 
 /// The authenticated caller.
@@ -97,6 +104,11 @@ pub enum Kind {
     SessionRule,
     Audit,
     Usage,
+    Schedules,
+    Schedule,
+    SchedulePause,
+    ScheduleResume,
+    ScheduleRun,
 }
 
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
@@ -142,6 +154,11 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/api/rules/{ruleId}", DELETE, Kind::Rule),
     row("/api/audit", GET, Kind::Audit),
     row("/api/usage", GET, Kind::Usage),
+    row("/api/schedules", &["GET", "POST"], Kind::Schedules),
+    row("/api/schedules/{id}", &["GET", "DELETE"], Kind::Schedule),
+    row("/api/schedules/{id}/pause", POST, Kind::SchedulePause),
+    row("/api/schedules/{id}/resume", POST, Kind::ScheduleResume),
+    row("/api/schedules/{id}/run", POST, Kind::ScheduleRun),
 ];
 
 impl KestrelApi {
@@ -151,10 +168,21 @@ impl KestrelApi {
         config_view: serde_json::Value,
         file_read_limit: usize,
         plugins: Arc<crate::plugins::Plugins>,
+        schedules: crate::schedule::Schedules,
     ) -> Arc<KestrelApi> {
         let (lists, details) = (answers::AnswerCache::default(), answers::AnswerCache::default());
         let started = Instant::now();
-        Arc::new(KestrelApi { engine, tokens, config_view, file_read_limit, started, plugins, lists, details })
+        Arc::new(KestrelApi {
+            engine,
+            tokens,
+            config_view,
+            file_read_limit,
+            started,
+            plugins,
+            lists,
+            details,
+            schedules,
+        })
     }
 
     fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {
@@ -223,6 +251,13 @@ impl KestrelApi {
             (Kind::SessionRules, _) => rules::create(self, &caller, Some(id), request),
             (Kind::SessionRule, _) => rules::delete(self, &caller, Some(id), second),
             (Kind::Audit, _) => rules::audit(self, &caller, request),
+            (Kind::Schedules, "GET") => schedules::list(self, &caller),
+            (Kind::Schedules, _) => schedules::create(self, &caller, request),
+            (Kind::Schedule, "GET") => schedules::get(self, &caller, id),
+            (Kind::Schedule, _) => schedules::delete(self, &caller, id),
+            (Kind::SchedulePause, _) => schedules::set_paused(self, &caller, id, true),
+            (Kind::ScheduleResume, _) => schedules::set_paused(self, &caller, id, false),
+            (Kind::ScheduleRun, _) => schedules::run_now(self, &caller, id),
             (Kind::Usage, _) => {
                 let usage = self.engine.usage_of(&self.engine.tenant_allowance(&caller.tenant))?;
                 Ok(json(200, &serde_json::json!({ "usage": usage })))

@@ -172,6 +172,12 @@ pub fn event_json(event: &Event, out: &mut Vec<u8>) -> Option<Result<(), serde_j
             WireEvent::ApprovalResolved { session_id, approval_id, approved: *approved, arguments, remembered }
         }
         Event::SessionDeleted { session_id } => WireEvent::SessionDeleted { session_id },
+        Event::ScheduleFired { schedule_id, session_id, run_id, due_at } => {
+            WireEvent::ScheduleFired { schedule_id, session_id, run_id, due_at }
+        }
+        Event::ScheduleSkipped { schedule_id, session_id, reason, due_at } => {
+            WireEvent::ScheduleSkipped { schedule_id, session_id: session_id.as_deref(), reason, due_at }
+        }
         Event::ContextCompacted { session_id, removed_messages, kept_messages, tokens_before, tokens_after } => {
             WireEvent::ContextCompacted {
                 session_id,
@@ -245,6 +251,12 @@ enum WireEvent<'a> {
     },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: &'a str },
+    /// Kestrel's extension: a schedule sent its message.
+    #[serde(rename = "schedule.fired", rename_all = "camelCase")]
+    ScheduleFired { schedule_id: &'a str, session_id: &'a str, run_id: &'a str, due_at: &'a str },
+    /// Kestrel's extension: a schedule's fire was skipped, and why.
+    #[serde(rename = "schedule.skipped", rename_all = "camelCase")]
+    ScheduleSkipped { schedule_id: &'a str, session_id: Option<&'a str>, reason: &'a str, due_at: &'a str },
     #[serde(rename = "context.compacted", rename_all = "camelCase")]
     ContextCompacted {
         session_id: &'a str,

@@ -9,6 +9,7 @@ import { Transcript } from "./transcript.js";
 import { WorkspaceBrowser } from "./workspace.js";
 import { CheckpointsPanel } from "./checkpoints.js";
 import { RulesPanel } from "./rules.js";
+import { SchedulesPanel } from "./schedules.js";
 
 const MAX_IMAGES = 6;
 
@@ -96,9 +97,10 @@ export class SessionView {
       files: h("div", { class: "panel files", hidden: true }),
       checkpoints: h("div", { class: "panel checkpoints", hidden: true }),
       rules: h("div", { class: "panel rules", hidden: true }),
+      schedules: h("div", { class: "panel schedules", hidden: true }),
     };
     const tabs = h("div", { class: "tabs", role: "tablist" },
-      ["chat", "files", "checkpoints", "rules"].map((name) => h("button", { type: "button", role: "tab", class: name === "chat" ? "tab current" : "tab",
+      ["chat", "files", "checkpoints", "rules", "schedules"].map((name) => h("button", { type: "button", role: "tab", class: name === "chat" ? "tab current" : "tab",
         dataset: { tab: name }, onclick: (e) => this.tab(name, e.currentTarget) }, name[0].toUpperCase() + name.slice(1))));
     const scroller = h("div", { class: "scroller" }, this.transcript.element);
     this.panels.chat.append(scroller, this.composer());
@@ -119,6 +121,10 @@ export class SessionView {
     if (name === "rules") {
       this.rules = this.rules || new RulesPanel(this.api, this.base, this.panels.rules);
       this.rules.show();
+    }
+    if (name === "schedules") {
+      this.schedules = this.schedules || new SchedulesPanel(this.api, this.id, this.panels.schedules);
+      this.schedules.show();
     }
   }
 

@@ -11,19 +11,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::bae::core::Bae;
-use crate::api::kestrel::KestrelApi;
-use crate::auth::TokenSet;
 use crate::bus::{Bus, BusConfig, BusHandle};
 use crate::config::{Config, ConfigError};
 use crate::domain::{Event, NoticeLevel};
 use crate::engine::tools::ToolRegistry;
 use crate::engine::{Engine, EngineConfig};
-use crate::http::{HttpConfig, HttpServer};
+use crate::http::HttpServer;
 use crate::plugins::Plugins;
 use crate::providers::{Echo, ModelRegistry};
 use crate::store::{Store, StoreError, WriterHandle};
 use crate::tools::workspace::{Protected, WorkspacePolicy};
 use crate::tools::ToolSettings;
+
+mod parts;
+
+use parts::*;
 
 /// How long shutdown waits for runs and requests to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -81,215 +83,6 @@ impl From<StoreError> for StartError {
     }
 }
 
-/// Kills every process a command of one of this store's sessions, or of this data dir's
-/// node, left behind.
-fn sweep_commands(store: &Store, node: &str, when: &str) {
-    let ours = |owner: &str| owner == node || store.readers().session(owner).ok().flatten().is_some();
-    let killed = crate::tools::orphans::sweep(&ours);
-    if killed > 0 {
-        log::warn!("killed {killed} command process(es) {when}");
-    }
-}
-
-/// `setpriv` for commands, or a warning that they can outlive a killed server until its restart.
-fn death_signal_wrapper() -> Option<PathBuf> {
-    let found = crate::tools::orphans::find_death_signal_wrapper();
-    if found.is_none() {
-        log::warn!(
-            "setpriv (util-linux) with --pdeathsig was not found: a command's shell is not killed with the \
-             server, only at its next start"
-        );
-    }
-    found
-}
-
-/// The edge's settings; `max_connections` 0 means what the open-file limit allows.
-fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
-    let server = &config.server;
-    let millis = |ms: u64| Duration::from_millis(ms.max(1));
-    HttpConfig {
-        body_limit: server.body_limit_bytes,
-        ping_interval: millis(server.sse_ping_interval_ms),
-        write_timeout: millis(server.write_timeout_ms),
-        header_timeout: millis(server.header_timeout_ms),
-        body_timeout: millis(server.body_timeout_ms),
-        keep_alive_timeout: millis(server.keep_alive_timeout_ms),
-        max_head_bytes: server.max_header_bytes.max(256),
-        max_connections: match server.max_connections {
-            0 => files.connection_budget(),
-            n => n,
-        },
-        runtime_dir: server.data_dir.join("run"),
-    }
-}
-
-/// The main port (Kestrel's routes and BAE's client routes) and, when configured, the admin
-/// API on its loopback address.
-fn serve(
-    config: &Config,
-    engine: &Engine,
-    plugins: &Arc<Plugins>,
-    tokens: Vec<crate::config::TenantToken>,
-    addr: SocketAddr,
-    admin_addr: Option<SocketAddr>,
-) -> Result<HttpServer, StartError> {
-    let kestrel = KestrelApi::new(
-        engine.clone(),
-        TokenSet::new(tokens),
-        config.sanitized(),
-        config.agent.file_read_limit_bytes.max(1),
-        Arc::clone(plugins),
-    );
-    let bae = Bae::new(engine.clone());
-    let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(bae.clone()) });
-    let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
-    let mut listeners: Vec<(std::net::TcpListener, Arc<dyn crate::http::Handler>)> = vec![(listener, main)];
-    if let Some(admin_addr) = admin_addr {
-        let listener = crate::http::bind(admin_addr).map_err(|e| StartError::Bind(admin_addr, e))?;
-        let views = crate::api::bae::admin::views(config, &bae);
-        let admin = crate::api::bae::admin::AdminApi::new(bae, config.bae.dangerously_disable_admin_auth, views);
-        listeners.push((listener, admin));
-    }
-    let http_config = http_config(config, crate::http::raise_open_file_limit());
-    let http = HttpServer::start(listeners, http_config).map_err(|e| StartError::Bind(addr, e))?;
-    if let Some(admin) = http.addrs().get(1) {
-        log::info!("admin API on http://{admin}");
-    }
-    Ok(http)
-}
-
-/// Tells the metrics which tools the server has now, so their names may be labels.
-fn know_tools(engine: &Engine) {
-    let names: Vec<String> = engine.tools().schemas().into_iter().map(|schema| schema.name).collect();
-    crate::metrics::get().know_tools(&names);
-}
-
-/// The admin key: minted into the key file on first start, or rotated on request; nothing
-/// when admin auth is disabled (said loudly at every start).
-fn bootstrap_admin(config: &Config, engine: &Bae) -> Result<(), StartError> {
-    let bae = &config.bae;
-    if bae.dangerously_disable_admin_auth {
-        if bae.rotate_admin_key {
-            return Err(StartError::AdminKey("--rotate-admin-key cannot be combined with disabled admin auth".into()));
-        }
-        log::warn!("admin API authentication is DISABLED: anyone who can reach the admin port has full control");
-        return Ok(());
-    }
-    let path = bae.admin_key_path(&config.server.data_dir);
-    match engine.admin_bootstrap(&path, bae.rotate_admin_key) {
-        Ok(crate::api::bae::core::AdminBootstrap::Minted) => {
-            log::info!("no admin key found; a new one was written to {}", path.display())
-        }
-        Ok(crate::api::bae::core::AdminBootstrap::Rotated) => {
-            log::info!("admin key rotated; the new one is in {}", path.display())
-        }
-        Ok(crate::api::bae::core::AdminBootstrap::Existing) => {}
-        Err(error) => return Err(StartError::AdminKey(format!("{error:?}"))),
-    }
-    Ok(())
-}
-
-/// The file in the data dir holding the secret BAE keys are hashed under.
-const KEY_SECRET_FILE: &str = "bae-key-secret";
-
-/// The engine's BAE settings; the key secret is created in the data dir on first start.
-/// Each tenant's token name for the audit log: `name`, or the tenant itself.
-fn token_names(config: &Config) -> std::collections::HashMap<String, String> {
-    config.auth.tokens.iter().map(|t| (t.tenant.clone(), t.name.clone().unwrap_or_else(|| t.tenant.clone()))).collect()
-}
-
-fn bae_settings(
-    config: &Config,
-    mcp_spawning: crate::mcp::Spawning,
-) -> Result<crate::api::bae::core::BaeSettings, StartError> {
-    let keyring =
-        crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE)).map_err(StartError::Keyring)?;
-    Ok(crate::api::bae::core::BaeSettings {
-        keyring: Arc::new(keyring),
-        turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),
-        loop_limit: config.bae.loop_limit.max(1),
-        mcp_servers: mcp_servers(config).map(|server| server.name.clone()).collect(),
-        mcp_configs: mcp_servers(config).cloned().collect(),
-        mcp_spawning,
-        sandbox: sandbox_driver(config)?,
-        sandbox_exec: crate::sandbox::ExecLimits {
-            timeout: Duration::from_secs(config.bae.sandbox_exec_timeout_secs.max(1)),
-            output_cap: config.bae.sandbox_output_limit_bytes.max(1),
-        },
-        subagent_timeout: Duration::from_secs(config.bae.subagent_timeout_secs.max(1)),
-        max_subagents: config.bae.max_subagents_per_session,
-    })
-}
-
-/// The remote sandboxes' driver named by `[bae] sandbox_driver` / `BAE_SANDBOX_DRIVER`.
-fn sandbox_driver(config: &Config) -> Result<crate::api::bae::core::sandbox::SandboxDriver, StartError> {
-    // Sandbox commands die with the server, as a tool's commands do.
-    let setpriv = crate::tools::orphans::find_death_signal_wrapper();
-    let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
-        "local" => {
-            // The server's own files, hidden from commands should a sandbox show their tree.
-            let data_dir = &config.server.data_dir;
-            let hidden: Vec<PathBuf> = [data_dir.clone(), config.bae.admin_key_path(data_dir)]
-                .into_iter()
-                .chain(config.file.clone())
-                .chain(config.bae.config_file.clone())
-                .collect();
-            Arc::new(crate::sandbox::local::Local::new(&data_dir.join("sandboxes"), setpriv, &hidden))
-        }
-        "docker" => Arc::new(crate::sandbox::docker::Docker { program: config.bae.docker_cli.clone(), setpriv }),
-        other => {
-            let why = format!("bae.sandbox_driver {other:?}: \"local\" or \"docker\"");
-            return Err(StartError::Config(ConfigError::Invalid(why)));
-        }
-    };
-    Ok(crate::api::bae::core::sandbox::SandboxDriver(driver))
-}
-
-/// Every configured MCP server: the BAE config file's, then Kestrel's own.
-fn mcp_servers(config: &Config) -> impl Iterator<Item = &crate::config::bae::McpServer> {
-    config.bae.file.mcp.servers.iter().chain(config.mcp.servers.iter())
-}
-
-/// Connects Kestrel's MCP servers in the background (a slow one does not hold up the start)
-/// and gives Kestrel sessions their tools as they arrive.
-fn connect_mcp(config: &Config, engine: &Engine, node: crate::mcp::Spawning) -> Result<(), StartError> {
-    let servers = config.mcp.servers.clone();
-    if servers.is_empty() {
-        return Ok(());
-    }
-    let engine = engine.clone();
-    let connect = move || {
-        let mut listed = Vec::new();
-        for server in servers {
-            let name = server.name.clone();
-            match crate::mcp::tool::Pool::connect(server, node.clone()) {
-                Ok((pool, tools)) => {
-                    log::info!("MCP server {name:?}: {} tools", tools.len());
-                    listed.extend(tools.into_iter().map(|tool| (name.clone(), Arc::clone(&pool), tool)));
-                }
-                Err(error) => log::error!("MCP server {name:?} did not connect: {error}"),
-            }
-        }
-        let pairs: Vec<(String, String)> =
-            listed.iter().map(|(server, _, tool)| (server.clone(), tool.name.clone())).collect();
-        let names = crate::mcp::tool::unique_names(&pairs);
-        let mut tools: Vec<Box<dyn crate::engine::tools::Tool>> = Vec::new();
-        for ((server, pool, tool), name) in listed.into_iter().zip(names) {
-            match name {
-                Some(name) => tools.push(Box::new(crate::mcp::tool::KestrelMcpTool::new(pool, tool, name))),
-                None => log::warn!("MCP server {server:?}: tool {:?} has no free name and is left out", tool.name),
-            }
-        }
-        engine.tools().replace_group("mcp", tools);
-        know_tools(&engine);
-    };
-    std::thread::Builder::new()
-        .name("kestrel-mcp-connect".into())
-        .spawn(connect)
-        .map_err(|e| StartError::Thread("kestrel-mcp-connect", e))?;
-    Ok(())
-}
-
 /// A running server. Dropping it shuts it down.
 pub struct Server {
     http: Option<HttpServer>,
@@ -301,6 +94,8 @@ pub struct Server {
     plugin_watcher: Option<crate::plugins::watch::Watcher>,
     /// This data dir's process marker (`orphans::node_marker`).
     node: String,
+    /// The thread that fires schedules.
+    scheduler: Option<crate::schedule::SchedulerHandle>,
 }
 
 /// Counters a test or an operator can read.
@@ -473,10 +268,15 @@ impl Server {
         connect_mcp(&config, &engine, spawning)?;
         let plugin_watcher = crate::plugins::watch::start(Arc::clone(&plugins), engine.bus().clone(), reloaded)
             .map_err(|e| StartError::Thread("kestrel-plugins", e))?;
-        let http = serve(&config, &engine, &plugins, tokens, addr, admin_addr)?;
+        let plan: crate::schedule::PlanFactory = Arc::new(crate::api::kestrel::kestrel_turn);
+        let (schedules, scheduler) =
+            crate::schedule::Schedules::start(engine.clone(), Arc::clone(&config.clock.0), plan)
+                .map_err(|e| StartError::Thread("kestrel-scheduler", e))?;
+        let http = serve(&config, &engine, &plugins, tokens, (addr, admin_addr), schedules)?;
         log::info!("listening on http://{}", http.addr());
         let (bus, store_writer) = (Some(bus_handle), Some(store_writer));
-        Ok(Server { http: Some(http), engine, store, bus, store_writer, plugin_watcher, node })
+        let scheduler = Some(scheduler);
+        Ok(Server { http: Some(http), engine, store, bus, store_writer, plugin_watcher, node, scheduler })
     }
 
     /// The bound address (useful with port 0).
@@ -513,6 +313,10 @@ impl Server {
         };
         http.stop_accepting();
         self.plugin_watcher.take();
+        // No fire starts a run once the runs are being stopped.
+        if let Some(scheduler) = self.scheduler.take() {
+            scheduler.shutdown();
+        }
         self.engine.shutdown(SHUTDOWN_GRACE);
         sweep_commands(&self.store, &self.node, "still running at shutdown");
         if let Some(bus) = self.bus.take() {

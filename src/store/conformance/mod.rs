@@ -4,6 +4,8 @@
 //! `sqlite.rs` runs it on a SQLite file shared by several handles, each with its own writer
 //! connection, as several processes would have.
 
+mod schedules;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -27,6 +29,7 @@ pub fn run_all(open: Open<'_>) {
     the_log_drops_its_oldest_past_capacity_but_never_bae_history(open);
     a_checkpoint_of_unchanged_files_shares_the_manifest_of_its_session(open);
     rules_keep_to_their_tenant_and_session_and_the_audit_log_pages_and_trims(open);
+    schedules::schedules_keep_to_their_tenant_and_their_last_fires(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.

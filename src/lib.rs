@@ -30,6 +30,7 @@ pub mod schedule;
 pub mod store;
 pub mod time;
 pub mod tools;
+pub mod webhooks;
 pub mod workers;
 
 pub use app::{Server, StartError, Stats};

@@ -48,6 +48,8 @@ pub enum StartError {
     Thread(&'static str, std::io::Error),
     /// What the last process left unfinished could not be recorded.
     Recovery(crate::engine::EngineError),
+    /// The config file's webhook endpoints cannot be used.
+    Webhooks(crate::webhooks::WebhookError),
 }
 
 impl std::fmt::Display for StartError {
@@ -71,6 +73,7 @@ impl std::fmt::Display for StartError {
             StartError::AdminKey(why) => write!(f, "admin key: {why}"),
             StartError::Thread(name, error) => write!(f, "cannot start the {name} thread: {error}"),
             StartError::Recovery(error) => write!(f, "recovering what the last process left: {error}"),
+            StartError::Webhooks(error) => write!(f, "webhooks: {error}"),
         }
     }
 }
@@ -96,6 +99,8 @@ pub struct Server {
     node: String,
     /// The thread that fires schedules.
     scheduler: Option<crate::schedule::SchedulerHandle>,
+    /// The threads that send webhook deliveries.
+    webhook_sender: Option<crate::webhooks::WebhookSender>,
 }
 
 /// Counters a test or an operator can read.
@@ -272,11 +277,30 @@ impl Server {
         let (schedules, scheduler) =
             crate::schedule::Schedules::start(engine.clone(), Arc::clone(&config.clock.0), plan)
                 .map_err(|e| StartError::Thread("kestrel-scheduler", e))?;
-        let http = serve(&config, &engine, &plugins, tokens, (addr, admin_addr), schedules)?;
+        let (webhooks, webhook_sender) = crate::webhooks::start(
+            store.clone(),
+            config.webhooks.settings(),
+            crate::api::kestrel::webhook_event,
+            (engine.bus().clone(), engine.quiet_ends_logged()),
+        )
+        .map_err(|e| StartError::Thread("kestrel-webhooks", e))?;
+        webhooks.sync_config(&config.webhooks.endpoints).map_err(StartError::Webhooks)?;
+        let services = crate::api::kestrel::Services { plugins: Arc::clone(&plugins), schedules, webhooks };
+        let http = serve(&config, &engine, tokens, (addr, admin_addr), services)?;
         log::info!("listening on http://{}", http.addr());
         let (bus, store_writer) = (Some(bus_handle), Some(store_writer));
-        let scheduler = Some(scheduler);
-        Ok(Server { http: Some(http), engine, store, bus, store_writer, plugin_watcher, node, scheduler })
+        let (scheduler, webhook_sender) = (Some(scheduler), Some(webhook_sender));
+        Ok(Server {
+            http: Some(http),
+            engine,
+            store,
+            bus,
+            store_writer,
+            plugin_watcher,
+            node,
+            scheduler,
+            webhook_sender,
+        })
     }
 
     /// The bound address (useful with port 0).
@@ -319,6 +343,11 @@ impl Server {
         }
         self.engine.shutdown(SHUTDOWN_GRACE);
         sweep_commands(&self.store, &self.node, "still running at shutdown");
+        // Attempts in flight are recorded before the store stops; what is pending goes out
+        // after the next start.
+        if let Some(sender) = self.webhook_sender.take() {
+            sender.shutdown();
+        }
         if let Some(bus) = self.bus.take() {
             bus.shutdown();
         }

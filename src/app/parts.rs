@@ -13,7 +13,6 @@ use crate::auth::TokenSet;
 use crate::config::{Config, ConfigError};
 use crate::engine::Engine;
 use crate::http::{HttpConfig, HttpServer};
-use crate::plugins::Plugins;
 use crate::store::Store;
 
 /// Kills every process a command of one of this store's sessions, or of this data dir's
@@ -63,18 +62,16 @@ pub(super) fn http_config(config: &Config, files: crate::http::FileLimit) -> Htt
 pub(super) fn serve(
     config: &Config,
     engine: &Engine,
-    plugins: &Arc<Plugins>,
     tokens: Vec<crate::config::TenantToken>,
     (addr, admin_addr): (SocketAddr, Option<SocketAddr>),
-    schedules: crate::schedule::Schedules,
+    services: crate::api::kestrel::Services,
 ) -> Result<HttpServer, StartError> {
     let kestrel = KestrelApi::new(
         engine.clone(),
         TokenSet::new(tokens),
         config.sanitized(),
         config.agent.file_read_limit_bytes.max(1),
-        Arc::clone(plugins),
-        schedules,
+        services,
     );
     let bae = Bae::new(engine.clone());
     let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(bae.clone()) });

@@ -14,9 +14,11 @@ use crate::engine::tools::Permission;
 mod auth;
 pub mod bae;
 mod providers;
+mod webhooks;
 pub use auth::{AuthConfig, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
+pub use webhooks::{EndpointConfig, WebhooksConfig};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -35,6 +37,8 @@ pub struct Config {
     pub plugins: crate::plugins::PluginConfig,
     /// MCP servers whose tools Kestrel sessions get (BAE profiles may name them too).
     pub mcp: bae::McpSection,
+    /// Webhook deliveries, and the config file's endpoints.
+    pub webhooks: webhooks::WebhooksConfig,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,

@@ -130,6 +130,9 @@ pub enum Event {
     },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: String },
+    /// A session was made (`session.updated` follows with the same summary).
+    #[serde(rename = "session.created", rename_all = "camelCase")]
+    SessionCreated { session_id: String, session: SessionSummary },
     /// A schedule sent its message (`crate::schedule`); `due_at` is the time it was due.
     #[serde(rename = "schedule.fired", rename_all = "camelCase")]
     ScheduleFired { schedule_id: String, session_id: String, run_id: String, due_at: String },
@@ -312,6 +315,7 @@ impl Event {
             Event::ApprovalRequested { .. } => "approval.requested",
             Event::ApprovalResolved { .. } => "approval.resolved",
             Event::SessionDeleted { .. } => "session.deleted",
+            Event::SessionCreated { .. } => "session.created",
             Event::ScheduleFired { .. } => "schedule.fired",
             Event::ScheduleSkipped { .. } => "schedule.skipped",
             Event::SessionRewound { .. } => "session.rewound",
@@ -364,6 +368,7 @@ impl Event {
             | Event::ApprovalRequested { session_id, .. }
             | Event::ApprovalResolved { session_id, .. }
             | Event::SessionDeleted { session_id }
+            | Event::SessionCreated { session_id, .. }
             | Event::SessionRewound { session_id, .. }
             | Event::ContextCompacted { session_id, .. }
             | Event::McpRequest { session_id, .. }

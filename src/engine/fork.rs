@@ -113,7 +113,7 @@ impl Engine {
         }));
         self.shared.store.write(ops)?;
         let record = self.shared.store.readers().session(&fork_id)?.ok_or(EngineError::SessionNotFound)?;
-        self.shared.publish_summary(&record);
+        self.shared.publish_created(&record);
         let mut visible = copies;
         visible.retain(|message| !message.flag(context::COMPACTED));
         Ok(SessionDetail { summary: record.summary, messages: visible, system_prompt: record.system_prompt })

@@ -210,6 +210,8 @@ pub(crate) struct Shared {
     pub(crate) doors: Vec<Arc<dyn DoorShared>>,
     /// Budgets and rate limits in flight.
     pub(crate) meter: Arc<meter::Meter>,
+    /// Whether a quiet turn's end is logged (a webhook wants BAE's turn ends), not only streamed.
+    pub(crate) log_quiet_ends: Arc<std::sync::atomic::AtomicBool>,
     /// Starts a run's worker thread; tests replace it to make the start fail.
     pub(crate) spawn_run: fn(run::Run) -> std::io::Result<()>,
 }
@@ -248,6 +250,7 @@ impl Engine {
                 sessions: session::Registry::default(),
                 claims: idempotency::Claims::default(),
                 meter: Arc::new(meter::Meter::new()),
+                log_quiet_ends: Arc::default(),
                 spawn_run: spawn_run_thread,
             }),
         }
@@ -263,6 +266,11 @@ impl Engine {
 
     pub fn bus(&self) -> &Bus {
         &self.shared.bus
+    }
+
+    /// Whether a quiet turn's end is logged: set while a webhook wants BAE's turn ends.
+    pub fn quiet_ends_logged(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.shared.log_quiet_ends)
     }
 
     /// The store, for the parts beside the engine that keep their own tables (schedules).
@@ -350,7 +358,7 @@ impl Engine {
         let mut ops = vec![WriteOp::InsertSession(record.clone())];
         ops.extend(idempotent.map(|i| i.record(Created::Session(&detail))));
         self.shared.store.write(ops)?;
-        self.shared.publish_summary(&record);
+        self.shared.publish_created(&record);
         Ok(detail)
     }
 
@@ -541,6 +549,13 @@ impl Shared {
             Some(record) if record.tenant == tenant => Ok(record),
             _ => Err(EngineError::SessionNotFound),
         }
+    }
+
+    /// `session.created`, then the summary every stream follows.
+    pub(crate) fn publish_created(&self, record: &SessionRecord) {
+        let (session_id, session) = (record.summary.id.clone(), record.summary.clone());
+        self.bus.publish(Some(&record.tenant), Event::SessionCreated { session_id, session });
+        self.publish_summary(record);
     }
 
     fn publish_summary(&self, record: &SessionRecord) {

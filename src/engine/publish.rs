@@ -86,10 +86,12 @@ impl Run {
     }
 
     /// The turn's last event. A quiet turn's end is not logged: its door's wire has no such
-    /// event, and a log write would cost its client one more commit before it hears the end.
+    /// event, and a log write would cost its client one more commit before it hears the end;
+    /// unless a webhook wants it (`log_quiet_ends`), which needs it in the log's outbox.
     pub(super) fn publish_last(&self, last: Option<Event>) {
+        let logged = self.shared.log_quiet_ends.load(std::sync::atomic::Ordering::Relaxed);
         match last {
-            Some(event) if self.tracked() => self.publish(event),
+            Some(event) if self.tracked() || logged => self.publish(event),
             Some(event) => {
                 let (publication, _) = self.publication(event);
                 self.shared.bus.send(publication.unlogged())

@@ -30,6 +30,7 @@ use crate::auth::keys::KeyRole;
 use crate::domain::{Message, SessionRecord, SessionStatus, SessionSummary};
 use crate::policy::{AuditEntry, Rule, Spent};
 use crate::schedule::{Fire, Schedule};
+use crate::webhooks::{Attempt, Delivery, Webhook};
 
 /// What a committed batch reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -185,10 +186,29 @@ pub trait ScheduleReads: Send + Sync {
     fn fires(&self, schedule_id: &str, limit: usize) -> Result<Vec<Fire>, StoreError>;
 }
 
-/// Every read.
-pub trait Reads: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads + ScheduleReads {}
+/// Reads of webhook endpoints and their deliveries.
+pub trait WebhookReads: Send + Sync {
+    /// A tenant's endpoints, oldest first.
+    fn webhooks_of(&self, tenant: &str) -> Result<Vec<Webhook>, StoreError>;
+    fn webhook(&self, id: &str) -> Result<Option<Webhook>, StoreError>;
+    /// Pending deliveries of enabled endpoints due by `now_ms`, soonest first.
+    fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+    /// When the next pending delivery of an enabled endpoint is due.
+    fn next_delivery_at(&self) -> Result<Option<i64>, StoreError>;
+    /// An endpoint's deliveries, newest first, each with its attempts.
+    fn deliveries(&self, webhook_id: &str, limit: usize) -> Result<Vec<(Delivery, Vec<Attempt>)>, StoreError>;
+}
 
-impl<T: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads + ScheduleReads> Reads for T {}
+/// Every read.
+pub trait Reads:
+    SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads + ScheduleReads + WebhookReads
+{
+}
+
+impl<T> Reads for T where
+    T: SessionReads + LogReads + BaeReads + CheckpointReads + PolicyReads + ScheduleReads + WebhookReads
+{
+}
 
 /// A store backend: everything above.
 pub trait Backend: Reads + Writes + Seqs + Claims + Recovery {}

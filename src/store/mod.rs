@@ -17,6 +17,7 @@ mod policy;
 mod reader;
 pub(crate) mod schedules;
 mod sqlite;
+mod webhooks;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -30,12 +31,13 @@ pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, 
 pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest};
 pub use contract::{
     Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, PolicyReads, Reads, Recovery, Reply,
-    ScheduleReads, Seqs, SessionReads, TurnClaim, Writes,
+    ScheduleReads, Seqs, SessionReads, TurnClaim, WebhookReads, Writes,
 };
 pub use policy::{AuditQuery, PolicyWrite};
 pub use reader::EventQuery;
 pub use schedules::ScheduleWrite;
 pub use sqlite::Sqlite;
+pub use webhooks::WebhookWrite;
 pub use writer::WriterHandle;
 
 /// The database file's name inside the data dir.
@@ -202,6 +204,8 @@ pub enum WriteOp {
     Policy(PolicyWrite),
     /// A change to the scheduled runs.
     Schedule(ScheduleWrite),
+    /// A change to the webhooks or their deliveries.
+    Webhook(WebhookWrite),
 }
 
 /// An event as the log keeps it.

@@ -365,12 +365,14 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
             let last_kept = entries.last().is_some_and(Option::is_some);
             let first = seqs.take(tx, entries.len() as u64, *floor, last_kept)?;
             append_events(tx, first, entries)?;
+            super::webhooks::enqueue(tx, first, entries)?;
             trim.goal = trim.goal.max((first + entries.len() as u64 - 1).saturating_sub(*keep));
             return Ok(Some(first));
         }
         WriteOp::Bae(write) => super::bae::apply(tx, write)?,
         WriteOp::Policy(write) => super::policy::apply(tx, write)?,
         WriteOp::Schedule(write) => super::schedules::apply(tx, write)?,
+        WriteOp::Webhook(write) => super::webhooks::apply(tx, write)?,
         WriteOp::InsertCheckpoint { record, manifest } => super::checkpoints::insert(tx, record, manifest)?,
         WriteOp::CompactHistory { session_id, summary, hidden, kept } => {
             compact_history(tx, session_id, summary, hidden, kept)?

@@ -53,8 +53,9 @@ fn tiny_http_is_named_only_in_the_http_layer() {
 
 #[test]
 fn ureq_is_named_only_where_the_server_calls_out() {
-    // Model providers, remote MCP servers, and the CLI (a client of the server).
-    assert_eq!(offenders("ureq", &["providers/", "mcp/", "cli/"]), Vec::<String>::new());
+    // Model providers, remote MCP servers, webhook endpoints, and the CLI (a client of the
+    // server).
+    assert_eq!(offenders("ureq", &["providers/", "mcp/", "webhooks/", "cli/"]), Vec::<String>::new());
 }
 
 #[test]

@@ -38,5 +38,6 @@ mod structured;
 mod support;
 mod terminal;
 mod tools;
+mod webhooks;
 mod workspace_races;
 mod workspaces;

@@ -18,6 +18,7 @@ mod runs;
 mod schedules;
 mod sessions;
 mod turn;
+mod webhooks;
 
 /// A Kestrel run's plan, for a run the server starts on its own (a schedule's).
 pub fn kestrel_turn() -> Box<dyn crate::engine::TurnPlan> {
@@ -60,6 +61,20 @@ pub struct KestrelApi {
     lists: answers::AnswerCache,
     details: answers::AnswerCache,
     schedules: crate::schedule::Schedules,
+    webhooks: crate::webhooks::Webhooks,
+}
+
+/// What the door serves beside the engine.
+pub struct Services {
+    pub plugins: Arc<crate::plugins::Plugins>,
+    pub schedules: crate::schedule::Schedules,
+    pub webhooks: crate::webhooks::Webhooks,
+}
+
+/// Appends an event in Kestrel's shape, for a webhook's payload; `false` for one no Kestrel
+/// stream shows.
+pub fn webhook_event(event: &crate::domain::Event, out: &mut Vec<u8>) -> bool {
+    matches!(wire::event_json(event, out), Some(Ok(())))
 }
 
 /// The authenticated caller.
@@ -109,6 +124,11 @@ pub enum Kind {
     SchedulePause,
     ScheduleResume,
     ScheduleRun,
+    Webhooks,
+    Webhook,
+    WebhookEnable,
+    WebhookDeliveries,
+    WebhookRedeliver,
 }
 
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
@@ -159,6 +179,11 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/api/schedules/{id}/pause", POST, Kind::SchedulePause),
     row("/api/schedules/{id}/resume", POST, Kind::ScheduleResume),
     row("/api/schedules/{id}/run", POST, Kind::ScheduleRun),
+    row("/api/webhooks", &["GET", "POST"], Kind::Webhooks),
+    row("/api/webhooks/{id}", &["GET", "DELETE"], Kind::Webhook),
+    row("/api/webhooks/{id}/enable", POST, Kind::WebhookEnable),
+    row("/api/webhooks/{id}/deliveries", GET, Kind::WebhookDeliveries),
+    row("/api/webhooks/{id}/deliveries/{deliveryId}/redeliver", POST, Kind::WebhookRedeliver),
 ];
 
 impl KestrelApi {
@@ -167,11 +192,11 @@ impl KestrelApi {
         tokens: TokenSet,
         config_view: serde_json::Value,
         file_read_limit: usize,
-        plugins: Arc<crate::plugins::Plugins>,
-        schedules: crate::schedule::Schedules,
+        services: Services,
     ) -> Arc<KestrelApi> {
         let (lists, details) = (answers::AnswerCache::default(), answers::AnswerCache::default());
         let started = Instant::now();
+        let Services { plugins, schedules, webhooks } = services;
         Arc::new(KestrelApi {
             engine,
             tokens,
@@ -182,6 +207,7 @@ impl KestrelApi {
             lists,
             details,
             schedules,
+            webhooks,
         })
     }
 
@@ -258,6 +284,13 @@ impl KestrelApi {
             (Kind::SchedulePause, _) => schedules::set_paused(self, &caller, id, true),
             (Kind::ScheduleResume, _) => schedules::set_paused(self, &caller, id, false),
             (Kind::ScheduleRun, _) => schedules::run_now(self, &caller, id),
+            (Kind::Webhooks, "GET") => webhooks::list(self, &caller),
+            (Kind::Webhooks, _) => webhooks::create(self, &caller, request),
+            (Kind::Webhook, "GET") => webhooks::get(self, &caller, id),
+            (Kind::Webhook, _) => webhooks::delete(self, &caller, id),
+            (Kind::WebhookEnable, _) => webhooks::enable(self, &caller, id),
+            (Kind::WebhookDeliveries, _) => webhooks::deliveries(self, &caller, id),
+            (Kind::WebhookRedeliver, _) => webhooks::redeliver(self, &caller, id, second),
             (Kind::Usage, _) => {
                 let usage = self.engine.usage_of(&self.engine.tenant_allowance(&caller.tenant))?;
                 Ok(json(200, &serde_json::json!({ "usage": usage })))

@@ -172,6 +172,9 @@ pub fn event_json(event: &Event, out: &mut Vec<u8>) -> Option<Result<(), serde_j
             WireEvent::ApprovalResolved { session_id, approval_id, approved: *approved, arguments, remembered }
         }
         Event::SessionDeleted { session_id } => WireEvent::SessionDeleted { session_id },
+        Event::SessionCreated { session_id, session } => {
+            WireEvent::SessionCreated { session_id, session: WireSummary::from(session) }
+        }
         Event::ScheduleFired { schedule_id, session_id, run_id, due_at } => {
             WireEvent::ScheduleFired { schedule_id, session_id, run_id, due_at }
         }
@@ -251,6 +254,9 @@ enum WireEvent<'a> {
     },
     #[serde(rename = "session.deleted", rename_all = "camelCase")]
     SessionDeleted { session_id: &'a str },
+    /// Kestrel's extension: a session was made.
+    #[serde(rename = "session.created", rename_all = "camelCase")]
+    SessionCreated { session_id: &'a str, session: WireSummary<'a> },
     /// Kestrel's extension: a schedule sent its message.
     #[serde(rename = "schedule.fired", rename_all = "camelCase")]
     ScheduleFired { schedule_id: &'a str, session_id: &'a str, run_id: &'a str, due_at: &'a str },

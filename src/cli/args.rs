@@ -38,6 +38,8 @@ pub enum Command {
     Events(EventsArgs),
     /// Ask the server whether it is up.
     Health(HealthArgs),
+    /// Speak the Agent Client Protocol on stdio, for an editor (docs/acp.md).
+    Acp(AcpArgs),
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -145,6 +147,19 @@ pub struct EventsArgs {
     pub since: Option<u64>,
     #[command(flatten)]
     pub remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub struct AcpArgs {
+    /// A running server's base URL; without one, a server is started here on --data-dir.
+    #[arg(long, env = "KESTREL_URL")]
+    pub url: Option<String>,
+    /// The running server's bearer token.
+    #[arg(long, env = "KESTREL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The data dir of the server started here (when no --url is given).
+    #[arg(long, value_name = "DIR", default_value = "./kestrel-data")]
+    pub data_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! The terminal client: the `kestrel` binary's subcommands other than `serve`. They talk to a
 //! server over the public protocol only (`/api/*`), like any other client.
 
+mod acp;
 pub mod args;
 mod chat;
 mod client;
@@ -19,5 +20,6 @@ pub fn run(command: &Command) -> Result<(), CliError> {
         Command::Send(args) => commands::send(args),
         Command::Events(args) => commands::events(args),
         Command::Health(args) => commands::health(args),
+        Command::Acp(args) => acp::acp(args),
     }
 }

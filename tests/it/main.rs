@@ -1,5 +1,6 @@
 //! The integration suite: every test starts a real server on 127.0.0.1:0 and talks HTTP.
 
+mod acp;
 mod auth;
 mod bae;
 mod browser;

@@ -176,7 +176,12 @@ impl Engine {
         let parent = parent.canonicalize().map_err(|_| invalid(&parent, "is not an existing directory"))?;
         policy.allows(tenant, &parent.join(&name))?;
         make_dir(&parent, &name)?;
-        Ok(policy.check(tenant, &parent.join(&name))?)
+        // Checked again once made: a parent swapped for a link meanwhile put it elsewhere.
+        let made = parent.join(&name);
+        policy.check(tenant, &made).map_err(|refusal| {
+            remove_new_directory(&made);
+            EngineError::from(refusal)
+        })
     }
 }
 

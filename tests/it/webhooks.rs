@@ -311,3 +311,23 @@ fn bae_turn_ends_go_to_an_endpoint_of_the_bae_tenant() {
     assert_eq!(ended["payload"]["data"]["sessionId"], harness.session_id.as_str());
     assert_eq!(ended["payload"]["data"]["event"]["status"], "completed", "{ended}");
 }
+
+#[test]
+fn a_silent_endpoint_times_out_and_a_flood_of_an_answer_is_not_read() {
+    let receiver = Receiver::start();
+    let server = server(|config| config.webhooks.timeout_ms = 300);
+    let id = create(&server, &receiver, json!(["session.created"]))["id"].as_str().unwrap().to_string();
+    receiver.control(json!({ "hang": 1, "huge": true }));
+    server.create_session(json!({}));
+    let hung = receiver.next(|line| line["hung"] == true);
+    let delivered = receiver.verified("session.created");
+    assert_eq!(delivered["id"], hung["id"], "the retry after the timeout");
+    let path = format!("/api/webhooks/{id}/deliveries");
+    crate::support::wait_until("the delivery recorded", || {
+        server.get(&path).json["deliveries"][0]["state"] == "delivered"
+    });
+    let attempts = server.get(&path).json["deliveries"][0]["attempts"].clone();
+    assert!(attempts[0]["error"].as_str().unwrap().contains("timed out"), "{attempts}");
+    assert!(attempts[0]["latencyMs"].as_u64().unwrap() >= 300);
+    assert_eq!(attempts[1]["status"], 200, "the flood's status is enough: {attempts}");
+}

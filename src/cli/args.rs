@@ -40,6 +40,8 @@ pub enum Command {
     Health(HealthArgs),
     /// Speak the Agent Client Protocol on stdio, for an editor (docs/acp.md).
     Acp(AcpArgs),
+    /// Apply the store's schema migrations, then exit.
+    Migrate(MigrateArgs),
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -147,6 +149,17 @@ pub struct EventsArgs {
     pub since: Option<u64>,
     #[command(flatten)]
     pub remote: Remote,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// A PostgreSQL URL (postgres://user:password@host:port/database); the data dir's SQLite
+    /// file when left out.
+    #[arg(long, env = "KESTREL_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// The data dir whose SQLite file is migrated.
+    #[arg(long, value_name = "DIR", env = "KESTREL_DATA_DIR", default_value = "./kestrel-data")]
+    pub data_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

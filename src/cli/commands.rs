@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use super::args::{EventsArgs, HealthArgs, SendArgs, SessionsAction, SessionsArgs};
+use super::args::{EventsArgs, HealthArgs, MigrateArgs, SendArgs, SessionsAction, SessionsArgs};
 use super::client::{CliError, Client, Frames};
 
 /// Prints a line to stdout; a closed stdout (a pipe whose reader left) ends the command quietly.
@@ -274,4 +274,22 @@ pub fn health(args: &HealthArgs) -> Result<(), CliError> {
         health["sessions"].as_u64().unwrap_or(0),
         health["plugins"].as_u64().unwrap_or(0),
     ))
+}
+
+/// `kestrel migrate`: the PostgreSQL schema's versions under its advisory lock, or the data
+/// dir's SQLite file opened (which migrates it) and closed.
+pub fn migrate(args: &MigrateArgs) -> Result<(), CliError> {
+    use crate::store::postgres as pg;
+    let Some(url) = args.database_url.as_deref().filter(|url| !url.is_empty()) else {
+        let (_, writer) = crate::store::Store::open(&args.data_dir).map_err(|e| CliError::Failed(e.to_string()))?;
+        writer.shutdown();
+        return say(&format!("SQLite at {}: up to date", args.data_dir.join("kestrel.db").display()));
+    };
+    let mut client = pg::connect(url).map_err(|error| CliError::Failed(error.to_string()))?;
+    let migrated = pg::migrate(&mut client).map_err(|error| CliError::Failed(error.to_string()))?;
+    let applied = match migrated.applied.as_slice() {
+        [] => "nothing to apply".to_string(),
+        versions => format!("applied {versions:?}"),
+    };
+    say(&format!("PostgreSQL at {}: schema version {}, {applied}", pg::redacted(url), migrated.version))
 }

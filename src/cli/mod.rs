@@ -21,5 +21,6 @@ pub fn run(command: &Command) -> Result<(), CliError> {
         Command::Events(args) => commands::events(args),
         Command::Health(args) => commands::health(args),
         Command::Acp(args) => acp::acp(args),
+        Command::Migrate(args) => commands::migrate(args),
     }
 }

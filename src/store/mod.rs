@@ -14,6 +14,7 @@ mod housekeeping;
 mod lock;
 mod migrate;
 mod policy;
+pub mod postgres;
 mod reader;
 pub(crate) mod schedules;
 mod sqlite;

@@ -59,6 +59,11 @@ fn ureq_is_named_only_where_the_server_calls_out() {
 }
 
 #[test]
+fn postgres_is_named_only_in_its_store() {
+    assert_eq!(offenders("postgres::", &["store/postgres/"]), Vec::<String>::new());
+}
+
+#[test]
 fn the_engine_imports_no_door_and_no_transport() {
     let generic = |path: &String| {
         let layer = ["engine/", "store/", "providers/"].iter().any(|prefix| path.starts_with(prefix));

@@ -1,0 +1,109 @@
+//! The PostgreSQL store's groundwork, on a private cluster (`pg_cluster.rs`): `kestrel migrate`
+//! applies the versioned schema once however many processes start at once (an advisory
+//! lock), and every way a URL can be wrong stops with one line naming the problem and never
+//! the password.
+
+use std::process::{Command, Output};
+
+use crate::pg_cluster::{self, PASSWORD};
+
+fn migrate(url: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["migrate", "--database-url", url])
+        .env_remove("KESTREL_DATABASE_URL")
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[test]
+fn migrations_apply_once_when_four_processes_start_together() {
+    let Some(database) = pg_cluster::database() else { return };
+    let children: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_kestrel"))
+                .args(["migrate", "--database-url", &database.url])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = children.into_iter().map(|child| child.wait_with_output().unwrap()).collect();
+    let said: Vec<String> = outputs.iter().map(|output| text(output).0).collect();
+    for (output, line) in outputs.iter().zip(&said) {
+        assert!(output.status.success(), "{line} {}", text(output).1);
+        assert!(!line.contains(PASSWORD), "{line}");
+        assert!(line.contains(":***@"), "the URL is shown redacted: {line}");
+    }
+    assert_eq!(said.iter().filter(|line| line.contains("applied [1]")).count(), 1, "{said:?}");
+    assert_eq!(said.iter().filter(|line| line.contains("nothing to apply")).count(), 3, "{said:?}");
+
+    let mut client = kestrel::store::postgres::connect(&database.url).unwrap();
+    let versions: Vec<i32> =
+        client.query("SELECT version FROM schema_migrations", &[]).unwrap().iter().map(|row| row.get(0)).collect();
+    assert_eq!(versions, [1]);
+    let tables: Vec<String> = client
+        .query("SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    for table in ["sessions", "messages", "events", "blobs", "bae_sessions", "webhook_deliveries", "schedules", "audit"]
+    {
+        assert!(tables.iter().any(|t| t == table), "{table} in {tables:?}");
+    }
+    let again = migrate(&database.url);
+    assert!(text(&again).0.contains("nothing to apply"), "{:?}", text(&again));
+}
+
+#[test]
+fn the_session_list_moves_are_recorded_as_the_sqlite_store_records_them() {
+    let Some(database) = pg_cluster::database() else { return };
+    assert!(migrate(&database.url).status.success());
+    let mut client = kestrel::store::postgres::connect(&database.url).unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO sessions (id, tenant, title, model, workspace, status, created_at, updated_at)
+                 VALUES ('s1', 't', 'a', 'm', '/', 'idle', '2026-01-01', '2026-01-01');
+             UPDATE sessions SET node = 'n1' WHERE id = 's1';
+             UPDATE sessions SET title = 'b', updated_at = '2026-01-02' WHERE id = 's1';
+             DELETE FROM sessions WHERE id = 's1';",
+        )
+        .unwrap();
+    let moves: Vec<(String, Option<String>)> = client
+        .query("SELECT session_id, from_updated_at FROM session_moves ORDER BY tick", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let at = |text: &str| Some(text.to_string());
+    // Born, moved by the title (not by the node, which the list does not show), gone.
+    assert_eq!(moves, [("s1".into(), None), ("s1".into(), at("2026-01-01")), ("s1".into(), at("2026-01-02"))]);
+}
+
+#[test]
+fn every_wrong_url_stops_with_one_line_naming_the_problem_and_never_the_password() {
+    let Some(database) = pg_cluster::database() else { return };
+    let port = database.port;
+    let cases = [
+        (format!("postgres://kestrel:{PASSWORD}@127.0.0.1:{port}/no_such_database"), "the database does not exist"),
+        (
+            format!("postgres://kestrel:wrong-{PASSWORD}@127.0.0.1:{port}/{}", database.name),
+            "refused the user or its password",
+        ),
+        (format!("postgres://kestrel:{PASSWORD}@127.0.0.1:1/{}", database.name), "cannot be reached"),
+        (format!("postgres://kestrel:{PASSWORD}@127.0.0.1:notaport/x"), "is not a PostgreSQL URL"),
+    ];
+    for (url, problem) in cases {
+        let output = migrate(&url);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{url}: {stdout} {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(problem), "{problem}: {stderr}");
+        assert!(!stderr.contains(PASSWORD) && !stdout.contains(PASSWORD), "the password leaked: {stderr}");
+    }
+}

@@ -107,3 +107,21 @@ fn every_wrong_url_stops_with_one_line_naming_the_problem_and_never_the_password
         assert!(!stderr.contains(PASSWORD) && !stdout.contains(PASSWORD), "the password leaked: {stderr}");
     }
 }
+
+#[test]
+fn without_a_url_migrate_brings_the_data_dirs_sqlite_file_up_to_date() {
+    let data = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["migrate", "--data-dir"])
+        .arg(data.path())
+        .env_remove("KESTREL_DATABASE_URL")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout} {stderr}");
+    assert!(stdout.starts_with("SQLite at ") && stdout.trim_end().ends_with("kestrel.db: up to date"), "{stdout}");
+    // The file it made is one a server starts on.
+    let workspace = tempfile::tempdir().unwrap();
+    let server = crate::support::TestServer::from_config(crate::support::test_config(data.path(), workspace.path()));
+    assert_eq!(server.get("/api/health").status, 200);
+}

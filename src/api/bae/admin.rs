@@ -173,7 +173,7 @@ impl AdminApi {
     fn audit(&self, request: &Request) -> Result<Reply, Problem> {
         let (after, limit) = page::parse(request)?;
         let since = request.query("since").filter(|s| !s.is_empty());
-        if since.is_some_and(|s| s.len() > 64) {
+        if since.is_some_and(|s| s.chars().count() > 64) {
             return Err(Problem::bad_request("since must be an RFC 3339 time"));
         }
         let query = crate::store::AuditQuery { tenant: request.query("tenant"), after, since };

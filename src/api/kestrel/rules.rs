@@ -72,7 +72,7 @@ pub fn audit(api: &KestrelApi, caller: &Caller, request: &Request) -> Result<Rep
         None => 0,
     };
     let since = request.query("since");
-    if since.is_some_and(|s| s.len() > 64) {
+    if since.is_some_and(|s| s.chars().count() > 64) {
         return Err(ApiError::bad_request("invalid_query", "`since` is an RFC 3339 time"));
     }
     let query = AuditQuery { tenant: request.query("tenant"), after, since };

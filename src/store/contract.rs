@@ -195,6 +195,8 @@ pub trait WebhookReads: Send + Sync {
     fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError>;
     /// When the next pending delivery of an enabled endpoint is due.
     fn next_delivery_at(&self) -> Result<Option<i64>, StoreError>;
+    /// Whether any endpoint is enabled (without one, no delivery can be made or sent).
+    fn any_enabled_webhook(&self) -> Result<bool, StoreError>;
     /// An endpoint's deliveries, newest first, each with its attempts.
     fn deliveries(&self, webhook_id: &str, limit: usize) -> Result<Vec<(Delivery, Vec<Attempt>)>, StoreError>;
 }

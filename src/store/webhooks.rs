@@ -300,6 +300,13 @@ impl super::contract::WebhookReads for super::sqlite::Sqlite {
         })
     }
 
+    fn any_enabled_webhook(&self) -> Result<bool, StoreError> {
+        self.with(|conn| {
+            let sql = "SELECT EXISTS (SELECT 1 FROM webhooks WHERE enabled = 1)";
+            Ok(conn.prepare_cached(sql)?.query_row([], |row| row.get(0))?)
+        })
+    }
+
     fn deliveries(&self, webhook_id: &str, limit: usize) -> Result<Vec<(Delivery, Vec<Attempt>)>, StoreError> {
         self.with(|conn| {
             let sql = format!(

@@ -1,5 +1,6 @@
 //! The `kestrel-webhooks` thread and its `kestrel-webhook-send` workers: the dispatcher reads
-//! the outbox for deliveries due (every `POLL`, or at once when woken) and hands each to a
+//! the outbox for deliveries due (every `POLL` while an endpoint is enabled, or at once when
+//! woken; with none it only waits to be woken, by a new or enabled endpoint) and hands each to a
 //! worker, which signs it, POSTs it (no redirects, addresses checked at the connection, the
 //! answer read at most `ANSWER_READ` bytes), and records the attempt with what comes next: done,
 //! a retry after a doubling delay with jitter, or failed once the retry period is over. An
@@ -25,6 +26,8 @@ pub type Render = fn(&Event, &mut Vec<u8>) -> bool;
 
 /// How often the outbox is read when nothing wakes the dispatcher.
 const POLL: Duration = Duration::from_millis(100);
+/// How often it is read while no endpoint is enabled.
+const IDLE_POLL: Duration = Duration::from_secs(60);
 /// The most of an endpoint's answer read (then the connection is dropped).
 const ANSWER_READ: u64 = 64 * 1024;
 /// The longest wait between two attempts.
@@ -110,6 +113,12 @@ impl Dispatcher {
     fn run(&self, jobs: &Sender<Delivery>, (wake, done, stopped): (&Receiver<()>, &Receiver<String>, &Receiver<()>)) {
         loop {
             self.dispatch(jobs);
+            // No enabled endpoint: no delivery can appear until the API makes or enables one,
+            // which wakes this thread; the idle read is only a backstop.
+            let poll = match self.store.readers().any_enabled_webhook() {
+                Ok(false) => IDLE_POLL,
+                _ => POLL,
+            };
             select! {
                 recv(stopped) -> _ => return,
                 recv(wake) -> _ => {}
@@ -118,7 +127,7 @@ impl Dispatcher {
                         self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     }
                 }
-                default(POLL) => {}
+                default(poll) => {}
             }
         }
     }

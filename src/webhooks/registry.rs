@@ -112,6 +112,7 @@ impl Webhooks {
         };
         self.store.write(vec![WriteOp::Webhook(WebhookWrite::Insert(webhook.clone()))])?;
         self.watch_quiet_ends();
+        let _ = self.wake.try_send(());
         Ok(webhook)
     }
 
@@ -190,6 +191,7 @@ impl Webhooks {
         }
         self.store.write(vec![WriteOp::Webhook(WebhookWrite::SyncConfig(webhooks))])?;
         self.watch_quiet_ends();
+        let _ = self.wake.try_send(());
         Ok(())
     }
 }

@@ -198,3 +198,25 @@ mod tests {
         assert!(matches!(Timing::parse("0 9 * * *", "Mars/Olympus"), Err(TimingError::Timezone(_))));
     }
 }
+
+#[cfg(test)]
+mod clock_changes {
+    use super::Timing;
+
+    fn at(text: &str) -> i64 {
+        chrono::DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis()
+    }
+
+    /// What docs/schedules.md says of summer time.
+    #[test]
+    fn a_skipped_time_fires_at_the_jump_and_a_doubled_one_fires_once() {
+        let half_past_two = Timing::parse("30 2 * * *", "Europe/Oslo").unwrap();
+        // Spring: 02:00 jumps to 03:00 on 2026-03-29; 02:30 never comes, it fires at 03:00.
+        assert_eq!(half_past_two.next_after(at("2026-03-28T23:00:00Z")), Some(at("2026-03-29T01:00:00Z")));
+        // Autumn: 03:00 falls back to 02:00 on 2026-10-25; 02:30 comes twice, it fires the
+        // first time, then the next day.
+        let first = half_past_two.next_after(at("2026-10-24T23:00:00Z")).unwrap();
+        assert_eq!(first, at("2026-10-25T00:30:00Z"));
+        assert_eq!(half_past_two.next_after(first), Some(at("2026-10-26T01:30:00Z")));
+    }
+}

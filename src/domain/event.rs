@@ -95,7 +95,13 @@ pub enum Event {
     #[serde(rename = "message.started", rename_all = "camelCase")]
     MessageStarted { session_id: String, message: Message },
     #[serde(rename = "message.delta", rename_all = "camelCase")]
-    MessageDelta { session_id: String, message_id: String, channel: DeltaChannel, delta: String },
+    MessageDelta {
+        /// Shared by every delta of the message (two fewer allocations per delta).
+        session_id: std::sync::Arc<str>,
+        message_id: std::sync::Arc<str>,
+        channel: DeltaChannel,
+        delta: String,
+    },
     #[serde(rename = "message.completed", rename_all = "camelCase")]
     MessageCompleted { session_id: String, message: Message },
     #[serde(rename = "tool.started", rename_all = "camelCase")]
@@ -361,7 +367,6 @@ impl Event {
             | Event::RunFinished { session_id, .. }
             | Event::RunFailed { session_id, .. }
             | Event::MessageStarted { session_id, .. }
-            | Event::MessageDelta { session_id, .. }
             | Event::MessageCompleted { session_id, .. }
             | Event::ToolStarted { session_id, .. }
             | Event::ToolFinished { session_id, .. }
@@ -386,6 +391,7 @@ impl Event {
             | Event::StreamsReleased { session_id }
             | Event::ScheduleFired { session_id, .. } => Some(session_id),
             Event::ScheduleSkipped { session_id, .. } => session_id.as_deref(),
+            Event::MessageDelta { session_id, .. } => Some(session_id),
             Event::ProviderRequest(request) => Some(&request.session_id),
             Event::ProviderResponse(response) => Some(&response.session_id),
             Event::CompactionCompleted(completed) => Some(&completed.session_id),

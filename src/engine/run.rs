@@ -68,7 +68,9 @@ pub enum Step {
 /// and what was streamed kept, should the answer be cut short.
 struct Streaming<'r> {
     run: &'r Run,
-    message_id: String,
+    /// The ids every delta of the message carries, made once.
+    session_id: std::sync::Arc<str>,
+    message_id: std::sync::Arc<str>,
     text: String,
     reasoning: String,
 }
@@ -90,8 +92,8 @@ impl Watch for Streaming<'_> {
             }
         };
         self.run.publish(Event::MessageDelta {
-            session_id: self.run.session_id.clone(),
-            message_id: self.message_id.clone(),
+            session_id: std::sync::Arc::clone(&self.session_id),
+            message_id: std::sync::Arc::clone(&self.message_id),
             channel,
             delta: piece.to_string(),
         });
@@ -256,8 +258,13 @@ impl Run {
         let mut message = Message::new(Role::Assistant);
         message.model = Some(session.summary.model.clone());
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
-        let mut streaming =
-            Streaming { run: self, message_id: message.id.clone(), text: String::new(), reasoning: String::new() };
+        let mut streaming = Streaming {
+            run: self,
+            session_id: self.session_id.as_str().into(),
+            message_id: message.id.as_str().into(),
+            text: String::new(),
+            reasoning: String::new(),
+        };
         let outcome = route.call(&request, &mut streaming, &self.cancel);
         let step = match outcome {
             Ok(answered) => {

@@ -29,10 +29,11 @@ pub enum WebhookWrite {
         next_at: i64,
         disable_after: u32,
     },
-    /// Sends a delivery again from now, for a whole retry period; `NotFound` when the tenant
-    /// has no such delivery.
+    /// Sends a delivery again from now, for a whole retry period; `NotFound` when the tenant's
+    /// endpoint has no such delivery.
     Redeliver {
         tenant: String,
+        webhook_id: String,
         delivery_id: String,
         now_ms: i64,
     },
@@ -53,12 +54,12 @@ pub(super) fn apply(tx: &Transaction<'_>, write: &WebhookWrite) -> Result<(), St
         WebhookWrite::Attempted { delivery_id, attempt, state, next_at, disable_after } => {
             attempted(tx, delivery_id, attempt, (*state, *next_at), *disable_after)
         }
-        WebhookWrite::Redeliver { tenant, delivery_id, now_ms } => found(
+        WebhookWrite::Redeliver { tenant, webhook_id, delivery_id, now_ms } => found(
             tx.prepare_cached(
                 "UPDATE webhook_deliveries SET state = 'pending', next_at = ?3, created_ms = ?3
-                 WHERE id = ?2 AND webhook_id IN (SELECT id FROM webhooks WHERE tenant = ?1)",
+                 WHERE id = ?2 AND webhook_id = ?4 AND webhook_id IN (SELECT id FROM webhooks WHERE tenant = ?1)",
             )?
-            .execute(params![tenant, delivery_id, now_ms])?,
+            .execute(params![tenant, delivery_id, now_ms, webhook_id])?,
         ),
         WebhookWrite::Enable { tenant, id } => found(
             tx.prepare_cached(

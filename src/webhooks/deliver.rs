@@ -182,6 +182,7 @@ impl Worker {
             Err((status, error)) => (status, Some(error)),
         };
         let attempt = Attempt { n, at, status, error, latency_ms };
+        let failed = attempt.error.is_some();
         let (state, next_at) = self.next(&delivery, &attempt);
         let disable_after = self.settings.disable_after_failures;
         let write =
@@ -189,7 +190,10 @@ impl Worker {
         if let Err(error) = self.store.write(vec![WriteOp::Webhook(write)]) {
             return log::error!("delivery {}: its attempt was not recorded: {error}", delivery.id);
         }
-        self.tell_if_disabled(&webhook.id);
+        // Only a failure can have disabled it.
+        if failed {
+            self.tell_if_disabled(&webhook.id);
+        }
     }
 
     /// `{type, timestamp, data: {sessionId, seq, event}}`, the event in Kestrel's shape (or as

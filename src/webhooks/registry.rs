@@ -144,13 +144,10 @@ impl Webhooks {
 
     /// Sends a delivery again, now, for a whole retry period.
     pub fn redeliver(&self, tenant: &str, id: &str, delivery_id: &str) -> Result<(), WebhookError> {
-        self.get(tenant, id)?;
-        let owned = self.store.readers().deliveries(id, usize::MAX)?.iter().any(|(d, _)| d.id == delivery_id);
-        if !owned {
-            return Err(WebhookError::NotFound);
-        }
+        // One write, checked in its own WHERE: the tenant's endpoint, and its delivery.
         let now_ms = crate::time::now_millis();
-        let again = WebhookWrite::Redeliver { tenant: tenant.into(), delivery_id: delivery_id.into(), now_ms };
+        let (tenant, webhook_id, delivery_id) = (tenant.into(), id.into(), delivery_id.into());
+        let again = WebhookWrite::Redeliver { tenant, webhook_id, delivery_id, now_ms };
         self.store.write(vec![WriteOp::Webhook(again)])?;
         let _ = self.wake.try_send(());
         Ok(())

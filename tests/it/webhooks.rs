@@ -237,6 +237,13 @@ fn inside_addresses_unknown_events_and_other_tenants_are_refused() {
         || acme.get(&format!("/api/webhooks/{id}/deliveries")).json["deliveries"][0]["attempts"][0].clone();
     crate::support::wait_until("an attempt recorded", || !first_attempt().is_null());
     let attempt = first_attempt();
+    // Another tenant cannot send the delivery again, nor can it be named under another endpoint.
+    let delivery = acme.get(&format!("/api/webhooks/{id}/deliveries")).json["deliveries"][0]["id"].clone();
+    let redeliver = format!("/api/webhooks/{id}/deliveries/{}/redeliver", delivery.as_str().unwrap());
+    let globex = server.client().with_token(Some("globex-token"));
+    globex.post(&redeliver, json!({})).assert_error(404, "webhook_not_found");
+    let mismatched = format!("/api/webhooks/wh_nope/deliveries/{}/redeliver", delivery.as_str().unwrap());
+    acme.post(&mismatched, json!({})).assert_error(404, "webhook_not_found");
     assert!(attempt["error"].as_str().unwrap().contains("not sent to"), "{attempt}");
     assert!(receiver.lines.recv_timeout(Duration::from_millis(0)).is_err(), "nothing reached the receiver");
 }

@@ -8,6 +8,7 @@
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 use serde_json::{Map, Value};
 
+use super::rows::{self, BAE_SESSION_COLUMNS, KEY_COLUMNS, PROFILE_COLUMNS};
 use super::{LoggedEvent, StoreError};
 use crate::auth::keys::KeyRole;
 
@@ -101,6 +102,17 @@ pub struct BaeSessionRecord {
 pub struct Page<T> {
     pub items: Vec<T>,
     pub next: Option<u64>,
+}
+
+impl<T> Page<T> {
+    /// A page of up to `limit` of `items` (read with one more than `limit`, to know whether
+    /// another page follows), each with its cursor.
+    pub(crate) fn of(mut items: Vec<(u64, T)>, limit: usize) -> Page<T> {
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let next = if more { items.last().map(|(seq, _)| *seq) } else { None };
+        Page { items: items.into_iter().map(|(_, item)| item).collect(), next }
+    }
 }
 
 pub type EventPage = Page<LoggedEvent>;
@@ -351,88 +363,6 @@ fn set_tool_entry(
     Ok(())
 }
 
-const PROFILE_COLUMNS: &str = "seq, id, name, primary_provider, fallback_providers, mcp_servers, allowed_tools,
-     available_sandboxes, created_at, updated_at, budget";
-const KEY_COLUMNS: &str = "seq, id, name, role, prefix, profile_id, client_id, session_id, created_at, last_used_at";
-const SESSION_COLUMNS: &str = "seq, id, creator_key_id, profile_id, state, client_version, client_tools, sandbox_tools,
-     subagent_tools, compaction, created_at, closed_at";
-
-fn parse_json<T: serde::de::DeserializeOwned>(row: &Row<'_>, index: usize) -> rusqlite::Result<T> {
-    let text: String = row.get(index)?;
-    serde_json::from_str(&text)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e)))
-}
-
-fn profile_row(row: &Row<'_>) -> rusqlite::Result<(u64, ProfileRecord)> {
-    Ok((
-        row.get::<_, i64>(0)? as u64,
-        ProfileRecord {
-            id: row.get(1)?,
-            name: row.get(2)?,
-            primary_provider: row.get(3)?,
-            fallback_providers: parse_json(row, 4)?,
-            mcp_servers: parse_json(row, 5)?,
-            allowed_tools: parse_json(row, 6)?,
-            available_sandboxes: parse_json(row, 7)?,
-            created_at: row.get(8)?,
-            updated_at: row.get(9)?,
-            budget: match row.get::<_, Option<String>>(10)? {
-                Some(_) => Some(parse_json(row, 10)?),
-                None => None,
-            },
-        },
-    ))
-}
-
-fn key_row(row: &Row<'_>) -> rusqlite::Result<(u64, KeyRecord)> {
-    let role: String = row.get(3)?;
-    let role = KeyRole::parse(&role).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, format!("key role {role:?}").into())
-    })?;
-    Ok((
-        row.get::<_, i64>(0)? as u64,
-        KeyRecord {
-            id: row.get(1)?,
-            name: row.get(2)?,
-            role,
-            prefix: row.get(4)?,
-            profile_id: row.get(5)?,
-            client_id: row.get(6)?,
-            session_id: row.get(7)?,
-            created_at: row.get(8)?,
-            last_used_at: row.get(9)?,
-        },
-    ))
-}
-
-fn session_row(row: &Row<'_>) -> rusqlite::Result<(u64, BaeSessionRecord)> {
-    let state: String = row.get(4)?;
-    let state = BaeState::parse(&state).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            4,
-            rusqlite::types::Type::Text,
-            format!("session state {state:?}").into(),
-        )
-    })?;
-    let compaction: Option<String> = row.get(9)?;
-    Ok((
-        row.get::<_, i64>(0)? as u64,
-        BaeSessionRecord {
-            id: row.get(1)?,
-            creator_key_id: row.get(2)?,
-            profile_id: row.get(3)?,
-            state,
-            client_version: row.get(5)?,
-            client_tools: parse_json(row, 6)?,
-            sandbox_tools: parse_json(row, 7)?,
-            subagent_tools: parse_json(row, 8)?,
-            compaction: compaction.and_then(|text| serde_json::from_str(&text).ok()),
-            created_at: row.get(10)?,
-            closed_at: row.get(11)?,
-        },
-    ))
-}
-
 /// Runs a paged query (`?1` the cursor, `?2` the limit plus one, then `extra`).
 fn page<T>(
     conn: &rusqlite::Connection,
@@ -440,18 +370,15 @@ fn page<T>(
     after: u64,
     limit: usize,
     extra: Option<&str>,
-    read: fn(&Row<'_>) -> rusqlite::Result<(u64, T)>,
+    read: impl Fn(&Row<'_>) -> Result<(u64, T), StoreError>,
 ) -> Result<Page<T>, StoreError> {
     let mut statement = conn.prepare_cached(sql)?;
-    let rows = statement.query_map(params![after as i64, limit as i64 + 1, extra], read)?;
+    let rows = statement.query_map(params![after as i64, limit as i64 + 1, extra], |row| Ok(read(row)))?;
     let mut items = Vec::new();
     for row in rows {
-        items.push(row?);
+        items.push(row??);
     }
-    let more = items.len() > limit;
-    items.truncate(limit);
-    let next = if more { items.last().map(|(seq, _)| *seq) } else { None };
-    Ok(Page { items: items.into_iter().map(|(_, item)| item).collect(), next })
+    Ok(Page::of(items, limit))
 }
 
 impl super::contract::BaeReads for super::sqlite::Sqlite {
@@ -459,7 +386,12 @@ impl super::contract::BaeReads for super::sqlite::Sqlite {
     fn bae_profile(&self, id: &str) -> Result<Option<ProfileRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!("SELECT {PROFILE_COLUMNS} FROM bae_profiles WHERE id = ?1 AND deleted_at IS NULL");
-            Ok(conn.prepare_cached(&sql)?.query_row([id], profile_row).optional()?.map(|(_, p)| p))
+            Ok(conn
+                .prepare_cached(&sql)?
+                .query_row([id], |row| Ok(rows::profile(row)))
+                .optional()?
+                .transpose()?
+                .map(|(_, p)| p))
         })
     }
 
@@ -469,7 +401,7 @@ impl super::contract::BaeReads for super::sqlite::Sqlite {
                 "SELECT {PROFILE_COLUMNS} FROM bae_profiles WHERE deleted_at IS NULL AND seq > ?1 AND ?3 IS NULL
                  ORDER BY seq LIMIT ?2"
             );
-            page(conn, &sql, after, limit, None, profile_row)
+            page(conn, &sql, after, limit, None, |row| rows::profile(row))
         })
     }
 
@@ -480,8 +412,9 @@ impl super::contract::BaeReads for super::sqlite::Sqlite {
                 format!("SELECT {KEY_COLUMNS} FROM bae_keys WHERE digest = ?1 AND role = ?2 AND deleted_at IS NULL");
             Ok(conn
                 .prepare_cached(&sql)?
-                .query_row(params![digest, role.as_str()], key_row)
+                .query_row(params![digest, role.as_str()], |row| Ok(rows::key(row)))
                 .optional()?
+                .transpose()?
                 .map(|(_, k)| k))
         })
     }
@@ -492,7 +425,7 @@ impl super::contract::BaeReads for super::sqlite::Sqlite {
                 "SELECT {KEY_COLUMNS} FROM bae_keys WHERE role = 'client' AND deleted_at IS NULL AND seq > ?1
                  AND ?3 IS NULL ORDER BY seq LIMIT ?2"
             );
-            page(conn, &sql, after, limit, None, key_row)
+            page(conn, &sql, after, limit, None, |row| rows::key(row))
         })
     }
 
@@ -535,8 +468,9 @@ impl super::contract::BaeReads for super::sqlite::Sqlite {
 
     fn bae_session(&self, id: &str) -> Result<Option<BaeSessionRecord>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {SESSION_COLUMNS} FROM bae_sessions WHERE id = ?1");
-            Ok(conn.prepare_cached(&sql)?.query_row([id], session_row).optional()?.map(|(_, s)| s))
+            let sql = format!("SELECT {BAE_SESSION_COLUMNS} FROM bae_sessions WHERE id = ?1");
+            let found = conn.prepare_cached(&sql)?.query_row([id], |row| Ok(rows::bae_session(row))).optional()?;
+            Ok(found.transpose()?.map(|(_, s)| s))
         })
     }
 
@@ -548,10 +482,10 @@ impl super::contract::BaeReads for super::sqlite::Sqlite {
     ) -> Result<Page<BaeSessionRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!(
-                "SELECT {SESSION_COLUMNS} FROM bae_sessions WHERE seq > ?1 AND (?3 IS NULL OR state = ?3)
+                "SELECT {BAE_SESSION_COLUMNS} FROM bae_sessions WHERE seq > ?1 AND (?3 IS NULL OR state = ?3)
                  ORDER BY seq LIMIT ?2"
             );
-            page(conn, &sql, after, limit, state.map(BaeState::as_str), session_row)
+            page(conn, &sql, after, limit, state.map(BaeState::as_str), |row| rows::bae_session(row))
         })
     }
 }

@@ -1,8 +1,9 @@
 //! Checkpoint manifests: what each checkpoint holds, file by file. The contents themselves
 //! are blobs under the data dir (`crate::checkpoints::blobs`), named by their SHA-256.
 
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::rows::{self, CHECKPOINT_COLUMNS};
 use super::StoreError;
 
 /// Why a checkpoint was taken.
@@ -25,7 +26,7 @@ impl CheckpointKind {
         }
     }
 
-    fn parse(text: &str) -> Result<CheckpointKind, StoreError> {
+    pub(super) fn parse(text: &str) -> Result<CheckpointKind, StoreError> {
         match text {
             "manual" => Ok(CheckpointKind::Manual),
             "auto" => Ok(CheckpointKind::Auto),
@@ -139,30 +140,13 @@ pub(super) fn insert(tx: &Transaction<'_>, record: &CheckpointRecord, manifest: 
     Ok(())
 }
 
-const COLUMNS: &str = "id, session_id, label, kind, created_at, run_id, file_count, total_bytes, message_count";
-
-fn record(row: &Row<'_>) -> rusqlite::Result<Result<CheckpointRecord, StoreError>> {
-    let kind: String = row.get(3)?;
-    Ok(CheckpointKind::parse(&kind).map(|kind| CheckpointRecord {
-        id: row.get(0).unwrap_or_default(),
-        session_id: row.get(1).unwrap_or_default(),
-        label: row.get(2).unwrap_or_default(),
-        kind,
-        created_at: row.get(4).unwrap_or_default(),
-        run_id: row.get(5).unwrap_or_default(),
-        file_count: row.get::<_, i64>(6).unwrap_or_default() as u64,
-        total_bytes: row.get::<_, i64>(7).unwrap_or_default() as u64,
-        message_count: row.get::<_, i64>(8).unwrap_or_default() as u64,
-    }))
-}
-
 impl super::contract::CheckpointReads for super::sqlite::Sqlite {
     /// A session's checkpoints, oldest first.
     fn checkpoints(&self, session_id: &str) -> Result<Vec<CheckpointRecord>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 ORDER BY seq");
+            let sql = format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE session_id = ?1 ORDER BY seq");
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map([session_id], record)?;
+            let rows = statement.query_map([session_id], |row| Ok(rows::checkpoint(row)))?;
             let mut checkpoints = Vec::new();
             for row in rows {
                 checkpoints.push(row??);
@@ -174,8 +158,11 @@ impl super::contract::CheckpointReads for super::sqlite::Sqlite {
     /// One checkpoint of a session.
     fn checkpoint(&self, session_id: &str, id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND id = ?2");
-            conn.prepare_cached(&sql)?.query_row(params![session_id, id], record).optional()?.transpose()
+            let sql = format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE session_id = ?1 AND id = ?2");
+            conn.prepare_cached(&sql)?
+                .query_row(params![session_id, id], |row| Ok(rows::checkpoint(row)))
+                .optional()?
+                .transpose()
         })
     }
 
@@ -183,9 +170,9 @@ impl super::contract::CheckpointReads for super::sqlite::Sqlite {
     fn checkpoint_of_run(&self, session_id: &str, run_id: &str) -> Result<Option<CheckpointRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!(
-                "SELECT {COLUMNS} FROM checkpoints WHERE session_id = ?1 AND run_id = ?2 AND kind = 'auto' ORDER BY seq LIMIT 1"
+                "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE session_id = ?1 AND run_id = ?2 AND kind = 'auto' ORDER BY seq LIMIT 1"
             );
-            conn.prepare_cached(&sql)?.query_row(params![session_id, run_id], record).optional()?.transpose()
+            conn.prepare_cached(&sql)?.query_row(params![session_id, run_id], |row| Ok(rows::checkpoint(row))).optional()?.transpose()
         })
     }
 
@@ -198,10 +185,13 @@ impl super::contract::CheckpointReads for super::sqlite::Sqlite {
     ) -> Result<Option<CheckpointRecord>, StoreError> {
         self.with(|conn| {
             let sql = format!(
-                "SELECT {COLUMNS} FROM checkpoints
+                "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints
                  WHERE session_id = ?1 AND kind = 'auto' AND message_count > ?2 ORDER BY seq LIMIT 1"
             );
-            conn.prepare_cached(&sql)?.query_row(params![session_id, messages as i64], record).optional()?.transpose()
+            conn.prepare_cached(&sql)?
+                .query_row(params![session_id, messages as i64], |row| Ok(rows::checkpoint(row)))
+                .optional()?
+                .transpose()
         })
     }
 
@@ -213,15 +203,8 @@ impl super::contract::CheckpointReads for super::sqlite::Sqlite {
                  JOIN checkpoint_entries e ON e.checkpoint_seq = coalesce(c.manifest, c.seq)
                  WHERE c.id = ?1 ORDER BY e.path",
             )?;
-            let rows = statement.query_map([id], |row| {
-                Ok(CheckpointEntry {
-                    path: row.get(0)?,
-                    digest: row.get(1)?,
-                    size: row.get::<_, i64>(2)? as u64,
-                    mode: row.get(3)?,
-                })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            let rows = statement.query_map([id], |row| Ok(rows::checkpoint_entry(row)))?;
+            rows.map(|row| row?).collect()
         })
     }
 

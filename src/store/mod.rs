@@ -16,6 +16,7 @@ mod migrate;
 mod policy;
 pub mod postgres;
 mod reader;
+mod rows;
 pub(crate) mod schedules;
 mod sqlite;
 mod webhooks;

@@ -1,10 +1,11 @@
 //! Permission rules added through the API or remembered from approvals, and the audit log of
 //! every permission decision (`crate::policy`).
 
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::rows::{self, AUDIT_COLUMNS, RULE_COLUMNS};
 use super::StoreError;
-use crate::policy::{AuditEntry, Outcome, Rule, Source, Spent};
+use crate::policy::{AuditEntry, Rule, Source, Spent};
 
 /// A change to the rules or the audit log.
 #[derive(Debug, Clone)]
@@ -107,49 +108,6 @@ fn insert_audit(tx: &Transaction<'_>, entry: &AuditEntry) -> Result<(), StoreErr
     Ok(())
 }
 
-const RULE_COLUMNS: &str = "id, tenant, session_id, tool, pattern, arguments, outcome, source, created_at, created_by";
-
-fn rule(row: &Row<'_>) -> rusqlite::Result<Result<Rule, StoreError>> {
-    let (outcome, source): (String, String) = (row.get(6)?, row.get(7)?);
-    let (Some(outcome), Some(source)) = (Outcome::parse(&outcome), Source::parse(&source)) else {
-        return Ok(Err(StoreError::Corrupt(format!("rule outcome {outcome:?} or source {source:?}"))));
-    };
-    Ok(Ok(Rule {
-        id: row.get(0)?,
-        tenant: Some(row.get(1)?),
-        session_id: row.get(2)?,
-        tool: row.get(3)?,
-        pattern: row.get(4)?,
-        arguments: row.get(5)?,
-        outcome,
-        source,
-        created_at: row.get(8)?,
-        created_by: row.get(9)?,
-    }))
-}
-
-const AUDIT_COLUMNS: &str =
-    "seq, at, tenant, session_id, run_id, call_id, tool, decision, decided_by, rule_id, actor, note, arguments, edited";
-
-fn audit_entry(row: &Row<'_>) -> rusqlite::Result<AuditEntry> {
-    Ok(AuditEntry {
-        seq: row.get::<_, i64>(0)? as u64,
-        at: row.get(1)?,
-        tenant: row.get(2)?,
-        session_id: row.get(3)?,
-        run_id: row.get(4)?,
-        call_id: row.get(5)?,
-        tool: row.get(6)?,
-        decision: row.get(7)?,
-        decided_by: row.get(8)?,
-        rule_id: row.get(9)?,
-        actor: row.get(10)?,
-        note: row.get(11)?,
-        arguments: row.get(12)?,
-        edited: row.get(13)?,
-    })
-}
-
 /// Which audit entries to read.
 #[derive(Debug, Clone, Default)]
 pub struct AuditQuery<'a> {
@@ -169,7 +127,7 @@ impl super::contract::PolicyReads for super::sqlite::Sqlite {
                  ORDER BY created_at, id"
             );
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map(params![tenant, session_id], rule)?;
+            let rows = statement.query_map(params![tenant, session_id], |row| Ok(rows::rule(row)))?;
             rows.map(|row| row?).collect()
         })
     }
@@ -178,7 +136,7 @@ impl super::contract::PolicyReads for super::sqlite::Sqlite {
         self.with(|conn| {
             let sql = format!("SELECT {RULE_COLUMNS} FROM rules WHERE session_id = ?1 ORDER BY created_at, id");
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map([session_id], rule)?;
+            let rows = statement.query_map([session_id], |row| Ok(rows::rule(row)))?;
             rows.map(|row| row?).collect()
         })
     }
@@ -206,8 +164,10 @@ impl super::contract::PolicyReads for super::sqlite::Sqlite {
             );
             let mut statement = conn.prepare_cached(&sql)?;
             let rows = statement
-                .query_map(params![query.after as i64, query.tenant, query.since, limit as i64], audit_entry)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+                .query_map(params![query.after as i64, query.tenant, query.since, limit as i64], |row| {
+                    Ok(rows::audit_entry(row))
+                })?;
+            rows.map(|row| row?).collect()
         })
     }
 }

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use super::contract::{LogReads, SessionReads};
+use super::rows::{self, EVENT_COLUMNS, SESSION_COLUMNS};
 use super::{
     IdempotentAnswer, LoggedEvent, Page, SessionWalk, StoreError, UnsettledCall, WalkPage, Walked, IDEMPOTENCY_TTL_MS,
 };
@@ -55,7 +56,7 @@ impl SessionReads for super::sqlite::Sqlite {
         self.with(|conn| {
             let record = conn
                 .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1"))?
-                .query_row([id], session_from_row)
+                .query_row([id], |row| Ok(rows::session(row)))
                 .optional()?;
             record.transpose()
         })
@@ -68,7 +69,7 @@ impl SessionReads for super::sqlite::Sqlite {
                 "SELECT {SESSION_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
                  WHERE tenant = ?1 ORDER BY updated_at DESC, id DESC"
             ))?;
-            let rows = statement.query_map([tenant], session_from_row)?;
+            let rows = statement.query_map([tenant], |row| Ok(rows::session(row)))?;
             let mut sessions = Vec::new();
             for row in rows {
                 sessions.push(row??.summary);
@@ -104,8 +105,9 @@ impl SessionReads for super::sqlite::Sqlite {
                 "SELECT {SESSION_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
                  WHERE tenant = ?1 AND (updated_at, id) < (?2, ?3) ORDER BY updated_at DESC, id DESC LIMIT ?4"
             ))?;
-            let rows =
-                unmoved.query_map(params![tenant, below.0, below.1, (limit + moved.len()) as i64], session_from_row)?;
+            let rows = unmoved.query_map(params![tenant, below.0, below.1, (limit + moved.len()) as i64], |row| {
+                Ok(rows::session(row))
+            })?;
             let mut page = Vec::new();
             for row in rows {
                 let record = row??;
@@ -118,7 +120,7 @@ impl SessionReads for super::sqlite::Sqlite {
                 .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1 AND tenant = ?2"))?;
             for (id, place) in &moved {
                 let Some(place) = place.as_deref().filter(|place| (*place, id.as_str()) < below) else { continue };
-                if let Some(record) = by_id.query_row(params![id, tenant], session_from_row).optional()? {
+                if let Some(record) = by_id.query_row(params![id, tenant], |row| Ok(rows::session(row))).optional()? {
                     page.push(Walked { position: place.to_string(), summary: record?.summary });
                 }
             }
@@ -184,17 +186,8 @@ impl SessionReads for super::sqlite::Sqlite {
                 "SELECT s.session_id, s.actor, s.call FROM tool_call_starts s JOIN sessions ON sessions.id = s.session_id
                  WHERE s.settled = 0 AND sessions.tenant = ?1 ORDER BY s.rowid",
             )?;
-            let rows = statement.query_map([tenant], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?, row.get::<_, Option<String>>(2)?))
-            })?;
-            let mut found = Vec::new();
-            for row in rows {
-                let (session_id, actor, call) = row?;
-                let call = serde_json::from_str(call.as_deref().unwrap_or("null"))
-                    .map_err(|e| StoreError::Corrupt(format!("the mark of a call of {session_id}: {e}")))?;
-                found.push(UnsettledCall { session_id, actor, call });
-            }
-            Ok(found)
+            let rows = statement.query_map([tenant], |row| Ok(rows::unsettled_call(row)))?;
+            rows.map(|row| row?).collect()
         })
     }
 
@@ -258,13 +251,15 @@ impl LogReads for super::sqlite::Sqlite {
                 events.truncate(limit);
                 return Ok(events);
             };
-            let mut statement = conn.prepare_cached(
-                "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
+            let mut statement = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events
                  WHERE session_id = ?4 AND seq > ?1 AND seq < ?2 AND (tenant = ?3 OR tenant IS NULL)
-                 ORDER BY seq LIMIT ?5",
-            )?;
-            let rows = statement.query_map(params![range.0, range.1, query.tenant, session, range.2], logged_event)?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+                 ORDER BY seq LIMIT ?5"
+            ))?;
+            let rows = statement.query_map(params![range.0, range.1, query.tenant, session, range.2], |row| {
+                Ok(rows::logged_event(row))
+            })?;
+            rows.map(|row| row?).collect()
         })
     }
 
@@ -277,20 +272,20 @@ impl LogReads for super::sqlite::Sqlite {
     ) -> Result<Page<LoggedEvent>, StoreError> {
         self.with(|conn| {
             let kinds = serde_json::to_string(kinds).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let mut statement = conn.prepare_cached(
-                "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
+            let mut statement = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events
                  WHERE session_id = ?1 AND seq > ?2 AND type IN (SELECT value FROM json_each(?3))
-                 ORDER BY seq LIMIT ?4",
-            )?;
-            let rows = statement.query_map(params![session_id, after as i64, kinds, limit as i64 + 1], logged_event)?;
+                 ORDER BY seq LIMIT ?4"
+            ))?;
+            let rows = statement.query_map(params![session_id, after as i64, kinds, limit as i64 + 1], |row| {
+                Ok(rows::logged_event(row))
+            })?;
             let mut items = Vec::new();
             for row in rows {
-                items.push(row?);
+                let event = row??;
+                items.push((event.seq, event));
             }
-            let more = items.len() > limit;
-            items.truncate(limit);
-            let next = if more { items.last().map(|event| event.seq) } else { None };
-            Ok(Page { items, next })
+            Ok(Page::of(items, limit))
         })
     }
 
@@ -328,23 +323,6 @@ pub struct EventQuery<'a> {
     pub session: Option<&'a str>,
 }
 
-/// A row of `SELECT seq, tenant, session_id, type, at, body, actor, form FROM events`.
-pub(super) fn logged_event(row: &Row<'_>) -> rusqlite::Result<LoggedEvent> {
-    Ok(LoggedEvent {
-        seq: row.get::<_, i64>(0)? as u64,
-        tenant: row.get(1)?,
-        session_id: row.get(2)?,
-        kind: row.get(3)?,
-        at: row.get(4)?,
-        body: row.get(5)?,
-        actor: row.get(6)?,
-        form: row.get(7)?,
-    })
-}
-
-const SESSION_COLUMNS: &str =
-    "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count, forked_from";
-
 /// Up to `range.2` events with `range.0 < seq < range.1` that `filter` (on `?3`, `tenant`)
 /// keeps, in seq order.
 fn events_of(
@@ -354,37 +332,9 @@ fn events_of(
     tenant: &str,
 ) -> Result<Vec<LoggedEvent>, StoreError> {
     let mut statement = conn.prepare_cached(&format!(
-        "SELECT seq, tenant, session_id, type, at, body, actor, form FROM events
+        "SELECT {EVENT_COLUMNS} FROM events
          WHERE {filter} AND seq > ?1 AND seq < ?2 ORDER BY seq LIMIT ?4"
     ))?;
-    let rows = statement.query_map(params![range.0, range.1, tenant, range.2], logged_event)?;
-    Ok(rows.collect::<Result<Vec<_>, _>>()?)
-}
-
-fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Result<SessionRecord, StoreError>> {
-    let status: String = row.get(6)?;
-    let Some(status) = SessionStatus::parse(&status) else {
-        return Ok(Err(StoreError::Corrupt(format!("session status {status:?}"))));
-    };
-    Ok(Ok(SessionRecord {
-        summary: SessionSummary {
-            id: row.get(0)?,
-            title: row.get(2)?,
-            model: row.get(3)?,
-            workspace: row.get(5)?,
-            status,
-            created_at: row.get(7)?,
-            updated_at: row.get(8)?,
-            message_count: row.get::<_, i64>(9)? as u64,
-            forked_from: match row.get::<_, Option<String>>(10)? {
-                Some(text) => match serde_json::from_str(&text) {
-                    Ok(forked_from) => Some(forked_from),
-                    Err(error) => return Ok(Err(StoreError::Corrupt(format!("session forked_from: {error}")))),
-                },
-                None => None,
-            },
-        },
-        tenant: row.get(1)?,
-        system_prompt: row.get(4)?,
-    }))
+    let rows = statement.query_map(params![range.0, range.1, tenant, range.2], |row| Ok(rows::logged_event(row)))?;
+    rows.map(|row| row?).collect()
 }

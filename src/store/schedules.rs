@@ -1,9 +1,10 @@
 //! Scheduled runs and their fires (`crate::schedule`).
 
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::rows::{self, FIRE_COLUMNS, SCHEDULE_COLUMNS};
 use super::StoreError;
-use crate::schedule::{CatchUp, Fire, FireOutcome, Schedule, Target};
+use crate::schedule::{Fire, FireOutcome, Schedule};
 
 /// The fires each schedule keeps; older ones are dropped as new ones come.
 pub const FIRES_KEPT: i64 = 100;
@@ -116,87 +117,38 @@ fn record_fire(tx: &Transaction<'_>, fire: &Fire, next_at: Option<i64>) -> Resul
     Ok(())
 }
 
-const COLUMNS: &str =
-    "id, tenant, cron, timezone, target, message, catch_up, paused, next_at, last_fired_at, created_at, updated_at";
-
-fn schedule(row: &Row<'_>) -> rusqlite::Result<Result<Schedule, StoreError>> {
-    let (target, message, catch_up): (String, String, String) = (row.get(4)?, row.get(5)?, row.get(6)?);
-    let target: Target = match serde_json::from_str(&target) {
-        Ok(target) => target,
-        Err(error) => return Ok(Err(StoreError::Corrupt(format!("schedule target: {error}")))),
-    };
-    let message = serde_json::from_str::<serde_json::Value>(&message).ok();
-    let (Some(content), Some(catch_up)) =
-        (message.as_ref().and_then(|m| m["content"].as_str()), CatchUp::parse(&catch_up))
-    else {
-        return Ok(Err(StoreError::Corrupt(format!("schedule message or catch_up {catch_up:?}"))));
-    };
-    Ok(Ok(Schedule {
-        id: row.get(0)?,
-        tenant: row.get(1)?,
-        cron: row.get(2)?,
-        timezone: row.get(3)?,
-        target,
-        message: content.to_string(),
-        catch_up,
-        paused: row.get::<_, i64>(7)? != 0,
-        next_at: row.get(8)?,
-        last_fired_at: row.get(9)?,
-        created_at: row.get(10)?,
-        updated_at: row.get(11)?,
-    }))
-}
-
-fn fire(row: &Row<'_>) -> rusqlite::Result<Result<Fire, StoreError>> {
-    let outcome: String = row.get(4)?;
-    let Some(outcome) = FireOutcome::parse(&outcome) else {
-        return Ok(Err(StoreError::Corrupt(format!("fire outcome {outcome:?}"))));
-    };
-    Ok(Ok(Fire {
-        seq: row.get::<_, i64>(0)? as u64,
-        schedule_id: row.get(1)?,
-        due_at: row.get(2)?,
-        at: row.get(3)?,
-        outcome,
-        reason: row.get(5)?,
-        session_id: row.get(6)?,
-        run_id: row.get(7)?,
-    }))
-}
-
 impl super::contract::ScheduleReads for super::sqlite::Sqlite {
     fn schedules_of(&self, tenant: &str) -> Result<Vec<Schedule>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {COLUMNS} FROM schedules WHERE tenant = ?1 ORDER BY created_at, id");
+            let sql = format!("SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE tenant = ?1 ORDER BY created_at, id");
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map([tenant], schedule)?;
+            let rows = statement.query_map([tenant], |row| Ok(rows::schedule(row)))?;
             rows.map(|row| row?).collect()
         })
     }
 
     fn schedule(&self, id: &str) -> Result<Option<Schedule>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {COLUMNS} FROM schedules WHERE id = ?1");
-            conn.prepare_cached(&sql)?.query_row([id], schedule).optional()?.transpose()
+            let sql = format!("SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id = ?1");
+            conn.prepare_cached(&sql)?.query_row([id], |row| Ok(rows::schedule(row))).optional()?.transpose()
         })
     }
 
     fn active_schedules(&self) -> Result<Vec<Schedule>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {COLUMNS} FROM schedules WHERE paused = 0 AND next_at IS NOT NULL");
+            let sql = format!("SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE paused = 0 AND next_at IS NOT NULL");
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map([], schedule)?;
+            let rows = statement.query_map([], |row| Ok(rows::schedule(row)))?;
             rows.map(|row| row?).collect()
         })
     }
 
     fn fires(&self, schedule_id: &str, limit: usize) -> Result<Vec<Fire>, StoreError> {
         self.with(|conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT seq, schedule_id, due_at, at, outcome, reason, session_id, run_id FROM schedule_fires
-                 WHERE schedule_id = ?1 ORDER BY seq DESC LIMIT ?2",
-            )?;
-            let rows = statement.query_map(params![schedule_id, limit as i64], fire)?;
+            let mut statement = conn.prepare_cached(&format!(
+                "SELECT {FIRE_COLUMNS} FROM schedule_fires WHERE schedule_id = ?1 ORDER BY seq DESC LIMIT ?2"
+            ))?;
+            let rows = statement.query_map(params![schedule_id, limit as i64], |row| Ok(rows::fire(row)))?;
             rows.map(|row| row?).collect()
         })
     }

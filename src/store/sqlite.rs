@@ -90,6 +90,24 @@ impl Recovery for Sqlite {
     }
 }
 
+impl super::rows::Cells for rusqlite::Row<'_> {
+    fn text(&self, index: usize) -> Result<String, StoreError> {
+        Ok(self.get(index)?)
+    }
+
+    fn opt_text(&self, index: usize) -> Result<Option<String>, StoreError> {
+        Ok(self.get(index)?)
+    }
+
+    fn int(&self, index: usize) -> Result<i64, StoreError> {
+        Ok(self.get(index)?)
+    }
+
+    fn opt_int(&self, index: usize) -> Result<Option<i64>, StoreError> {
+        Ok(self.get(index)?)
+    }
+}
+
 /// A session's status as the claim columns see it (for the writer).
 pub(super) fn running() -> &'static str {
     SessionStatus::Running.as_str()

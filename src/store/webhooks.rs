@@ -2,11 +2,12 @@
 //! `enqueue` runs inside the log append's transaction: an event and its deliveries commit
 //! together or not at all.
 
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::{LoggedEvent, StoreError};
 use crate::domain::STORED_FORM;
-use crate::webhooks::{Attempt, Delivery, DeliveryState, Source, Webhook};
+use crate::webhooks::{Attempt, Delivery, DeliveryState, Webhook};
 
 /// A change to the webhooks.
 #[derive(Debug, Clone)]
@@ -205,77 +206,26 @@ pub(super) fn enqueue(tx: &Transaction<'_>, first: u64, entries: &[Option<Logged
     Ok(())
 }
 
-const WEBHOOK_COLUMNS: &str = "w.id, w.tenant, w.url, w.description, w.secret, w.source, w.enabled, w.failures,
-     w.disabled_reason, w.created_at,
-     (SELECT group_concat(type, ' ') FROM webhook_events WHERE webhook_id = w.id)";
-
-fn webhook(row: &Row<'_>) -> rusqlite::Result<Result<Webhook, StoreError>> {
-    let source: String = row.get(5)?;
-    let Some(source) = Source::parse(&source) else {
-        return Ok(Err(StoreError::Corrupt(format!("webhook source {source:?}"))));
-    };
-    let mut events: Vec<String> =
-        row.get::<_, Option<String>>(10)?.unwrap_or_default().split(' ').map(str::to_string).collect();
-    events.retain(|kind| !kind.is_empty());
-    events.sort();
-    Ok(Ok(Webhook {
-        id: row.get(0)?,
-        tenant: row.get(1)?,
-        url: row.get(2)?,
-        description: row.get(3)?,
-        secret: row.get(4)?,
-        events,
-        source,
-        enabled: row.get::<_, i64>(6)? != 0,
-        failures: row.get(7)?,
-        disabled_reason: row.get(8)?,
-        created_at: row.get(9)?,
-    }))
-}
-
-const DELIVERY_COLUMNS: &str = "id, webhook_id, seq, type, at, session_id, body, form, state, attempts, next_at,
-     created_ms, last_status, last_error, last_latency_ms, delivered_at";
-
-fn delivery(row: &Row<'_>) -> rusqlite::Result<Result<Delivery, StoreError>> {
-    let state: String = row.get(8)?;
-    let Some(state) = DeliveryState::parse(&state) else {
-        return Ok(Err(StoreError::Corrupt(format!("delivery state {state:?}"))));
-    };
-    Ok(Ok(Delivery {
-        id: row.get(0)?,
-        webhook_id: row.get(1)?,
-        seq: row.get::<_, i64>(2)? as u64,
-        kind: row.get(3)?,
-        at: row.get(4)?,
-        session_id: row.get(5)?,
-        body: row.get(6)?,
-        form: row.get(7)?,
-        state,
-        attempts: row.get(9)?,
-        next_at: row.get(10)?,
-        created_ms: row.get(11)?,
-        last_status: row.get(12)?,
-        last_error: row.get(13)?,
-        last_latency_ms: row.get::<_, Option<i64>>(14)?.map(|ms| ms.max(0) as u64),
-        delivered_at: row.get(15)?,
-    }))
+/// The endpoint's columns and its event types.
+fn webhook_columns() -> String {
+    format!("{WEBHOOK_COLUMNS}, (SELECT group_concat(type, ' ') FROM webhook_events WHERE webhook_id = w.id)")
 }
 
 impl super::contract::WebhookReads for super::sqlite::Sqlite {
     fn webhooks_of(&self, tenant: &str) -> Result<Vec<Webhook>, StoreError> {
         self.with(|conn| {
             let sql =
-                format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks w WHERE w.tenant = ?1 ORDER BY w.created_at, w.id");
+                format!("SELECT {} FROM webhooks w WHERE w.tenant = ?1 ORDER BY w.created_at, w.id", webhook_columns());
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map([tenant], webhook)?;
+            let rows = statement.query_map([tenant], |row| Ok(rows::webhook(row)))?;
             rows.map(|row| row?).collect()
         })
     }
 
     fn webhook(&self, id: &str) -> Result<Option<Webhook>, StoreError> {
         self.with(|conn| {
-            let sql = format!("SELECT {WEBHOOK_COLUMNS} FROM webhooks w WHERE w.id = ?1");
-            conn.prepare_cached(&sql)?.query_row([id], webhook).optional()?.transpose()
+            let sql = format!("SELECT {} FROM webhooks w WHERE w.id = ?1", webhook_columns());
+            conn.prepare_cached(&sql)?.query_row([id], |row| Ok(rows::webhook(row))).optional()?.transpose()
         })
     }
 
@@ -288,7 +238,7 @@ impl super::contract::WebhookReads for super::sqlite::Sqlite {
                  ORDER BY next_at, seq LIMIT ?2"
             );
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map(params![now_ms, limit as i64], delivery)?;
+            let rows = statement.query_map(params![now_ms, limit as i64], |row| Ok(rows::delivery(row)))?;
             rows.map(|row| row?).collect()
         })
     }
@@ -315,26 +265,19 @@ impl super::contract::WebhookReads for super::sqlite::Sqlite {
             );
             let mut statement = conn.prepare_cached(&sql)?;
             let deliveries: Vec<Delivery> = statement
-                .query_map(params![webhook_id, limit as i64], delivery)?
+                .query_map(params![webhook_id, limit as i64], |row| Ok(rows::delivery(row)))?
                 .map(|row| row?)
                 .collect::<Result<_, StoreError>>()?;
-            let mut attempts = conn.prepare_cached(
-                "SELECT n, at, status, error, latency_ms FROM webhook_attempts WHERE delivery_id = ?1 ORDER BY n",
-            )?;
+            let mut attempts = conn.prepare_cached(&format!(
+                "SELECT {ATTEMPT_COLUMNS} FROM webhook_attempts WHERE delivery_id = ?1 ORDER BY n"
+            ))?;
             deliveries
                 .into_iter()
                 .map(|delivery| {
                     let tries = attempts
-                        .query_map([&delivery.id], |row| {
-                            Ok(Attempt {
-                                n: row.get(0)?,
-                                at: row.get(1)?,
-                                status: row.get(2)?,
-                                error: row.get(3)?,
-                                latency_ms: row.get::<_, i64>(4)?.max(0) as u64,
-                            })
-                        })?
-                        .collect::<rusqlite::Result<Vec<_>>>()?;
+                        .query_map([&delivery.id], |row| Ok(rows::attempt(row)))?
+                        .map(|row| row?)
+                        .collect::<Result<Vec<_>, StoreError>>()?;
                     Ok((delivery, tries))
                 })
                 .collect()

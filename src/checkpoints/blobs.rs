@@ -14,6 +14,35 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+/// Where checkpoint contents are kept, by their SHA-256: files under the data dir
+/// (`BlobStore`), or a table of the database when the store is shared (PostgreSQL).
+pub trait Blobs: Send + Sync {
+    /// A batch of new blobs, durable together at `BlobBatch::finish`.
+    fn batch(&self) -> Box<dyn BlobBatch + '_>;
+    fn get(&self, digest: &str) -> std::io::Result<Vec<u8>>;
+    /// Removes what unfinished batches left (a crash mid-capture); how many.
+    fn remove_leftovers(&self) -> std::io::Result<usize>;
+    /// Removes a blob no checkpoint refers to any more.
+    fn remove(&self, digest: &str) -> std::io::Result<()>;
+    /// Every stored digest (for collecting unreferenced blobs).
+    fn digests(&self) -> std::io::Result<Vec<String>>;
+}
+
+/// New blobs being stored; none is named by a manifest before `finish` answers.
+pub trait BlobBatch {
+    /// Stores `content` under `digest` unless the store or this batch has it; whether it was new.
+    fn put(&mut self, digest: &str, content: &[u8]) -> std::io::Result<bool>;
+    /// Makes every new blob durable and readable.
+    fn finish(self: Box<Self>) -> std::io::Result<()>;
+}
+
+/// The digest of `content`.
+pub fn digest(content: &[u8]) -> String {
+    let hash = Sha256::digest(content);
+    hash.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Blob files under `<data_dir>/blobs`.
 pub struct BlobStore {
     dir: PathBuf,
 }
@@ -25,8 +54,7 @@ impl BlobStore {
 
     /// The digest of `content`.
     pub fn digest(content: &[u8]) -> String {
-        let hash = Sha256::digest(content);
-        hash.iter().map(|byte| format!("{byte:02x}")).collect()
+        digest(content)
     }
 
     fn path(&self, digest: &str) -> PathBuf {
@@ -93,6 +121,38 @@ impl BlobStore {
             .filter_map(|file| file.file_name().into_string().ok())
             .filter(|name| name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
             .collect()
+    }
+}
+
+impl Blobs for BlobStore {
+    fn batch(&self) -> Box<dyn BlobBatch + '_> {
+        Box::new(BlobStore::batch(self))
+    }
+
+    fn get(&self, digest: &str) -> std::io::Result<Vec<u8>> {
+        BlobStore::get(self, digest)
+    }
+
+    fn remove_leftovers(&self) -> std::io::Result<usize> {
+        BlobStore::remove_leftovers(self)
+    }
+
+    fn remove(&self, digest: &str) -> std::io::Result<()> {
+        BlobStore::remove(self, digest)
+    }
+
+    fn digests(&self) -> std::io::Result<Vec<String>> {
+        Ok(BlobStore::digests(self))
+    }
+}
+
+impl BlobBatch for Batch<'_> {
+    fn put(&mut self, digest: &str, content: &[u8]) -> std::io::Result<bool> {
+        Batch::put(self, digest, content)
+    }
+
+    fn finish(self: Box<Self>) -> std::io::Result<()> {
+        Batch::finish(*self)
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use blobs::BlobStore;
+use blobs::{BlobStore, Blobs};
 use stats::{Known, Stamp, StatCache};
 use tree::{Found, Limits, WalkError};
 
@@ -139,7 +139,7 @@ pub struct Taking<'a> {
 
 pub struct Checkpoints {
     store: Store,
-    blobs: Arc<BlobStore>,
+    blobs: Arc<dyn Blobs>,
     stats: Arc<StatCache>,
     /// Held to read by every taking from its capture to its manifest's commit, and to write
     /// by a collection of blobs, which so never removes a blob a manifest is about to name.
@@ -149,7 +149,7 @@ pub struct Checkpoints {
 
 impl Checkpoints {
     pub fn new(store: Store, data_dir: &Path, config: CheckpointConfig) -> Checkpoints {
-        let blobs = Arc::new(BlobStore::new(data_dir));
+        let blobs = store.blobs().unwrap_or_else(|| Arc::new(BlobStore::new(data_dir)));
         Checkpoints { store, blobs, stats: Arc::default(), collecting: RwLock::new(()), config }
     }
 
@@ -207,7 +207,7 @@ impl Checkpoints {
         let (blobs, stats, limits) = (Arc::clone(&self.blobs), Arc::clone(&self.stats), self.limits());
         let root = workspace.to_path_buf();
         let timeout = Duration::from_secs(self.config.capture_timeout_secs.max(1));
-        let captured = with_deadline(timeout, move |stop| capture_tree(&blobs, &stats, &root, limits, stop))?;
+        let captured = with_deadline(timeout, move |stop| capture_tree(&*blobs, &stats, &root, limits, stop))?;
         log::debug!("checkpoint capture read {} of {} files", captured.read, captured.found.len());
         Ok(captured.found)
     }
@@ -219,7 +219,7 @@ impl Checkpoints {
         self.stats.forget_all();
         self.blobs.remove_leftovers()?;
         let mut removed = 0;
-        for digest in self.blobs.digests() {
+        for digest in self.blobs.digests()? {
             if !self.store.readers().blob_referenced(&digest)? {
                 self.blobs.remove(&digest)?;
                 removed += 1;
@@ -239,7 +239,7 @@ struct Captured {
 /// does not know unchanged; the new blobs are durable and in place before it answers, so a
 /// manifest naming them can commit.
 fn capture_tree(
-    blobs: &BlobStore,
+    blobs: &dyn Blobs,
     stats: &StatCache,
     root: &Path,
     limits: Limits,
@@ -257,7 +257,7 @@ fn capture_tree(
 
 /// A capture's keeping: new contents into a batch of blobs, each file's stamp remembered.
 struct Capture<'a> {
-    batch: blobs::Batch<'a>,
+    batch: Box<dyn blobs::BlobBatch + 'a>,
     /// What the last capture of this workspace read.
     known: Known,
     /// What this one read or knew.
@@ -274,7 +274,7 @@ impl tree::Keep for Capture<'_> {
     }
 
     fn keep(&mut self, path: &str, opened: &Entry, content: &[u8]) -> std::io::Result<String> {
-        let digest = BlobStore::digest(content);
+        let digest = blobs::digest(content);
         self.batch.put(&digest, content)?;
         self.seen.insert(path.to_string(), (Stamp::of(opened), digest.clone()));
         self.read += 1;
@@ -311,7 +311,7 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
-    fn capture(blobs: &BlobStore, stats: &StatCache, root: &Path) -> Captured {
+    fn capture(blobs: &dyn Blobs, stats: &StatCache, root: &Path) -> Captured {
         let limits = Limits { max_files: 1000, max_bytes: 1 << 30 };
         capture_tree(blobs, stats, root, limits, &AtomicBool::new(false)).expect("a capture")
     }
@@ -389,7 +389,7 @@ mod tests {
         let mut checkpoints = Checkpoints::new(store, data.path(), CheckpointConfig::default());
         checkpoints.stats = Arc::new(StatCache::with_racy_window(0));
         std::fs::write(workspace.path().join("kept"), "kept").unwrap();
-        assert_eq!(capture(&checkpoints.blobs, &checkpoints.stats, workspace.path()).read, 1);
+        assert_eq!(capture(&*checkpoints.blobs, &checkpoints.stats, workspace.path()).read, 1);
         let shard = data.path().join("blobs/00");
         std::fs::create_dir_all(&shard).unwrap();
         std::fs::write(shard.join(".00ab.leftover"), "half a blob").unwrap();
@@ -397,7 +397,7 @@ mod tests {
         // the next capture stores the content again rather than naming a missing blob.
         assert_eq!(checkpoints.collect_garbage().unwrap(), 1);
         assert!(!shard.join(".00ab.leftover").exists());
-        let again = capture(&checkpoints.blobs, &checkpoints.stats, workspace.path());
+        let again = capture(&*checkpoints.blobs, &checkpoints.stats, workspace.path());
         assert_eq!(again.read, 1);
         assert_eq!(checkpoints.blobs.get(digest_of(&again, "kept")).unwrap(), b"kept");
         writer.shutdown();

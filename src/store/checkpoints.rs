@@ -66,7 +66,7 @@ pub struct CheckpointEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
     entries: Vec<CheckpointEntry>,
-    digest: String,
+    pub(super) digest: String,
 }
 
 impl Manifest {

@@ -39,6 +39,18 @@ impl Trim {
         self.below.unwrap_or(0) < self.goal
     }
 
+    /// After a step tried on a copy (`tried`) in a transaction of its own: its progress if
+    /// it committed; if not, the goal is given up until the next append sets it again.
+    pub(super) fn settle(&mut self, stepped: Result<(), StoreError>, tried: Trim) {
+        match stepped {
+            Ok(()) => *self = tried,
+            Err(error) => {
+                log::warn!("dropping the oldest events failed: {error}");
+                self.goal = self.below.unwrap_or(0);
+            }
+        }
+    }
+
     pub(super) fn step(&mut self, tx: &Transaction<'_>, most: i64) -> Result<(), StoreError> {
         if !self.behind() {
             return Ok(());
@@ -64,7 +76,7 @@ impl Trim {
 }
 
 /// When the last move had which tick: `(when, tick)`.
-type Mark = (Instant, i64);
+pub(super) type Mark = (Instant, i64);
 
 /// The last move's tick at each prune, oldest first: ticks no later than one marked more than
 /// `MOVES_KEPT` ago are older than any walk.
@@ -72,7 +84,18 @@ pub(super) struct MoveMarks(VecDeque<Mark>);
 
 impl MoveMarks {
     pub(super) fn open(conn: &Connection) -> Result<MoveMarks, StoreError> {
-        Ok(MoveMarks(VecDeque::from([(Instant::now(), last_move(conn)?)])))
+        Ok(MoveMarks::starting_at(last_move(conn)?))
+    }
+
+    /// Marks that start with the last move's tick now.
+    pub(super) fn starting_at(tick: i64) -> MoveMarks {
+        MoveMarks(VecDeque::from([(Instant::now(), tick)]))
+    }
+
+    /// Whether it is time to prune, and if so the tick at and below which moves are older
+    /// than any walk (`None`: none is yet).
+    pub(super) fn due(&self) -> Option<Option<i64>> {
+        due(&self.0)
     }
 
     /// Drops the moves older than any walk, if it is time; the mark to keep once `tx` commits.
@@ -92,17 +115,21 @@ impl MoveMarks {
 /// key, about a minute's moves. The last move stays, so that ticks never go back. The mark
 /// to keep once this commits.
 fn prune_moves(marks: &VecDeque<Mark>, tx: &Transaction<'_>) -> Result<Option<Mark>, StoreError> {
-    if marks.back().is_some_and(|(at, _)| at.elapsed() < PRUNE_EVERY) {
-        return Ok(None);
-    }
-    let older = marks.iter().rev().find(|(at, _)| at.elapsed() > MOVES_KEPT);
-    if let Some((_, tick)) = older {
+    let Some(older) = due(marks) else { return Ok(None) };
+    if let Some(tick) = older {
         tx.prepare_cached(
             "DELETE FROM session_moves WHERE tick <= ?1 AND tick < (SELECT max(tick) FROM session_moves)",
         )?
         .execute([tick])?;
     }
     Ok(Some((Instant::now(), last_move(tx)?)))
+}
+
+fn due(marks: &VecDeque<Mark>) -> Option<Option<i64>> {
+    if marks.back().is_some_and(|(at, _)| at.elapsed() < PRUNE_EVERY) {
+        return None;
+    }
+    Some(marks.iter().rev().find(|(at, _)| at.elapsed() > MOVES_KEPT).map(|(_, tick)| *tick))
 }
 
 /// The tick of the last move of a session (`session_moves`), or 0.

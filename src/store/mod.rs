@@ -10,6 +10,7 @@ mod checkpoints;
 #[cfg(test)]
 pub mod conformance;
 mod contract;
+mod group_commit;
 mod housekeeping;
 mod lock;
 mod migrate;
@@ -67,6 +68,9 @@ pub enum StoreError {
     InUse(u64),
     /// A turn already holds the session (a claim lost its compare-and-set).
     Busy,
+    /// The database cannot be reached for now (a restart, a failover, a timed-out
+    /// statement); worth trying again in a moment.
+    Unavailable(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -74,6 +78,7 @@ impl std::fmt::Display for StoreError {
         match self {
             StoreError::Backend(message) => write!(f, "store: {message}"),
             StoreError::Busy => write!(f, "a turn holds the session"),
+            StoreError::Unavailable(why) => write!(f, "the database is unavailable for now: {why}"),
             StoreError::Io(error) => write!(f, "data dir: {error}"),
             StoreError::Closed => write!(f, "the store is closed"),
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
@@ -93,6 +98,26 @@ impl std::fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+impl StoreError {
+    /// The same error again, for each write of a batch that failed as one (an I/O error
+    /// becomes its message).
+    pub(crate) fn again(&self) -> StoreError {
+        match self {
+            StoreError::Backend(why) => StoreError::Backend(why.clone()),
+            StoreError::Io(error) => StoreError::Backend(error.to_string()),
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Corrupt(why) => StoreError::Corrupt(why.clone()),
+            StoreError::Locked { dir, holder } => StoreError::Locked { dir: dir.clone(), holder: *holder },
+            StoreError::MissingSession => StoreError::MissingSession,
+            StoreError::Conflict(why) => StoreError::Conflict(why.clone()),
+            StoreError::NotFound => StoreError::NotFound,
+            StoreError::InUse(count) => StoreError::InUse(*count),
+            StoreError::Busy => StoreError::Busy,
+            StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
+        }
+    }
+}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(error: rusqlite::Error) -> Self {
@@ -268,6 +293,14 @@ pub struct Walked {
     pub summary: crate::domain::SessionSummary,
 }
 
+/// A walk's page: the sessions found, by place (most recent first, ties by id, descending),
+/// at most `limit`.
+pub(crate) fn walked_page(as_of: i64, mut page: Vec<Walked>, limit: usize) -> WalkPage {
+    page.sort_by(|a, b| (&b.position, &b.summary.id).cmp(&(&a.position, &a.summary.id)));
+    page.truncate(limit);
+    WalkPage { as_of, sessions: page }
+}
+
 /// How long a walk may last: moves are kept a minute longer than this.
 pub const WALK_TTL_MS: i64 = 15 * 60 * 1000;
 
@@ -304,6 +337,9 @@ enum WriterMsg {
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
+    /// Where checkpoint contents go when the backend keeps them (`None`: files in the data
+    /// dir).
+    blobs: Option<Arc<dyn crate::checkpoints::blobs::Blobs>>,
 }
 
 /// The data dir, made if missing, readable only by its owner (0700): every tenant's
@@ -330,7 +366,20 @@ fn private_file(path: &Path, create: bool) -> std::io::Result<()> {
 impl Store {
     /// A handle on `backend`.
     pub fn new(backend: Arc<dyn Backend>) -> Store {
-        Store { backend }
+        Store { backend, blobs: None }
+    }
+
+    /// Where checkpoint contents go, if the backend keeps them itself.
+    pub fn blobs(&self) -> Option<Arc<dyn crate::checkpoints::blobs::Blobs>> {
+        self.blobs.clone()
+    }
+
+    /// Opens the PostgreSQL database at `url` (applying migrations) with `pool` connections
+    /// for readers, and starts its writer thread; checkpoint contents live in the database.
+    pub fn open_postgres(url: &str, pool: u32) -> Result<(Store, WriterHandle), StoreError> {
+        let (backend, handle) = postgres::Postgres::open(url, pool)?;
+        let blobs = backend.blobs();
+        Ok((Store { backend: Arc::new(backend), blobs: Some(blobs) }, handle))
     }
 
     /// Batches queued for the backend and not yet taken.

@@ -124,9 +124,7 @@ impl SessionReads for super::sqlite::Sqlite {
                     page.push(Walked { position: place.to_string(), summary: record?.summary });
                 }
             }
-            page.sort_by(|a, b| (&b.position, &b.summary.id).cmp(&(&a.position, &a.summary.id)));
-            page.truncate(limit);
-            Ok(WalkPage { as_of, sessions: page })
+            Ok(super::walked_page(as_of, page, limit))
         })
     }
 

@@ -1,11 +1,9 @@
 //! The writer actor: the only thread that writes to SQLite.
 //!
-//! Runs on the `kestrel-store` thread. It blocks on its inbox for the first message, then
-//! drains whatever else is already queued (up to `MAX_BATCH`) and commits all of it in one
-//! transaction: group commit, so a hundred concurrent writes cost one fsync, not a hundred.
-//! Replies go out only after the commit. If a batch fails, it is rolled back and each message
-//! is retried in its own transaction, so one bad write never fails its neighbours.
-//! It exits on `Shutdown` after committing everything queued before it; the app stops it last.
+//! Runs on the `kestrel-store` thread the loop of `group_commit.rs` (a batch of whatever is
+//! queued, one transaction, replies after the commit); this is how a batch commits in
+//! SQLite. It exits on `Shutdown` after committing everything queued before it; the app
+//! stops it last.
 
 use std::path::Path;
 use std::thread::JoinHandle;
@@ -13,14 +11,11 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use super::contract::{Committed, Reply};
+use super::contract::Committed;
 use super::housekeeping::{MoveMarks, Trim, TRIM_STEP_COMMIT, TRIM_STEP_IDLE};
 use super::lock::DataDirLock;
 use super::{SessionPatch, StoreError, WriteOp, WriterMsg};
 use crate::domain::STORED_FORM;
-
-/// The most messages one transaction takes; bounds the latency a batch adds to its first write.
-const MAX_BATCH: usize = 4096;
 
 pub(super) struct Writer {
     conn: Connection,
@@ -39,6 +34,11 @@ pub struct WriterHandle {
 }
 
 impl WriterHandle {
+    /// A handle on the writer `thread` listening on `writer_tx`; `lock` goes with it.
+    pub(super) fn new(writer_tx: Sender<WriterMsg>, thread: JoinHandle<()>, lock: Option<DataDirLock>) -> WriterHandle {
+        WriterHandle { writer_tx, thread: Some(thread), _lock: lock }
+    }
+
     /// Commits everything queued so far, then stops the thread and waits for it.
     pub fn shutdown(mut self) {
         let _ = self.writer_tx.send(WriterMsg::Shutdown);
@@ -71,49 +71,14 @@ impl Writer {
     ) -> Result<WriterHandle, StoreError> {
         let thread = std::thread::Builder::new()
             .name("kestrel-store".into())
-            .spawn(move || self.run(inbox))
+            .spawn(move || super::group_commit::run(self, inbox))
             .map_err(StoreError::Io)?;
         Ok(WriterHandle { writer_tx, thread: Some(thread), _lock: lock })
     }
 
-    fn run(mut self, inbox: Receiver<WriterMsg>) {
-        let mut batch: Vec<(Vec<WriteOp>, Option<Reply>)> = Vec::new();
-        loop {
-            let mut stop = false;
-            // While old events are still to be dropped, an idle writer drops them a step at a time.
-            let next = match self.trim.behind() {
-                true => inbox.try_recv().map_err(|error| error.is_disconnected()),
-                false => inbox.recv().map_err(|_| true),
-            };
-            match next {
-                Ok(WriterMsg::Write { ops, reply }) => batch.push((ops, reply)),
-                Ok(WriterMsg::Shutdown) | Err(true) => stop = true,
-                Err(false) => {
-                    self.trim_while_idle();
-                    continue;
-                }
-            }
-            while !stop && batch.len() < MAX_BATCH {
-                match inbox.try_recv() {
-                    Ok(WriterMsg::Write { ops, reply }) => batch.push((ops, reply)),
-                    Ok(WriterMsg::Shutdown) => stop = true,
-                    Err(_) => break,
-                }
-            }
-            if !batch.is_empty() {
-                self.commit_batch(&mut batch);
-            }
-            if stop {
-                break;
-            }
-        }
-        log::debug!("store writer stopped");
-    }
-
     /// One step of trimming in a transaction of its own.
-    fn trim_while_idle(&mut self) {
+    fn trim_idle_step(&mut self) {
         let mut trim = self.trim;
-        let started = std::time::Instant::now();
         let stepped =
             self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from).and_then(
                 |tx| {
@@ -121,62 +86,23 @@ impl Writer {
                     Ok(tx.commit()?)
                 },
             );
-        // It holds the writer like a commit: it counts as one.
-        crate::metrics::get().writer_commit.observe(started.elapsed().as_secs_f64());
-        match stepped {
-            Ok(()) => self.trim = trim,
-            Err(error) => {
-                // Tried again with the next append.
-                log::warn!("dropping the oldest events failed: {error}");
-                self.trim.goal = self.trim.below.unwrap_or(0);
-            }
-        }
-    }
-
-    fn commit_batch(&mut self, batch: &mut Vec<(Vec<WriteOp>, Option<Reply>)>) {
-        let metrics = crate::metrics::get();
-        let operations: usize = batch.iter().map(|(ops, _)| ops.len()).sum();
-        metrics.writer_batch.observe(operations as f64);
-        let started = std::time::Instant::now();
-        let outcome = self.transaction(batch.iter().map(|(ops, _)| ops.as_slice()));
-        metrics.writer_commit.observe(started.elapsed().as_secs_f64());
-        match outcome {
-            Ok(committed) => {
-                for ((_, reply), committed) in batch.drain(..).zip(committed) {
-                    respond(reply, Ok(committed));
-                }
-            }
-            Err(error) if batch.len() > 1 => {
-                log::warn!("batch of {} writes failed ({error}); retrying one by one", batch.len());
-                for (ops, reply) in batch.drain(..) {
-                    let result = self.transaction(std::iter::once(ops.as_slice())).map(|mut c| c.remove(0));
-                    respond(reply, result);
-                }
-            }
-            Err(error) => {
-                if let Some((_, reply)) = batch.pop() {
-                    respond(reply, Err(error));
-                }
-            }
-        }
+        self.trim.settle(stepped, trim);
     }
 
     /// Commits every message's ops in one transaction, which takes the write lock at its
     /// start; what each message's log append was given. A transaction that only allocates
     /// seqs (token deltas: nothing is kept) skips the sync: losing it to a power cut loses
     /// nothing anyone could have read.
-    fn transaction<'a>(
-        &mut self,
-        messages: impl Iterator<Item = &'a [WriteOp]> + Clone,
-    ) -> Result<Vec<Committed>, StoreError> {
+    fn sqlite_transaction(&mut self, messages: &[&[WriteOp]]) -> Result<Vec<Committed>, StoreError> {
         let only_seqs = messages
-            .clone()
+            .iter()
+            .copied()
             .flatten()
             .all(|op| matches!(op, WriteOp::AppendLog { entries, .. } if entries.iter().all(Option::is_none)));
         if only_seqs {
             self.conn.pragma_update(None, "synchronous", "OFF")?;
         }
-        let outcome = self.commit(messages);
+        let outcome = self.commit(messages.iter().copied());
         if only_seqs {
             self.conn.pragma_update(None, "synchronous", "FULL")?;
         }
@@ -206,6 +132,20 @@ impl Writer {
         }
         self.trim = trim;
         Ok(committed)
+    }
+}
+
+impl super::group_commit::Committer for Writer {
+    fn transaction(&mut self, messages: &[&[WriteOp]]) -> Result<Vec<Committed>, StoreError> {
+        self.sqlite_transaction(messages)
+    }
+
+    fn trim_behind(&self) -> bool {
+        self.trim.behind()
+    }
+
+    fn trim_while_idle(&mut self) {
+        self.trim_idle_step()
     }
 }
 
@@ -258,19 +198,6 @@ fn remember_last_seq(tx: &Transaction<'_>) -> Result<(), StoreError> {
     ))?
     .execute([])?;
     Ok(())
-}
-
-fn respond(reply: Option<Reply>, result: Result<Committed, StoreError>) {
-    match reply {
-        Some(reply) => {
-            let _ = reply.send(result);
-        }
-        None => {
-            if let Err(error) = result {
-                log::error!("a detached write failed: {error}");
-            }
-        }
-    }
 }
 
 /// Applies one op; a log append answers with its first seq.

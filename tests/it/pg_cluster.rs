@@ -8,13 +8,17 @@
 //!
 //! Without PostgreSQL installed, `database()` says the test is skipped and answers `None`;
 //! `KESTREL_REQUIRE_POSTGRES=1` (set by `.ci/run`) makes that a failure.
+//!
+//! The crate's own unit tests include this file too (the store conformance suite runs on
+//! PostgreSQL there), so it uses only the package's dependencies, not the crate.
 
 use std::fs::{self, File};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::WAIT;
+/// How long the cluster may take to start.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The cluster's superuser and its password (a test secret: it must never show in output).
 pub const USER: &str = "kestrel";
@@ -40,7 +44,7 @@ pub fn database() -> Option<Database> {
     let port = cluster(&bin);
     let name = format!("k_{}", uuid::Uuid::new_v4().simple());
     let admin = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres");
-    let mut client = kestrel::store::postgres::connect(&admin).expect("the test cluster answers");
+    let mut client = postgres::Client::connect(&admin, postgres::NoTls).expect("the test cluster answers");
     client.batch_execute(&format!("CREATE DATABASE {name}")).expect("a database");
     Some(Database { url: format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/{name}"), port, name })
 }

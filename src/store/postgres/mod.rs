@@ -1,18 +1,114 @@
-//! PostgreSQL, the second store (issue 23, under way): connecting with a URL whose password
-//! never reaches a message, and the versioned schema applied under an advisory lock
-//! (`migrate.rs`), so several processes starting at once apply each version once. The
-//! `postgres` crate is a synchronous client over an internal single-threaded tokio runtime
-//! of its own (README: "no async runtime" is said with that caveat).
+//! PostgreSQL, the second store: the store traits (`contract.rs`) over a database its users
+//! already run. Connecting takes a URL whose password never reaches a message; the versioned
+//! schema is applied at open under an advisory lock (`migrate.rs`), so several processes
+//! starting at once apply each version once. The `postgres` crate is a synchronous client
+//! over an internal single-threaded tokio runtime of its own (README: "no async runtime" is
+//! said with that caveat).
 //!
-//! The backend itself (the store traits over this schema) is not here yet; nothing selects
-//! PostgreSQL at start until it is.
+//! - `writer.rs`: the writer thread, group commit, and waiting out a restart of the server;
+//!   `apply.rs` and the table modules turn each `WriteOp` into SQL.
+//! - `conn.rs`: connections with their prepared statements, the readers' pool (r2d2), and
+//!   what an error means (`StoreError::Unavailable` for a lost server).
+//! - `reads.rs` and the table modules: the reads, on pooled connections.
+//! - `blobs.rs`: checkpoint contents in the database.
 
+mod apply;
+mod bae;
+mod blobs;
+mod checkpoints;
+mod conn;
 mod migrate;
+mod policy;
+mod reads;
+mod schedules;
+mod webhooks;
+mod writer;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_channel::{bounded, Sender};
+
+use super::contract::{Claims, Recovery, Reply, Seqs, TurnClaim, Writes};
+use super::{StoreError, WriteOp, WriterHandle, WriterMsg};
 pub use migrate::{migrate, Migrated, VERSIONS};
+
+/// Capacity of the writer's inbox (as SQLite's): when full, senders wait.
+const WRITER_INBOX: usize = 8192;
+
+/// The PostgreSQL backend.
+pub struct Postgres {
+    writer_tx: Sender<WriterMsg>,
+    pool: Arc<conn::Pool>,
+}
+
+impl Postgres {
+    /// Connects to `url` (a failure is one line naming the problem, never the password),
+    /// applies the schema's missing versions, starts the writer thread, and keeps a pool of
+    /// up to `pool` connections for readers.
+    pub fn open(url: &str, pool: u32) -> Result<(Postgres, WriterHandle), StoreError> {
+        let mut client = connect(url).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        migrate(&mut client).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let (writer_tx, inbox) = bounded(WRITER_INBOX);
+        let writer = writer::Writer::open(url, conn::Conn::new(client))?;
+        let handle = writer.spawn(inbox, writer_tx.clone())?;
+        Ok((Postgres { writer_tx, pool: Arc::new(conn::Pool::new(url, pool)) }, handle))
+    }
+
+    /// Where checkpoint contents go: the `blobs` table, through this backend's pool.
+    pub(super) fn blobs(&self) -> Arc<dyn crate::checkpoints::blobs::Blobs> {
+        Arc::new(blobs::PgBlobs { pool: Arc::clone(&self.pool) })
+    }
+
+    fn with<T>(&self, read: impl Fn(&mut conn::Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.pool.with(read)
+    }
+
+    fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
+        let (reply, outcome) = bounded(1);
+        self.submit(ops, Some(reply))?;
+        outcome.recv().unwrap_or(Err(StoreError::Closed)).map(|_| ())
+    }
+}
+
+impl Writes for Postgres {
+    fn submit(&self, ops: Vec<WriteOp>, reply: Option<Reply>) -> Result<(), StoreError> {
+        self.writer_tx.send(WriterMsg::Write { ops, reply }).map_err(|_| StoreError::Closed)
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.writer_tx.len()
+    }
+}
+
+impl Seqs for Postgres {
+    fn last_seq(&self) -> Result<u64, StoreError> {
+        self.with(|conn| Ok(conn.one("SELECT value FROM meta WHERE key = 'seq_last'", &[])?.get::<_, i64>(0) as u64))
+    }
+}
+
+impl Claims for Postgres {
+    fn claim_turn(&self, claim: &TurnClaim, with: Vec<WriteOp>) -> Result<(), StoreError> {
+        let mut ops = vec![WriteOp::ClaimTurn(claim.clone())];
+        ops.extend(with);
+        self.write(ops)
+    }
+}
+
+impl Recovery for Postgres {
+    fn recover(&self, node: &str, at: &str) -> Result<Vec<String>, StoreError> {
+        let held = self.with(|conn| {
+            let rows = conn.query(
+                "SELECT id FROM sessions WHERE status = 'running' AND (node = $1 OR node IS NULL) ORDER BY id",
+                &[&node],
+            )?;
+            Ok(rows.iter().map(|row| row.get::<_, String>(0)).collect::<Vec<_>>())
+        })?;
+        self.write(vec![WriteOp::RecoverTurns { node: node.to_string(), at: at.to_string() }])?;
+        Ok(held)
+    }
+}
 
 /// How long a statement may run before the server cancels it: a stuck query never holds a
 /// request thread forever.
@@ -101,8 +197,33 @@ impl From<postgres::Error> for PgError {
 }
 
 #[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../../tests/it/pg_cluster.rs"]
+pub(crate) mod pg_cluster;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_keeps_the_store_contract() {
+        if pg_cluster::database().is_none() {
+            return;
+        }
+        // Each of the suite's stores is a database of its own; every handle on it is a node.
+        let databases = std::sync::Mutex::new(std::collections::HashMap::new());
+        super::super::conformance::run_all(&|path| {
+            let url = databases
+                .lock()
+                .unwrap()
+                .entry(path.to_path_buf())
+                .or_insert_with(|| pg_cluster::database().expect("the cluster").url)
+                .clone();
+            let (backend, handle) = Postgres::open(&url, 4)?;
+            let backend: Arc<dyn super::super::Backend> = Arc::new(backend);
+            Ok((backend, Box::new(move || handle.shutdown())))
+        });
+    }
 
     #[test]
     fn passwords_are_never_shown() {

@@ -2,23 +2,29 @@
 -- migration 20, in PostgreSQL's types, plus `blobs` (checkpoint contents live in the database,
 -- so every node reads them). Timestamps stay RFC 3339 text, as the engine writes them, so the
 -- two stores hold the same values; seqs the log allocates are BIGINT, row orders that SQLite
--- took from rowids are identity columns.
+-- took from rowids are identity columns. Text that is ordered or compared by range (ids,
+-- times, paths) is `COLLATE "C"`: byte order, as in SQLite and in the engine, whatever the
+-- database's own collation.
 
+-- Counters, each one row: `seq_last`, the log's last seq allocated, and `session_moves`, the
+-- last tick of the session list. A transaction that takes the next value holds the row's lock
+-- until it commits, so values are taken in commit order, whichever process takes them.
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
     value BIGINT NOT NULL
 );
+INSERT INTO meta (key, value) VALUES ('seq_last', 0), ('session_moves', 0);
 
 CREATE TABLE sessions (
-    id            TEXT PRIMARY KEY,
+    id            TEXT COLLATE "C" PRIMARY KEY,
     tenant        TEXT NOT NULL,
     title         TEXT NOT NULL,
     model         TEXT NOT NULL,
     system_prompt TEXT,
     workspace     TEXT NOT NULL,
     status        TEXT NOT NULL,
-    created_at    TEXT NOT NULL,
-    updated_at    TEXT NOT NULL,
+    created_at    TEXT COLLATE "C" NOT NULL,
+    updated_at    TEXT COLLATE "C" NOT NULL,
     message_count BIGINT NOT NULL DEFAULT 0,
     run_id        TEXT,
     node          TEXT,
@@ -27,22 +33,28 @@ CREATE TABLE sessions (
 CREATE INDEX sessions_by_tenant_walk ON sessions (tenant, updated_at DESC, id DESC);
 
 -- What moved in the session list since a walk began (see the SQLite store's migration 11).
+-- A move's tick is the next `session_moves` counter, taken in commit order.
 CREATE TABLE session_moves (
-    tick            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    session_id      TEXT NOT NULL,
-    from_updated_at TEXT
+    tick            BIGINT PRIMARY KEY,
+    session_id      TEXT COLLATE "C" NOT NULL,
+    from_updated_at TEXT COLLATE "C"
 );
 
 CREATE FUNCTION session_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    next_tick BIGINT;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO session_moves (session_id, from_updated_at) VALUES (NEW.id, NULL);
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO session_moves (session_id, from_updated_at) VALUES (OLD.id, OLD.updated_at);
-    ELSIF (OLD.updated_at, OLD.title, OLD.status, OLD.model, OLD.message_count, OLD.workspace, OLD.system_prompt)
-          IS DISTINCT FROM
+    IF TG_OP = 'UPDATE' AND (OLD.updated_at, OLD.title, OLD.status, OLD.model, OLD.message_count, OLD.workspace,
+                             OLD.system_prompt)
+          IS NOT DISTINCT FROM
           (NEW.updated_at, NEW.title, NEW.status, NEW.model, NEW.message_count, NEW.workspace, NEW.system_prompt) THEN
-        INSERT INTO session_moves (session_id, from_updated_at) VALUES (OLD.id, OLD.updated_at);
+        RETURN NULL;
+    END IF;
+    UPDATE meta SET value = value + 1 WHERE key = 'session_moves' RETURNING value INTO next_tick;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO session_moves (tick, session_id, from_updated_at) VALUES (next_tick, NEW.id, NULL);
+    ELSE
+        INSERT INTO session_moves (tick, session_id, from_updated_at) VALUES (next_tick, OLD.id, OLD.updated_at);
     END IF;
     RETURN NULL;
 END $$;
@@ -73,6 +85,7 @@ CREATE INDEX events_by_session ON events (session_id, seq);
 CREATE INDEX events_by_tenant ON events (tenant, seq);
 
 CREATE TABLE tool_call_starts (
+    ord        BIGINT GENERATED ALWAYS AS IDENTITY,
     session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
     call_id    TEXT NOT NULL,
     started_at TEXT NOT NULL,
@@ -118,7 +131,7 @@ CREATE TABLE bae_keys (
     prefix       TEXT NOT NULL,
     profile_id   TEXT,
     client_id    TEXT,
-    session_id   TEXT,
+    session_id   TEXT COLLATE "C",
     created_at   TEXT NOT NULL,
     last_used_at TEXT,
     deleted_at   TEXT
@@ -162,7 +175,7 @@ CREATE INDEX checkpoints_by_manifest ON checkpoints (session_id, manifest_digest
 
 CREATE TABLE checkpoint_entries (
     checkpoint_seq BIGINT NOT NULL REFERENCES checkpoints (seq) ON DELETE CASCADE,
-    path           TEXT NOT NULL,
+    path           TEXT COLLATE "C" NOT NULL,
     digest         TEXT,
     size           BIGINT NOT NULL,
     mode           BIGINT NOT NULL,
@@ -178,7 +191,7 @@ CREATE TABLE blobs (
 );
 
 CREATE TABLE rules (
-    id         TEXT PRIMARY KEY,
+    id         TEXT COLLATE "C" PRIMARY KEY,
     tenant     TEXT NOT NULL,
     session_id TEXT REFERENCES sessions (id) ON DELETE CASCADE,
     tool       TEXT NOT NULL,
@@ -186,14 +199,14 @@ CREATE TABLE rules (
     arguments  TEXT,
     outcome    TEXT NOT NULL CHECK (outcome IN ('allow', 'ask', 'deny')),
     source     TEXT NOT NULL CHECK (source IN ('api', 'remembered')),
-    created_at TEXT NOT NULL,
+    created_at TEXT COLLATE "C" NOT NULL,
     created_by TEXT
 );
 CREATE INDEX rules_by_scope ON rules (tenant, session_id);
 
 CREATE TABLE audit (
     seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at         TEXT NOT NULL,
+    at         TEXT COLLATE "C" NOT NULL,
     tenant     TEXT NOT NULL,
     session_id TEXT,
     run_id     TEXT,
@@ -219,7 +232,7 @@ CREATE TABLE usage (
 );
 
 CREATE TABLE schedules (
-    id            TEXT PRIMARY KEY,
+    id            TEXT COLLATE "C" PRIMARY KEY,
     tenant        TEXT NOT NULL,
     cron          TEXT NOT NULL,
     timezone      TEXT NOT NULL,
@@ -229,7 +242,7 @@ CREATE TABLE schedules (
     paused        BIGINT NOT NULL DEFAULT 0,
     next_at       BIGINT,
     last_fired_at TEXT,
-    created_at    TEXT NOT NULL,
+    created_at    TEXT COLLATE "C" NOT NULL,
     updated_at    TEXT NOT NULL
 );
 CREATE INDEX schedules_by_tenant ON schedules (tenant, created_at, id);
@@ -247,7 +260,7 @@ CREATE TABLE schedule_fires (
 CREATE INDEX schedule_fires_by_schedule ON schedule_fires (schedule_id, seq);
 
 CREATE TABLE webhooks (
-    id              TEXT PRIMARY KEY,
+    id              TEXT COLLATE "C" PRIMARY KEY,
     tenant          TEXT NOT NULL,
     url             TEXT NOT NULL,
     description     TEXT,
@@ -256,7 +269,7 @@ CREATE TABLE webhooks (
     enabled         BIGINT NOT NULL DEFAULT 1,
     failures        BIGINT NOT NULL DEFAULT 0,
     disabled_reason TEXT,
-    created_at      TEXT NOT NULL
+    created_at      TEXT COLLATE "C" NOT NULL
 );
 CREATE INDEX webhooks_by_tenant ON webhooks (tenant, created_at, id);
 

@@ -146,7 +146,10 @@ impl Server {
             }
         }
 
-        let (store, store_writer) = Store::open(&config.server.data_dir)?;
+        let (store, store_writer) = match config.store.postgres_url() {
+            Some(url) => Store::open_postgres(&config.server.data_dir, url, config.store.pool_size)?,
+            None => Store::open(&config.server.data_dir)?,
+        };
         // The data dir holds every tenant's transcripts and the config file their tokens: no
         // workspace may reach either, whatever the roots say.
         let protected = Protected::new([config.server.data_dir.clone()].into_iter().chain(config.file.clone()));

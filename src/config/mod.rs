@@ -14,10 +14,12 @@ use crate::engine::tools::Permission;
 mod auth;
 pub mod bae;
 mod providers;
+mod store;
 mod webhooks;
 pub use auth::{AuthConfig, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
+pub use store::StoreConfig;
 pub use webhooks::{EndpointConfig, WebhooksConfig};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -39,6 +41,8 @@ pub struct Config {
     pub mcp: bae::McpSection,
     /// Webhook deliveries, and the config file's endpoints.
     pub webhooks: webhooks::WebhooksConfig,
+    /// Where state is kept: the data dir's SQLite file, or a PostgreSQL database.
+    pub store: StoreConfig,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,
@@ -348,6 +352,9 @@ impl Config {
         // BAE's name for the client port, for a BAE deployment's environment (ours wins).
         if let Some(addr) = env("KESTREL_ADDR").or_else(|| env("BAE_ADDR")) {
             self.server.addr = addr;
+        }
+        if let Some(url) = env("KESTREL_DATABASE_URL").filter(|url| !url.is_empty()) {
+            self.store.url = Some(url);
         }
         if let Some(dir) = env("KESTREL_DATA_DIR") {
             self.server.data_dir = dir.into();

@@ -46,6 +46,9 @@ pub use writer::WriterHandle;
 /// The database file's name inside the data dir.
 pub const DB_FILE: &str = "kestrel.db";
 
+/// The `Retry-After` of a 503 answered while the database is away, in seconds.
+pub const RETRY_AFTER_SECS: u64 = 2;
+
 #[derive(Debug)]
 pub enum StoreError {
     /// The backend refused a statement or a commit.
@@ -71,6 +74,10 @@ pub enum StoreError {
     /// The database cannot be reached for now (a restart, a failover, a timed-out
     /// statement); worth trying again in a moment.
     Unavailable(String),
+    /// The write holds text the database cannot keep (a NUL character, in PostgreSQL).
+    Unrepresentable(String),
+    /// The PostgreSQL database could not be opened (its URL, server, user or database).
+    Connect(self::postgres::PgError),
 }
 
 impl std::fmt::Display for StoreError {
@@ -79,6 +86,8 @@ impl std::fmt::Display for StoreError {
             StoreError::Backend(message) => write!(f, "store: {message}"),
             StoreError::Busy => write!(f, "a turn holds the session"),
             StoreError::Unavailable(why) => write!(f, "the database is unavailable for now: {why}"),
+            StoreError::Connect(error) => write!(f, "{error}"),
+            StoreError::Unrepresentable(why) => write!(f, "text the database cannot keep: {why}"),
             StoreError::Io(error) => write!(f, "data dir: {error}"),
             StoreError::Closed => write!(f, "the store is closed"),
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
@@ -115,6 +124,8 @@ impl StoreError {
             StoreError::InUse(count) => StoreError::InUse(*count),
             StoreError::Busy => StoreError::Busy,
             StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
+            StoreError::Connect(error) => StoreError::Backend(error.to_string()),
+            StoreError::Unrepresentable(why) => StoreError::Unrepresentable(why.clone()),
         }
     }
 }
@@ -374,10 +385,14 @@ impl Store {
         self.blobs.clone()
     }
 
-    /// Opens the PostgreSQL database at `url` (applying migrations) with `pool` connections
-    /// for readers, and starts its writer thread; checkpoint contents live in the database.
-    pub fn open_postgres(url: &str, pool: u32) -> Result<(Store, WriterHandle), StoreError> {
-        let (backend, handle) = postgres::Postgres::open(url, pool)?;
+    /// Locks `data_dir` for this process, opens the PostgreSQL database at `url` (applying
+    /// migrations) with `pool` connections for readers, and starts its writer thread;
+    /// checkpoint contents live in the database.
+    /// The data dir is still this process's alone (its lock, its process markers).
+    pub fn open_postgres(data_dir: &Path, url: &str, pool: u32) -> Result<(Store, WriterHandle), StoreError> {
+        make_private(data_dir).map_err(StoreError::Io)?;
+        let lock = lock::DataDirLock::acquire(data_dir)?;
+        let (backend, handle) = self::postgres::Postgres::open(url, pool, Some(lock))?;
         let blobs = backend.blobs();
         Ok((Store { backend: Arc::new(backend), blobs: Some(blobs) }, handle))
     }

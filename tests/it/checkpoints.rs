@@ -134,15 +134,22 @@ fn a_second_checkpoint_of_an_unchanged_tree_adds_almost_nothing_on_disk() {
                 }
             }
         }
-        total
+        // On PostgreSQL the contents are the `blobs` table's, with its TOAST.
+        match crate::support::on_postgres() {
+            true => {
+                total
+                    + crate::support::Db::open(&server.data_dir).integer("SELECT pg_total_relation_size('blobs')", &[])
+                        as u64
+            }
+            false => total,
+        }
     };
     let first = server.post(&path, json!({}));
     assert_eq!(first.status, 201, "{}", first.text);
     assert_eq!(first.json["checkpoint"]["totalBytes"], 50 * 1_048_576);
     let after_first = disk();
     let entries = || -> i64 {
-        let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
-        db.query_row("SELECT count(*) FROM checkpoint_entries", [], |row| row.get(0)).unwrap()
+        crate::support::Db::open(&server.data_dir).integer("SELECT count(*) FROM checkpoint_entries", &[])
     };
     let listed_first = entries();
     assert_eq!(listed_first, 50, "one entry per file");
@@ -279,13 +286,8 @@ fn a_deleted_sessions_blobs_are_collected_after_the_next_start() {
     assert_eq!(server.post(&format!("/api/sessions/{kept}/checkpoints"), json!({})).status, 201);
     fs::write(server.workspace.join("only-later.txt"), "only in the dropped session's checkpoint").unwrap();
     assert_eq!(server.post(&format!("/api/sessions/{dropped}/checkpoints"), json!({})).status, 201);
-    let blobs = |server: &TestServer| -> usize {
-        fs::read_dir(server.data_dir.join("blobs"))
-            .unwrap()
-            .flatten()
-            .map(|d| fs::read_dir(d.path()).unwrap().count())
-            .sum()
-    };
+    let blobs =
+        |server: &TestServer| -> usize { crate::support::Db::open(&server.data_dir).blob_count(&server.data_dir) };
     assert_eq!(blobs(&server), 2);
     assert_eq!(server.delete(&format!("/api/sessions/{dropped}")).status, 204);
     server.restart(|config| {
@@ -345,7 +347,7 @@ fn what_cannot_be_put_back_is_a_warning_and_the_rest_is_restored() {
         use sha2::Digest;
         sha2::Sha256::digest(b"its blob will be gone").iter().map(|b| format!("{b:02x}")).collect()
     };
-    fs::remove_file(server.data_dir.join("blobs").join(&digest[..2]).join(&digest)).unwrap();
+    crate::support::Db::open(&server.data_dir).remove_blob(&server.data_dir, &digest);
 
     let restored = server.post(&format!("{path}/{checkpoint}/restore"), json!({}));
     assert_eq!(restored.status, 200, "{}", restored.text);
@@ -375,14 +377,8 @@ fn while_a_checkpoint_walks_a_large_tree_approvals_and_cancel_answer_at_once() {
 
     let (client, path) = (server.client(), format!("/api/sessions/{session}/checkpoints"));
     let checkpoint = std::thread::spawn(move || client.post(&path, json!({ "label": "large" })));
-    let blobs = server.data_dir.join("blobs");
-    crate::support::wait_until("the walk to store blobs", || {
-        fs::read_dir(&blobs)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|dir| fs::read_dir(dir.path()).is_ok_and(|mut d| d.next().is_some()))
-    });
+    let mut db = crate::support::Db::open(&server.data_dir);
+    crate::support::wait_until("the walk to store blobs", || db.blob_count(&server.data_dir) > 0);
     let limit = std::time::Duration::from_millis(100);
     let started = std::time::Instant::now();
     let decided = server.post(&format!("/api/sessions/{session}/approvals/{approval}"), json!({ "approved": true }));

@@ -39,9 +39,8 @@ fn routes_that_only_check_a_session_do_not_read_its_transcript() {
     server.run_to_end(&id, "hello");
     server.stop();
     // Damage the stored transcript: a route that decodes it fails, one that does not is fine.
-    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
-    db.execute("UPDATE messages SET body = 'not json' WHERE session_id = ?1", [&id]).unwrap();
-    drop(db);
+    crate::support::Db::open(&server.data_dir)
+        .exec("UPDATE messages SET body = 'not json' WHERE session_id = ?1", &[&id]);
     server.restart(|_| {});
     server.get(&format!("/api/sessions/{id}")).assert_error(500, "internal_error");
     let stream = SseClient::open(&server.base, &format!("/api/sessions/{id}/events"), None, None);
@@ -101,14 +100,23 @@ fn the_data_dir_the_database_and_the_key_files_are_private() {
     server.run_to_end(&id, "hello");
     let data = server.data_dir.clone();
     assert_eq!(mode(&data), 0o700);
-    for file in ["kestrel.db", "kestrel.db-wal", "kestrel.db-shm", "admin-key", "bae-key-secret"] {
+    // On PostgreSQL the database is the server's to keep private; the data dir's files are.
+    let database: &[&str] = match crate::support::on_postgres() {
+        true => &[],
+        false => &["kestrel.db", "kestrel.db-wal", "kestrel.db-shm"],
+    };
+    for file in database.iter().chain(&["admin-key", "bae-key-secret"]) {
         assert_eq!(mode(&data.join(file)), 0o600, "{file}");
     }
     // An older install's looser modes are tightened at the next start.
     server.stop();
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(data.join("kestrel.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    for file in database {
+        std::fs::set_permissions(data.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
     server.restart(|_| {});
     assert_eq!(mode(&data), 0o700);
-    assert_eq!(mode(&data.join("kestrel.db")), 0o600);
+    for file in database {
+        assert_eq!(mode(&data.join(file)), 0o600, "{file}");
+    }
 }

@@ -97,9 +97,7 @@ fn an_internal_failure_is_a_generic_500() {
     let id = server.create_session(json!({}));
     server.stop();
     // A row no version of the server writes: reading it fails inside the store.
-    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
-    db.execute("UPDATE sessions SET status = 'melted' WHERE id = ?1", [&id]).unwrap();
-    drop(db);
+    crate::support::Db::open(&server.data_dir).exec("UPDATE sessions SET status = 'melted' WHERE id = ?1", &[&id]);
     server.restart(|_| {});
     let response = server.get(&format!("/api/sessions/{id}"));
     response.assert_error(500, "internal_error");

@@ -99,9 +99,8 @@ fn an_answer_older_than_a_day_is_forgotten() {
     let mut server = TestServer::start();
     let first = post_with_key(&server.client(), "/api/sessions", "old", json!({}));
     server.stop();
-    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
-    db.execute("UPDATE idempotency SET created_ms = created_ms - 25 * 3600 * 1000", []).unwrap();
-    drop(db);
+    crate::support::Db::open(&server.data_dir)
+        .exec("UPDATE idempotency SET created_ms = created_ms - 25 * 3600 * 1000", &[]);
     server.restart(|_| {});
     let later = post_with_key(&server.client(), "/api/sessions", "old", json!({}));
     assert_eq!(later.status, 201);

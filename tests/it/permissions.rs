@@ -395,7 +395,7 @@ fn the_admin_port_pages_the_audit_log_and_old_entries_go_past_the_retention() {
     // An entry from long ago, written through the store while the server is down.
     server.stop();
     {
-        let (store, writer) = kestrel::store::Store::open(&server.data_dir).unwrap();
+        let (store, writer) = crate::support::open_store(&server.data_dir);
         use kestrel::policy::{AuditDecision, AuditEntry, DecidedBy};
         let old = AuditEntry {
             at: "2020-01-01T00:00:00.000Z".into(),

@@ -61,9 +61,17 @@ fn binaries() -> Option<PathBuf> {
     versions.pop()
 }
 
+/// Which test run's cluster this process uses: `KESTREL_PG_RUN` (a test that runs the suite
+/// again in a child process passes its own), nextest's run, or this process.
+pub fn run_key() -> String {
+    std::env::var("KESTREL_PG_RUN")
+        .or_else(|_| std::env::var("NEXTEST_RUN_ID"))
+        .unwrap_or_else(|_| std::process::id().to_string())
+}
+
 /// The run's cluster, started if this is the first process to need it; its port.
 fn cluster(bin: &Path) -> u16 {
-    let run = std::env::var("NEXTEST_RUN_ID").unwrap_or_else(|_| std::process::id().to_string());
+    let run = run_key();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("pg-test");
     fs::create_dir_all(&root).unwrap();
     let lock = File::create(root.join(format!("{run}.lock"))).unwrap();

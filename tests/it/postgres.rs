@@ -125,3 +125,49 @@ fn without_a_url_migrate_brings_the_data_dirs_sqlite_file_up_to_date() {
     let server = crate::support::TestServer::from_config(crate::support::test_config(data.path(), workspace.path()));
     assert_eq!(server.get("/api/health").status, 200);
 }
+
+/// The modules whose subject is not the store: the console in a browser, Markdown, HTTP
+/// parsing, the terminal, the source's invariants, the OpenAPI documents, SQLite's own
+/// migrations, and this file (PostgreSQL already). Every other integration test touches the
+/// store, and runs on PostgreSQL too.
+const NOT_STORAGE: &[&str] = &[
+    "console::",
+    "console_permissions::",
+    "browser::",
+    "markdown::",
+    "edge::",
+    "terminal::",
+    "invariants::",
+    "openapi::",
+    "migrate::",
+    "postgres::",
+    "local_model::",
+];
+
+/// The integration suite is parameterized by store: this runs this test binary once more with
+/// `KESTREL_TEST_STORE=postgres`, so every server of every storage test keeps its state in a
+/// database of the run's cluster (a restart reopens the same one), and every one must pass.
+#[test]
+fn the_storage_tests_pass_on_postgres_too() {
+    if crate::support::on_postgres() || pg_cluster::database().is_none() {
+        return;
+    }
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.env("KESTREL_TEST_STORE", "postgres").env("KESTREL_PG_RUN", pg_cluster::run_key());
+    for module in NOT_STORAGE {
+        command.args(["--skip", module]);
+    }
+    let output = command.output().unwrap();
+    let (out, err) = text(&output);
+    let failed: Vec<&str> = out.lines().filter(|line| line.ends_with("... FAILED")).collect();
+    let summary = out.lines().filter(|line| line.starts_with("test result:")).collect::<Vec<_>>();
+    assert!(output.status.success(), "on PostgreSQL: {failed:#?} {summary:?}\n{}", tail(&err));
+    assert!(out.contains(" passed;") && !out.contains(" 0 passed;"), "the pass ran tests: {summary:?}");
+    println!("on PostgreSQL: {summary:?}");
+}
+
+/// The last lines of a long output.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(80)..].join("\n")
+}

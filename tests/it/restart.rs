@@ -62,7 +62,7 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
     server.stop();
     // The state a crash leaves when it strikes while a tool runs: the assistant message with
     // the call is stored, its result is not, and the session was running.
-    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
+    let mut db = crate::support::Db::open(&server.data_dir);
     // Rows in the store's own form: a message is its blocks.
     let call =
         json!({ "type": "tool_call", "id": "call_pending", "name": "dangerous_tool", "arguments": { "rm": "-rf" } });
@@ -71,19 +71,15 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
     let assistant =
         json!({ "id": "msg_a", "role": "assistant", "blocks": [call], "created_at": "2026-01-01T00:00:00.001Z" });
     for message in [&user, &assistant] {
-        db.execute(
+        let (message_id, role) = (message["id"].as_str().unwrap(), message["role"].as_str().unwrap());
+        db.exec(
             "INSERT INTO messages (id, session_id, role, body) VALUES (?1, ?2, ?3, ?4)",
-            rusqlite::params![message["id"].as_str(), id, message["role"].as_str(), message.to_string()],
-        )
-        .unwrap();
+            &[message_id, &id, role, &message.to_string()],
+        );
     }
     // The call had begun executing: its start mark was committed before it ran.
-    db.execute(
-        "INSERT INTO tool_call_starts (session_id, call_id, started_at) VALUES (?1, 'call_pending', 'x')",
-        [&id],
-    )
-    .unwrap();
-    db.execute("UPDATE sessions SET status = 'running', message_count = 2 WHERE id = ?1", [&id]).unwrap();
+    db.exec("INSERT INTO tool_call_starts (session_id, call_id, started_at) VALUES (?1, 'call_pending', 'x')", &[&id]);
+    db.exec("UPDATE sessions SET status = 'running', message_count = 2 WHERE id = ?1", &[&id]);
     drop(db);
 
     server.restart(|_| {});
@@ -349,8 +345,8 @@ fn reconnects_on_both_sides_of_a_restart_get_every_event_but_deltas_exactly_once
 /// 200,000 logged notices of the default tenant, written through the store's own path.
 fn a_long_log(data: &std::path::Path) {
     use kestrel::domain::{Event, NoticeLevel};
-    use kestrel::store::{LoggedEvent, Store, WriteOp};
-    let (store, writer) = Store::open(data).unwrap();
+    use kestrel::store::{LoggedEvent, WriteOp};
+    let (store, writer) = crate::support::open_store(data);
     for chunk in 0..50 {
         let entries = (0..4_000)
             .map(|n| {
@@ -382,13 +378,10 @@ fn a_log_trimmed_past_its_capacity_survives_kill_9_mid_trim() {
     let (data, workspace) = (root.path().join("data"), root.path().join("workspace"));
     std::fs::create_dir_all(&workspace).unwrap();
     a_long_log(&data);
-    let db = rusqlite::Connection::open_with_flags(data.join("kestrel.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .unwrap();
-    let span = || -> (i64, i64, i64) {
-        db.query_row("SELECT count(*), min(seq), max(seq) FROM events", [], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })
-        .unwrap()
+    let mut db = crate::support::Db::open(&data);
+    let mut span = || -> (i64, i64, i64) {
+        let count = db.integer("SELECT count(*) FROM events", &[]);
+        (count, db.integer("SELECT min(seq) FROM events", &[]), db.integer("SELECT max(seq) FROM events", &[]))
     };
     let config = "[server]\nevent_log_events = 1000\n";
     let (mut child, base, _) = spawn_binary(&data, &workspace, config);
@@ -412,8 +405,7 @@ fn a_log_trimmed_past_its_capacity_survives_kill_9_mid_trim() {
     });
     let (count, first, last) = span();
     assert!((1..=1_010).contains(&count), "the newest are kept: {count} events, seqs {first}..={last}");
-    let check: String = db.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
-    assert_eq!(check, "ok");
+    assert!(crate::support::Db::open(&data).intact(), "the database checks out whole");
     assert_eq!(ureq::get(&format!("{base}/api/health")).call().unwrap().status(), 200);
     child.kill().unwrap();
     child.wait().unwrap();

@@ -112,8 +112,7 @@ fn delete_removes_the_transcript_and_emits_session_deleted() {
     server.get(&format!("/api/sessions/{id}")).assert_error(404, "session_not_found");
     server.delete(&format!("/api/sessions/{id}")).assert_error(404, "session_not_found");
     assert_eq!(server.get("/api/sessions").json["sessions"], json!([]));
-    let db = rusqlite::Connection::open(server.data_dir.join("kestrel.db")).unwrap();
-    let left: i64 = db.query_row("SELECT count(*) FROM messages", [], |row| row.get(0)).unwrap();
+    let left = crate::support::Db::open(&server.data_dir).integer("SELECT count(*) FROM messages", &[]);
     assert_eq!(left, 0, "the transcript is gone");
 }
 

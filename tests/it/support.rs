@@ -22,9 +22,41 @@ pub struct TestServer {
     _dirs: Option<(tempfile::TempDir, tempfile::TempDir)>,
 }
 
-/// The config every test starts from: ephemeral port, fast echo, short pings.
+/// Whether this run's servers keep their state in PostgreSQL (`KESTREL_TEST_STORE=postgres`,
+/// which `scripts/test` sets for its second pass over the storage tests) rather than SQLite.
+pub fn on_postgres() -> bool {
+    std::env::var("KESTREL_TEST_STORE").is_ok_and(|store| store == "postgres")
+}
+
+/// The PostgreSQL database of the server on `data_dir` when the run is on PostgreSQL: a new
+/// one for a new data dir, the same one for a restart on it.
+pub fn database_url(data_dir: &Path) -> Option<String> {
+    static DATABASES: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, String>>> =
+        std::sync::Mutex::new(None);
+    if !on_postgres() {
+        return None;
+    }
+    let mut databases = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+    let url = databases.get_or_insert_with(Default::default).entry(data_dir.to_path_buf()).or_insert_with(|| {
+        crate::pg_cluster::database().expect("KESTREL_TEST_STORE=postgres needs PostgreSQL installed").url
+    });
+    Some(url.clone())
+}
+
+/// The store of the server on `data_dir`, opened by the test itself while that server is
+/// down: SQLite or PostgreSQL, as the run's servers use.
+pub fn open_store(data_dir: &Path) -> (kestrel::store::Store, kestrel::store::WriterHandle) {
+    match database_url(data_dir) {
+        Some(url) => kestrel::store::Store::open_postgres(data_dir, &url, 2).unwrap(),
+        None => kestrel::store::Store::open(data_dir).unwrap(),
+    }
+}
+
+/// The config every test starts from: ephemeral port, fast echo, short pings; on
+/// PostgreSQL when the run is.
 pub fn test_config(data_dir: &Path, workspace: &Path) -> Config {
     let mut config = Config::default();
+    config.store.url = database_url(data_dir);
     config.server.addr = "127.0.0.1:0".into();
     config.server.data_dir = data_dir.to_path_buf();
     config.server.sse_ping_interval_ms = 200;
@@ -534,6 +566,7 @@ pub fn spawn_binary_with(
         .env("KESTREL_DATA_DIR", data)
         .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
         .env("KESTREL_WORKSPACE", workspace)
+        .env("KESTREL_DATABASE_URL", database_url(data).unwrap_or_default())
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -560,4 +593,95 @@ pub fn npm_package(dir: &str, package: &str, entry: &str) -> PathBuf {
         assert!(status.success(), "npm could not install {package}");
     }
     path
+}
+
+/// The database of a test server's store, whichever it is, for a test that reads or damages
+/// rows directly (with the server stopped, or for reads only). Statements use `?1`-style
+/// parameters, all text: SQLite takes them as they are, PostgreSQL as `$1`.
+pub enum Db {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<postgres::Client>),
+}
+
+impl Db {
+    pub fn open(data_dir: &Path) -> Db {
+        match database_url(data_dir) {
+            Some(url) => Db::Postgres(Box::new(postgres::Client::connect(&url, postgres::NoTls).unwrap())),
+            None => Db::Sqlite(rusqlite::Connection::open(data_dir.join("kestrel.db")).unwrap()),
+        }
+    }
+
+    /// `?N` as PostgreSQL writes it.
+    fn dollars(sql: &str) -> String {
+        sql.replace('?', "$")
+    }
+
+    /// Runs a statement; the rows it changed.
+    pub fn exec(&mut self, sql: &str, params: &[&str]) -> u64 {
+        match self {
+            Db::Sqlite(conn) => conn.execute(sql, rusqlite::params_from_iter(params)).unwrap() as u64,
+            Db::Postgres(client) => {
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as &(dyn postgres::types::ToSql + Sync)).collect();
+                client.execute(&Db::dollars(sql), &params).unwrap()
+            }
+        }
+    }
+
+    /// The first column of the one row a query answers, as an integer.
+    pub fn integer(&mut self, sql: &str, params: &[&str]) -> i64 {
+        match self {
+            Db::Sqlite(conn) => conn.query_row(sql, rusqlite::params_from_iter(params), |row| row.get(0)).unwrap(),
+            Db::Postgres(client) => {
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as &(dyn postgres::types::ToSql + Sync)).collect();
+                client.query_one(&Db::dollars(sql), &params).unwrap().get(0)
+            }
+        }
+    }
+
+    /// The first column of every row a query answers, as text.
+    pub fn texts(&mut self, sql: &str, params: &[&str]) -> Vec<String> {
+        match self {
+            Db::Sqlite(conn) => {
+                let mut statement = conn.prepare(sql).unwrap();
+                let rows = statement.query_map(rusqlite::params_from_iter(params), |row| row.get(0)).unwrap();
+                rows.map(Result::unwrap).collect()
+            }
+            Db::Postgres(client) => {
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    params.iter().map(|p| p as &(dyn postgres::types::ToSql + Sync)).collect();
+                client.query(&Db::dollars(sql), &params).unwrap().iter().map(|row| row.get(0)).collect()
+            }
+        }
+    }
+
+    /// Whether the database checks out whole (SQLite's integrity check; PostgreSQL keeps its
+    /// own, and answering is what is asked of it here).
+    pub fn intact(&mut self) -> bool {
+        match self {
+            Db::Sqlite(conn) => {
+                conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0)).unwrap() == "ok"
+            }
+            Db::Postgres(client) => client.query_one("SELECT count(*) FROM events", &[]).is_ok(),
+        }
+    }
+
+    /// Checkpoint contents stored, however the store keeps them.
+    pub fn blob_count(&mut self, data_dir: &Path) -> usize {
+        match self {
+            Db::Postgres(_) => self.integer("SELECT count(*) FROM blobs", &[]) as usize,
+            Db::Sqlite(_) => std::fs::read_dir(data_dir.join("blobs"))
+                .map(|shards| shards.flatten().map(|d| std::fs::read_dir(d.path()).unwrap().count()).sum())
+                .unwrap_or(0),
+        }
+    }
+
+    /// Removes a checkpoint content, however the store keeps it.
+    pub fn remove_blob(&mut self, data_dir: &Path, digest: &str) {
+        match self {
+            Db::Postgres(_) => assert_eq!(self.exec("DELETE FROM blobs WHERE digest = ?1", &[digest]), 1),
+            Db::Sqlite(_) => std::fs::remove_file(data_dir.join("blobs").join(&digest[..2]).join(digest)).unwrap(),
+        }
+    }
 }

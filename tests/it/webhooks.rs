@@ -283,10 +283,10 @@ fn a_kill_9_after_the_events_committed_still_delivers_exactly_them() {
     let (mut child, _, _) = crate::support::spawn_binary(data.path(), workspace.path(), &config);
     // The committed events, as the log holds them: a session's `session.created` follows its
     // commit, so the kill may have come between the two for the last ones.
-    let database = data.path().join("kestrel.db");
-    let log = rusqlite::Connection::open_with_flags(&database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-    let mut statement = log.prepare("SELECT session_id FROM events WHERE type = 'session.created'").unwrap();
-    let committed: BTreeSet<String> = statement.query_map([], |row| row.get(0)).unwrap().map(Result::unwrap).collect();
+    let committed: BTreeSet<String> = crate::support::Db::open(data.path())
+        .texts("SELECT session_id FROM events WHERE type = 'session.created'", &[])
+        .into_iter()
+        .collect();
     assert!(committed.is_subset(&sessions) && committed.len() >= 4, "{committed:?}");
     let mut delivered = BTreeSet::new();
     let mut ids = BTreeSet::new();

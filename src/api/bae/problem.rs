@@ -136,6 +136,17 @@ impl From<BaeError> for Problem {
             BaeError::Engine(EngineError::Store(StoreError::Closed)) | BaeError::Engine(EngineError::ShuttingDown) => {
                 Problem::new(503, "unavailable", "the server is shutting down")
             }
+            BaeError::Engine(EngineError::Store(StoreError::Unrepresentable(_))) => {
+                Problem::new(400, "bad_request", "the request holds a NUL character, which the database cannot keep")
+            }
+            BaeError::Engine(EngineError::Store(StoreError::Unavailable(why))) => {
+                log::warn!("a request met the database away: {why}");
+                let detail = "the database is unavailable for now; retry shortly";
+                Problem {
+                    retry_after: Some(crate::store::RETRY_AFTER_SECS),
+                    ..Problem::new(503, "unavailable", detail)
+                }
+            }
             BaeError::Engine(error) => Problem::internal(&error),
         }
     }

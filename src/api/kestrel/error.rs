@@ -47,6 +47,14 @@ impl ApiError {
         ApiError { retry_after: Some(seconds), ..ApiError::new(429, "rate_limited", message) }
     }
 
+    /// `503 unavailable` while the database is away (a restart, a failover), to retry in a
+    /// moment; what happened goes to the log.
+    pub fn store_unavailable(detail: &dyn std::fmt::Display) -> ApiError {
+        log::warn!("a request met the database away: {detail}");
+        let message = "the database is unavailable for now; retry shortly";
+        ApiError { retry_after: Some(crate::store::RETRY_AFTER_SECS), ..ApiError::new(503, "unavailable", message) }
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError::new(401, "unauthorized", "a valid bearer token is required")
     }
@@ -100,6 +108,10 @@ impl From<EngineError> for ApiError {
             // A run's end, never a request's answer.
             EngineError::StructuredOutputInvalid(_) => ApiError::new(422, "structured_output_invalid", message),
             // A unique key that already exists: the request collides with another.
+            EngineError::Store(StoreError::Unavailable(_)) => ApiError::store_unavailable(&error),
+            EngineError::Store(StoreError::Unrepresentable(_)) => {
+                ApiError::invalid_body("the request holds a NUL character, which the database cannot keep")
+            }
             EngineError::Store(StoreError::Conflict(_)) => {
                 ApiError::new(409, "conflict", "the request conflicts with another")
             }

@@ -1,5 +1,5 @@
 //! Checkpoint contents in the `blobs` table, so that every process sharing the database reads
-//! them. A batch keeps new contents in memory up to `FLUSH_BYTES` and writes them in a
+//! them. A batch keeps new contents in memory up to `FLUSH_BYTES` (or `FLUSH_BLOBS`) and writes them in a
 //! transaction of its own, committed (durable) before `finish` answers; a content already in
 //! the table is not sent again.
 
@@ -10,8 +10,10 @@ use super::super::StoreError;
 use super::conn::Pool;
 use crate::checkpoints::blobs::{BlobBatch, Blobs};
 
-/// A batch writes what it holds once it holds this much.
-const FLUSH_BYTES: usize = 16 << 20;
+/// A batch writes what it holds once it holds this much, or this many blobs (which bounds
+/// what one transaction sends).
+const FLUSH_BYTES: usize = 8 << 20;
+const FLUSH_BLOBS: usize = 256;
 
 pub(super) struct PgBlobs {
     pub(super) pool: Arc<Pool>,
@@ -105,7 +107,7 @@ impl BlobBatch for PgBatch<'_> {
         }
         self.bytes += content.len();
         self.pending.push((digest.to_string(), content.to_vec()));
-        if self.bytes >= FLUSH_BYTES {
+        if self.bytes >= FLUSH_BYTES || self.pending.len() >= FLUSH_BLOBS {
             self.flush()?;
         }
         Ok(true)

@@ -126,6 +126,10 @@ pub(super) fn error(error: postgres::Error) -> StoreError {
         // Every foreign key but a manifest's entries points at `sessions`.
         return StoreError::MissingSession;
     }
+    if *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE {
+        // A NUL in text, which PostgreSQL's text cannot hold (SQLite's can).
+        return StoreError::Unrepresentable(db.message().to_string());
+    }
     if *code == SqlState::UNIQUE_VIOLATION {
         return StoreError::Conflict(db.message().to_string());
     }

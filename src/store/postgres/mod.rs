@@ -47,12 +47,17 @@ impl Postgres {
     /// Connects to `url` (a failure is one line naming the problem, never the password),
     /// applies the schema's missing versions, starts the writer thread, and keeps a pool of
     /// up to `pool` connections for readers.
-    pub fn open(url: &str, pool: u32) -> Result<(Postgres, WriterHandle), StoreError> {
-        let mut client = connect(url).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        migrate(&mut client).map_err(|e| StoreError::Backend(e.to_string()))?;
+    /// `lock` (a data dir's) is released when the writer's handle goes.
+    pub fn open(
+        url: &str,
+        pool: u32,
+        lock: Option<super::lock::DataDirLock>,
+    ) -> Result<(Postgres, WriterHandle), StoreError> {
+        let mut client = connect(url).map_err(StoreError::Connect)?;
+        migrate(&mut client).map_err(StoreError::Connect)?;
         let (writer_tx, inbox) = bounded(WRITER_INBOX);
         let writer = writer::Writer::open(url, conn::Conn::new(client))?;
-        let handle = writer.spawn(inbox, writer_tx.clone())?;
+        let handle = writer.spawn(inbox, writer_tx.clone(), lock)?;
         Ok((Postgres { writer_tx, pool: Arc::new(conn::Pool::new(url, pool)) }, handle))
     }
 
@@ -219,7 +224,7 @@ mod tests {
                 .entry(path.to_path_buf())
                 .or_insert_with(|| pg_cluster::database().expect("the cluster").url)
                 .clone();
-            let (backend, handle) = Postgres::open(&url, 4)?;
+            let (backend, handle) = Postgres::open(&url, 4, None)?;
             let backend: Arc<dyn super::super::Backend> = Arc::new(backend);
             Ok((backend, Box::new(move || handle.shutdown())))
         });

@@ -52,7 +52,10 @@ impl SessionReads for Postgres {
                 .iter()
                 .map(|row| (row.get(0), row.get(1)))
                 .collect();
-            let below = walk.after.as_ref().map_or(("~", ""), |(position, id)| (position.as_str(), id.as_str()));
+            // PostgreSQL's text holds no NUL: a place with one (a forged cursor) is cut there.
+            let cut = |text: &'_ str| text.split('\0').next().unwrap_or_default().to_string();
+            let after = walk.after.as_ref().map(|(position, id)| (cut(position), cut(id)));
+            let below = after.as_ref().map_or(("~", ""), |(position, id)| (position.as_str(), id.as_str()));
             let sql = format!(
                 "SELECT {SESSION_COLUMNS} FROM sessions
                  WHERE tenant = $1 AND (updated_at, id) < ($2, $3) ORDER BY updated_at DESC, id DESC LIMIT $4"

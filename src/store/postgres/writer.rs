@@ -51,12 +51,13 @@ impl Writer {
         self,
         inbox: Receiver<WriterMsg>,
         writer_tx: Sender<WriterMsg>,
+        lock: Option<super::super::lock::DataDirLock>,
     ) -> Result<WriterHandle, StoreError> {
         let thread = std::thread::Builder::new()
             .name("kestrel-store".into())
             .spawn(move || super::super::group_commit::run(self, inbox))
             .map_err(StoreError::Io)?;
-        Ok(WriterHandle::new(writer_tx, thread, None))
+        Ok(WriterHandle::new(writer_tx, thread, lock))
     }
 
     /// The connection, made again if the last one was lost.

@@ -298,14 +298,11 @@ fn messages_are_capped_and_the_history_is_logged_once_not_per_turn() {
     for _ in 0..5 {
         harness.send_message(json!("two words"));
     }
-    let db = rusqlite::Connection::open(bae.server.data_dir.join("kestrel.db")).unwrap();
-    let logged: i64 = db
-        .query_row(
-            "SELECT sum(length(body)) FROM events WHERE type = 'provider.request' AND session_id = ?1",
-            [&harness.session_id],
-            |row| row.get(0),
-        )
-        .unwrap();
+    let mut db = crate::support::Db::open(&bae.server.data_dir);
+    let logged = db.integer(
+        "SELECT sum(length(body)) FROM events WHERE type = 'provider.request' AND session_id = ?1",
+        &[&harness.session_id],
+    );
     assert!(logged < 60_000, "six provider requests took {logged} bytes of log: the history was copied");
     // Read back, the last request shows the whole history, the long message first.
     let events = harness.events();

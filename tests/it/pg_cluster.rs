@@ -33,20 +33,75 @@ pub struct Database {
 
 /// A fresh database on the run's cluster; `None` (the test skips) without PostgreSQL.
 pub fn database() -> Option<Database> {
-    let Some(bin) = binaries() else {
-        assert!(
-            std::env::var("KESTREL_REQUIRE_POSTGRES").is_err(),
-            "KESTREL_REQUIRE_POSTGRES is set and no PostgreSQL (initdb) is installed"
-        );
-        eprintln!("skipped: no PostgreSQL installed (Debian's postgresql package)");
-        return None;
-    };
+    let bin = installed()?;
     let port = cluster(&bin);
     let name = format!("k_{}", uuid::Uuid::new_v4().simple());
     let admin = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres");
     let mut client = postgres::Client::connect(&admin, postgres::NoTls).expect("the test cluster answers");
     client.batch_execute(&format!("CREATE DATABASE {name}")).expect("a database");
     Some(Database { url: format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/{name}"), port, name })
+}
+
+/// A cluster of one test's own, which it may restart (the run's shared one must not be): its
+/// database `kestrel`; stopped and removed when dropped (or by its watchdog).
+pub struct Private {
+    bin: PathBuf,
+    dir: PathBuf,
+    pub url: String,
+}
+
+/// A private cluster; `None` (the test skips) without PostgreSQL.
+pub fn private() -> Option<Private> {
+    let bin = installed()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("pg-test");
+    let dir = root.join(format!("private-{}", uuid::Uuid::new_v4().simple()));
+    let port = start(&bin, &dir);
+    let admin = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres");
+    let mut client = postgres::Client::connect(&admin, postgres::NoTls).expect("the private cluster answers");
+    client.batch_execute("CREATE DATABASE kestrel").expect("a database");
+    Some(Private { bin, dir, url: format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/kestrel") })
+}
+
+impl Private {
+    /// `pg_ctl restart -m fast`: every connection is cut, and the server is back when this
+    /// returns.
+    pub fn restart(&self) {
+        // The new server writes to the log, not to pipes this process would wait on.
+        let restarted = as_owner(self.bin.join("pg_ctl"))
+            .args(["restart", "-m", "fast", "-w", "-t", &WAIT.as_secs().to_string(), "-D"])
+            .arg(self.dir.join("data"))
+            .arg("-l")
+            .arg(self.dir.join("log"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(restarted.success(), "pg_ctl restart failed: see {}", self.dir.join("log").display());
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        let _ = as_owner(self.bin.join("pg_ctl"))
+            .args(["stop", "-m", "immediate", "-D"])
+            .arg(self.dir.join("data"))
+            .output();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The binaries, or `None` after saying the test is skipped (a failure with
+/// `KESTREL_REQUIRE_POSTGRES`).
+fn installed() -> Option<PathBuf> {
+    let found = binaries();
+    if found.is_none() {
+        assert!(
+            std::env::var("KESTREL_REQUIRE_POSTGRES").is_err(),
+            "KESTREL_REQUIRE_POSTGRES is set and no PostgreSQL (initdb) is installed"
+        );
+        eprintln!("skipped: no PostgreSQL installed (Debian's postgresql package)");
+    }
+    found
 }
 
 /// Where `initdb`, `pg_ctl` and `postgres` are: `KESTREL_PG_BIN`, or Debian's newest.

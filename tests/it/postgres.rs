@@ -171,3 +171,68 @@ fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(80)..].join("\n")
 }
+
+/// `pg_ctl restart -m fast` (every connection cut) while a run streams and a client keeps
+/// reading: every request in the gap is answered, `200` or `503` with `Retry-After`; the run's
+/// writes wait for the database and the run completes on the same stream; everything
+/// acknowledged before is there after, and new writes work without a restart of Kestrel.
+#[test]
+fn a_database_restart_mid_run_is_waited_out_and_requests_in_the_gap_answer_503() {
+    use crate::support::{event_type, is_run_end, TestServer};
+    use serde_json::json;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(cluster) = pg_cluster::private() else { return };
+    let url = cluster.url.clone();
+    let server = TestServer::start_with(|config| {
+        config.store.url = Some(url);
+        config.builtin.delay_ms = 20;
+    });
+    let acknowledged: Vec<String> = (0..5).map(|_| server.create_session(json!({}))).collect();
+    let id = server.create_session(json!({}));
+    let mut stream = server.events(&format!("/api/sessions/{id}/events"));
+    let words = "word ".repeat(150);
+    assert_eq!(server.post(&format!("/api/sessions/{id}/messages"), json!({ "content": words })).status, 202);
+    stream.collect_until(|e| event_type(e) == "message.delta");
+
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (client, stop, path) = (server.client(), std::sync::Arc::clone(&stop), format!("/api/sessions/{id}"));
+        std::thread::spawn(move || {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let response = client.get(&path);
+                answers.push((response.status, response.header("retry-after").map(str::to_string)));
+            }
+            answers
+        })
+    };
+    cluster.restart();
+    // Back: a read answers again (its pool finds its connections cut and makes new ones).
+    crate::support::wait_until("a read after the restart", || server.get(&format!("/api/sessions/{id}")).status == 200);
+    stop.store(true, Ordering::Relaxed);
+    let answers = poller.join().unwrap();
+    assert!(!answers.is_empty());
+    for (status, retry_after) in &answers {
+        assert!(matches!(status, 200 | 503), "{answers:?}");
+        if *status == 503 {
+            assert_eq!(retry_after.as_deref(), Some("2"), "{answers:?}");
+        }
+    }
+
+    let events = stream.collect_until(is_run_end);
+    let end = events.last().unwrap();
+    assert_eq!(event_type(end), "run.finished", "{end}");
+    assert_eq!(end["event"]["status"], "completed", "{end}");
+    for session in acknowledged.iter().chain([&id]) {
+        assert_eq!(server.get(&format!("/api/sessions/{session}")).status, 200, "{session} kept");
+    }
+    let detail = server.get(&format!("/api/sessions/{id}")).json;
+    let texts = detail["session"]["messages"].to_string();
+    assert!(texts.matches("word").count() >= 300, "the question and the whole answer are stored: {texts:.600}");
+    assert_eq!(server.post("/api/sessions", json!({})).status, 201, "a write after the restart");
+    println!(
+        "answers during the restart: {} ({} of them 503)",
+        answers.len(),
+        answers.iter().filter(|a| a.0 == 503).count()
+    );
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::random::Random;
-use super::server::{database, integrity_ok, Kestrel};
+use super::server::{integrity_ok, Kestrel};
 use super::wire::{Client, Outcome};
 
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_fixtures/tiny_server.py");
@@ -120,7 +120,7 @@ pub fn run(binary: &Path, rounds: usize, seed: u64) -> Report {
                 *report.calls.entry(kind).or_default() += count;
             }
         }
-        if !integrity_ok(&database(&data)) {
+        if !integrity_ok(&data) {
             report.failures.push(format!("round {round}: integrity_check failed after kill -9"));
         }
         read_logs(&data, &record, &mut logs);

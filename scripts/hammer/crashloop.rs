@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::random::Random;
-use super::server::{database, integrity_ok, Kestrel};
+use super::server::{integrity_ok, Kestrel};
 use super::wire::{Client, Outcome};
 
 const SESSIONS: usize = 3;
@@ -114,7 +114,7 @@ pub fn run(binary: &Path, rounds: usize, seed: u64) -> Report {
             report.approvals += driver.join().unwrap_or(0);
         }
         max_seq = max_seq.max(seen_seq.load(Ordering::SeqCst));
-        if integrity_ok(&database(&data)) {
+        if integrity_ok(&data) {
             report.integrity_checks += 1;
         } else {
             report.failures.push(format!("round {round}: integrity_check failed after kill -9"));

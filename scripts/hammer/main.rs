@@ -5,6 +5,9 @@ mod bae_crash;
 mod bae_fuzz;
 mod crashloop;
 mod fuzz;
+#[allow(dead_code)]
+#[path = "../../tests/it/pg_cluster.rs"]
+mod pg_cluster;
 mod random;
 mod server;
 mod surfaces;
@@ -13,9 +16,27 @@ mod wire;
 use std::path::PathBuf;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    // `--store postgres`: every server keeps its state in a private PostgreSQL cluster.
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|arg| arg == "--store") {
+        let store = args.get(at + 1).cloned().unwrap_or_default();
+        args.drain(at..(at + 2).min(args.len()));
+        match store.as_str() {
+            "sqlite" => {}
+            "postgres" => {
+                let cluster = pg_cluster::private().expect("PostgreSQL (Debian's postgresql) is installed");
+                *server::CLUSTER.lock().unwrap() = Some(cluster);
+                println!("store: PostgreSQL (a private cluster)");
+            }
+            other => {
+                eprintln!("--store sqlite|postgres, not {other:?}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let mut args = args.into_iter();
     let (Some(mode), Some(count)) = (args.next(), args.next().and_then(|n| n.parse::<usize>().ok())) else {
-        eprintln!("usage: hammer crashloop|fuzz N [SEED]");
+        eprintln!("usage: hammer crashloop|fuzz N [SEED] [--store sqlite|postgres]");
         std::process::exit(2);
     };
     let seed = args.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -50,5 +71,7 @@ fn main() {
             2
         }
     };
+    // The cluster is stopped and removed before the exit.
+    drop(server::CLUSTER.lock().unwrap_or_else(|e| e.into_inner()).take());
     std::process::exit(i32::from(failures > 0));
 }

@@ -4,6 +4,26 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+/// The PostgreSQL cluster the servers keep their state in (`--store postgres`), if any.
+pub static CLUSTER: std::sync::Mutex<Option<crate::pg_cluster::Private>> = std::sync::Mutex::new(None);
+
+/// The database of the server on `data` when on PostgreSQL: a new one for a new data dir,
+/// the same for a restart on it.
+fn database_url(data: &Path) -> Option<String> {
+    static DATABASES: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, String>>> =
+        std::sync::Mutex::new(None);
+    let cluster = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = cluster.as_ref()?;
+    let mut databases = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+    Some(
+        databases
+            .get_or_insert_with(Default::default)
+            .entry(data.to_path_buf())
+            .or_insert_with(|| cluster.database())
+            .clone(),
+    )
+}
+
 /// Killed when dropped, so a run that fails half-way leaves no server behind.
 pub struct Kestrel {
     child: Option<Child>,
@@ -25,6 +45,7 @@ impl Kestrel {
             .env("KESTREL_DATA_DIR", data.join("data"))
             .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
             .env("KESTREL_WORKSPACE", workspace)
+            .env("KESTREL_DATABASE_URL", database_url(data).unwrap_or_default())
             .env("RUST_LOG", "error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -79,13 +100,16 @@ impl Drop for Kestrel {
     }
 }
 
-/// The database file under a data dir started by `Kestrel::start`.
-pub fn database(data: &Path) -> PathBuf {
-    data.join("data").join("kestrel.db")
-}
-
-/// `PRAGMA integrity_check` on a database no server has open.
-pub fn integrity_ok(database: &Path) -> bool {
-    let Ok(conn) = rusqlite::Connection::open(database) else { return false };
+/// Whether the store of a data dir started by `Kestrel::start`, which no server has open, is
+/// whole: SQLite's `PRAGMA integrity_check`, or on PostgreSQL (which keeps its own
+/// consistency) that every table of the log and the transcripts reads to its end.
+pub fn integrity_ok(data: &Path) -> bool {
+    if let Some(url) = database_url(data) {
+        let Ok(mut client) = postgres::Client::connect(&url, postgres::NoTls) else { return false };
+        return ["events", "messages", "sessions", "tool_call_starts"]
+            .iter()
+            .all(|table| client.query_one(&format!("SELECT count(*) FROM {table}"), &[]).is_ok());
+    }
+    let Ok(conn) = rusqlite::Connection::open(data.join("data").join("kestrel.db")) else { return false };
     conn.query_row("PRAGMA integrity_check", [], |row| row.get::<_, String>(0)).is_ok_and(|r| r == "ok")
 }

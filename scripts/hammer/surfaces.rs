@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::random::Random;
-use super::server::{database, integrity_ok, Kestrel};
+use super::server::{integrity_ok, Kestrel};
 use super::wire::{Client, Outcome};
 
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/mcp_fixtures/tiny_server.py");
@@ -288,7 +288,7 @@ pub fn crash(binary: &Path, rounds: usize, seed: u64) -> Report {
         if snapshot(&outside) != before {
             report.failures.push(format!("round {round}: the outside changed under a raced restore"));
         }
-        if !integrity_ok(&database(&data)) {
+        if !integrity_ok(&data) {
             report.failures.push(format!("round {round}: integrity_check failed after kill -9"));
         }
         // The next start sweeps what the killed server left.

@@ -47,6 +47,7 @@ pub fn database() -> Option<Database> {
 pub struct Private {
     bin: PathBuf,
     dir: PathBuf,
+    port: u16,
     pub url: String,
 }
 
@@ -59,10 +60,19 @@ pub fn private() -> Option<Private> {
     let admin = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres");
     let mut client = postgres::Client::connect(&admin, postgres::NoTls).expect("the private cluster answers");
     client.batch_execute("CREATE DATABASE kestrel").expect("a database");
-    Some(Private { bin, dir, url: format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/kestrel") })
+    Some(Private { bin, dir, port, url: format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/kestrel") })
 }
 
 impl Private {
+    /// One more database on this cluster; its URL.
+    pub fn database(&self) -> String {
+        let admin = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{}/postgres", self.port);
+        let mut client = postgres::Client::connect(&admin, postgres::NoTls).expect("the private cluster answers");
+        let name = format!("k_{}", uuid::Uuid::new_v4().simple());
+        client.batch_execute(&format!("CREATE DATABASE {name}")).expect("a database");
+        format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{name}", self.port)
+    }
+
     /// `pg_ctl restart -m fast`: every connection is cut, and the server is back when this
     /// returns.
     pub fn restart(&self) {

@@ -28,14 +28,15 @@ pub fn fake_messages() {
     }
 }
 
+/// A config whose provider `fake` is the fake Messages API at `host`.
+pub fn fake_provider_config(host: &str) -> String {
+    format!("[providers.fake]\nwire = \"anthropic\"\nbase_url = \"http://{host}/v1\"\nmodels = [{{ name = \"claude-x\" }}]\n")
+}
+
 /// The BAE rows of the table.
 pub fn rows(quick: bool) {
     let fake = Spawned::helper("fake-messages");
-    let config = format!(
-        "[providers.fake]\nwire = \"anthropic\"\nbase_url = \"http://{}/v1\"\nmodels = [{{ name = \"claude-x\" }}]\n",
-        fake.host
-    );
-    let mut kestrel = Spawned::kestrel_with_config(&[], &config);
+    let mut kestrel = Spawned::kestrel_with_config(&[], &fake_provider_config(&fake.host));
     let admin = kestrel.next_host();
     let key = client_key(&admin, &kestrel.data_dir());
     let turns = if quick { 100 } else { 400 };
@@ -96,7 +97,7 @@ pub fn client_key(admin: &str, data_dir: &std::path::Path) -> String {
 }
 
 /// One client's open + registerDriver, then one sendMessage turn to its terminal frame.
-fn one_turn(host: &str, key: &str) -> (Duration, Duration) {
+pub fn one_turn(host: &str, key: &str) -> (Duration, Duration) {
     let started = Instant::now();
     let mut connection = Connection::open(host).unwrap();
     let opened = connection.request_as("POST", "/api/v1/sessions", Some(key), b"{}").unwrap();

@@ -7,9 +7,13 @@
 
 mod bae;
 mod client;
+#[allow(dead_code)]
+#[path = "../../tests/it/pg_cluster.rs"]
+mod pg_cluster;
 mod relay;
 mod report;
 mod scale;
+mod stores;
 mod streams;
 
 use std::io::{BufRead, BufReader};
@@ -38,10 +42,12 @@ struct Args {
     scale: bool,
     save: Option<String>,
     compare: Option<String>,
+    /// `--store postgres`: the store-bound rows on SQLite and on PostgreSQL, side by side.
+    store: Option<String>,
 }
 
 fn args() -> Args {
-    let mut args = Args { only: None, scale: false, save: None, compare: None };
+    let mut args = Args { only: None, scale: false, save: None, compare: None, store: None };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
         match arg.as_str() {
@@ -49,6 +55,7 @@ fn args() -> Args {
             "--scale" => args.scale = true,
             "--save" => args.save = given.next(),
             "--compare" => args.compare = given.next(),
+            "--store" => args.store = given.next(),
             other => {
                 eprintln!("usage: benchmark [bae | scale | relay | streams] [--scale] [--save FILE] [--compare FILE] ({other:?}?)");
                 std::process::exit(2);
@@ -73,6 +80,17 @@ fn main() {
     println!("kestrel benchmark ({}); medians of {ROUNDS} rounds where a round repeats", report::machine());
     println!();
     report::header();
+    if let Some(store) = &args.store {
+        assert_eq!(store, "postgres", "--store postgres (SQLite is every other row's store)");
+        stores::rows(quick);
+    } else {
+        everyday(&args, quick);
+    }
+    finish(&args);
+}
+
+/// The rows of the table but the store comparison's.
+fn everyday(args: &Args, quick: bool) {
     match args.only.as_deref() {
         Some("bae") => bae::rows(quick),
         Some("scale") => scale::rows(quick),
@@ -94,6 +112,10 @@ fn main() {
     println!("events read straight from the log table by one rusqlite connection. For the relay:");
     println!("a bare relay that reads the provider's SSE, parses it and writes SSE frames, with no");
     println!("store, bus or seq. The scale rows' floors are said in the README.");
+}
+
+/// Saves the figures, or compares them with a saved run's.
+fn finish(args: &Args) {
     if let Some(path) = &args.save {
         report::save(path);
     }
@@ -173,7 +195,29 @@ fn everyday_rows(quick: bool) {
 /// once), then a stream with `Last-Event-ID: 0`: the time until the `count`th event arrives,
 /// and the time to read the same rows straight from the database.
 fn log_replay(count: usize) -> (Duration, Duration) {
-    let kestrel = Spawned::kestrel(&[]);
+    let kestrel = fill_log(&[], count);
+    settle_disk();
+    let started = Instant::now();
+    let mut reader = open_stream(&kestrel.host, "/api/events", Some(0)).unwrap();
+    client::read_events(&mut reader, count);
+    let replayed = started.elapsed();
+    let database = kestrel._data.as_ref().unwrap().path().join("data").join("kestrel.db");
+    let conn = rusqlite::Connection::open_with_flags(&database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let started = Instant::now();
+    let mut statement = conn.prepare("SELECT seq, body FROM events ORDER BY seq LIMIT ?1").unwrap();
+    let rows = statement
+        .query_map([count as i64], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)))
+        .unwrap()
+        .count();
+    let read = started.elapsed();
+    assert_eq!(rows, count);
+    (replayed, read)
+}
+
+/// A Kestrel child (with `env`) whose log holds `count` events (a session's title patched
+/// `count` times, four clients at once), all logged by the time this returns.
+fn fill_log(env: &[(&str, &str)], count: usize) -> Spawned {
+    let kestrel = Spawned::kestrel(env);
     let id = create_sessions(&kestrel.host, 1).remove(0);
     std::thread::scope(|scope| {
         for client in 0..4 {
@@ -197,22 +241,7 @@ fn log_replay(count: usize) -> (Duration, Duration) {
     let marked = connection.request("PATCH", &format!("/api/sessions/{id}"), br#"{"title":"marker"}"#).unwrap();
     assert_eq!(marked.status, 200);
     assert!(follow_stream(&kestrel.host, "/api/events", live, "\"marker\"").finished);
-    settle_disk();
-    let started = Instant::now();
-    let mut reader = open_stream(&kestrel.host, "/api/events", Some(0)).unwrap();
-    client::read_events(&mut reader, count);
-    let replayed = started.elapsed();
-    let database = kestrel._data.as_ref().unwrap().path().join("data").join("kestrel.db");
-    let conn = rusqlite::Connection::open_with_flags(&database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
-    let started = Instant::now();
-    let mut statement = conn.prepare("SELECT seq, body FROM events ORDER BY seq LIMIT ?1").unwrap();
-    let rows = statement
-        .query_map([count as i64], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)))
-        .unwrap()
-        .count();
-    let read = started.elapsed();
-    assert_eq!(rows, count);
-    (replayed, read)
+    kestrel
 }
 
 /// Flushes what earlier rows left for the disk to write (`sync`), so that a row whose
@@ -503,6 +532,12 @@ fn small_message(i: usize) -> Message {
 fn writer_events_per_second(count: usize) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let (store, writer) = Store::open(dir.path()).unwrap();
+    writer_rate(&store, writer, count)
+}
+
+/// `count` small messages appended to one session through `store`, each its own detached
+/// write; events per second until the last has committed. Stops the writer.
+fn writer_rate(store: &Store, writer: kestrel::store::WriterHandle, count: usize) -> f64 {
     store.write(vec![session_op("s")]).unwrap();
     let started = Instant::now();
     let base = kestrel::time::now_millis();

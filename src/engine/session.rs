@@ -101,8 +101,10 @@ pub(crate) enum SessionMsg {
 
 /// What a worker reports back to its session's actor.
 pub(crate) enum Done {
-    /// A checkpoint, restore or rewind finished; its caller has its answer.
-    Files { changed: bool },
+    /// A checkpoint, restore or rewind finished; `answer` gives its caller the outcome, once
+    /// the actor no longer counts the step (so the caller's next request never finds the
+    /// session busy with the step it was answered for).
+    Files { changed: bool, answer: Box<dyn FnOnce() + Send> },
     /// A door's slow step (`SessionDoor::done`).
     Door(Box<dyn Any + Send>),
     /// The step panicked (logged where it happened); its caller heard an internal error.
@@ -387,10 +389,11 @@ impl SessionActor {
     fn done(&mut self, done: Done) {
         self.working -= 1;
         match done {
-            Done::Files { changed } => {
+            Done::Files { changed, answer } => {
                 if changed {
                     self.changing_files -= 1;
                 }
+                answer();
                 self.answer_deletes();
             }
             Done::Door(done) => {
@@ -413,9 +416,9 @@ impl SessionActor {
         }
     }
 
-    /// Runs `step` on a `kestrel-slow` worker, which answers `reply` and then tells this
-    /// actor it is done; a step that `changes` files (a restore, a rewind) holds turns off
-    /// until then.
+    /// Runs `step` on a `kestrel-slow` worker, which tells this actor it is done, and the
+    /// actor answers `reply`; a step that `changes` files (a restore, a rewind) holds turns
+    /// off until then.
     pub(super) fn off_actor<T: Send + 'static>(
         &mut self,
         changes: bool,
@@ -429,8 +432,10 @@ impl SessionActor {
         let started = self.work(move || {
             let outcome =
                 catch_unwind(AssertUnwindSafe(step)).unwrap_or(Err(EngineError::Internal("a slow step panicked")));
-            let _ = reply.send(outcome);
-            Done::Files { changed }
+            let answer = Box::new(move || {
+                let _ = reply.send(outcome);
+            });
+            Done::Files { changed, answer }
         });
         // The job (and its reply) is gone with the refused start: the caller hears an
         // internal error.

@@ -7,6 +7,7 @@
 //! (`run.rs`). The registry of live actors' inboxes is the only shared map. The engine does no
 //! socket I/O and knows no wire format.
 
+mod answer;
 pub(crate) mod calls;
 pub(crate) mod checkpoints;
 pub(crate) mod compaction;

@@ -101,10 +101,9 @@ pub(crate) enum SessionMsg {
 
 /// What a worker reports back to its session's actor.
 pub(crate) enum Done {
-    /// A checkpoint, restore or rewind finished; `answer` gives its caller the outcome, once
-    /// the actor no longer counts the step (so the caller's next request never finds the
-    /// session busy with the step it was answered for).
-    Files { changed: bool, answer: Box<dyn FnOnce() + Send> },
+    /// A checkpoint, restore or rewind finished; `answer` tells its caller once the actor
+    /// no longer counts the step (the caller's next request never finds it busy with it).
+    Files { changed: bool, answer: super::answer::Answer },
     /// A door's slow step (`SessionDoor::done`).
     Door(Box<dyn Any + Send>),
     /// The step panicked (logged where it happened); its caller heard an internal error.
@@ -393,7 +392,7 @@ impl SessionActor {
                 if changed {
                     self.changing_files -= 1;
                 }
-                answer();
+                answer.give();
                 self.answer_deletes();
             }
             Done::Door(done) => {
@@ -432,7 +431,7 @@ impl SessionActor {
         let started = self.work(move || {
             let outcome =
                 catch_unwind(AssertUnwindSafe(step)).unwrap_or(Err(EngineError::Internal("a slow step panicked")));
-            let answer = Box::new(move || {
+            let answer = super::answer::Answer::new(move || {
                 let _ = reply.send(outcome);
             });
             Done::Files { changed, answer }

@@ -23,6 +23,10 @@ pub(super) trait Committer {
     fn trim_behind(&self) -> bool;
     /// One step of dropping them, in a transaction of its own.
     fn trim_while_idle(&mut self);
+    /// The most messages one transaction takes.
+    fn max_batch(&self) -> usize {
+        MAX_BATCH
+    }
 }
 
 type Batch = Vec<(Vec<WriteOp>, Option<Reply>)>;
@@ -47,7 +51,7 @@ pub(super) fn run(mut committer: impl Committer, inbox: Receiver<WriterMsg>) {
                 continue;
             }
         }
-        while !stop && batch.len() < MAX_BATCH {
+        while !stop && batch.len() < committer.max_batch() {
             match inbox.try_recv() {
                 Ok(WriterMsg::Write { ops, reply }) => batch.push((ops, reply)),
                 Ok(WriterMsg::Shutdown) => stop = true,

@@ -120,6 +120,69 @@ pub(super) fn apply(tx: &mut Tx<'_>, op: &WriteOp, trim: &mut Trim) -> Result<Op
     Ok(None)
 }
 
+/// Messages appended one after another in a transaction, held back to be written together:
+/// one insert for all of them and one update of each session's count (a row updated once,
+/// not once per message: each update of a row in a transaction leaves a version that the
+/// next must step over). Written before any other op, so the order of effects is kept.
+#[derive(Default)]
+pub(super) struct Appends<'a> {
+    held: Vec<(&'a str, &'a Message, &'a str)>,
+}
+
+impl<'a> Appends<'a> {
+    /// Holds `op` back if it appends a message; whether it did.
+    pub(super) fn take(&mut self, op: &'a WriteOp) -> bool {
+        match op {
+            WriteOp::AppendMessage { session_id, message, updated_at } => {
+                self.held.push((session_id, message, updated_at));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes what is held.
+    pub(super) fn flush(&mut self, tx: &mut Tx<'_>) -> Result<(), StoreError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
+        let held = std::mem::take(&mut self.held);
+        let (mut ids, mut sessions, mut roles, mut bodies) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (session_id, message, _) in &held {
+            ids.push(message.id.as_str());
+            sessions.push(*session_id);
+            roles.push(serde_json::to_value(message.role).map_err(corrupt)?.as_str().unwrap_or("").to_string());
+            bodies.push(serde_json::to_string(message).map_err(corrupt)?);
+        }
+        tx.exec(
+            "INSERT INTO messages (id, session_id, role, body, form)
+             SELECT id, session_id, role, body, $5
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS m(id, session_id, role, body, n)
+             ORDER BY n",
+            &[&ids, &sessions, &roles, &bodies, &STORED_FORM],
+        )?;
+        // Each session once: how many it was given, and the last time.
+        let mut counts: Vec<(&str, i64, &str)> = Vec::new();
+        for (session_id, _, updated_at) in &held {
+            match counts.iter_mut().find(|(id, _, _)| id == session_id) {
+                Some(entry) => (entry.1, entry.2) = (entry.1 + 1, updated_at),
+                None => counts.push((session_id, 1, updated_at)),
+            }
+        }
+        for (session_id, count, updated_at) in counts {
+            let changed = tx.exec(
+                "UPDATE sessions SET message_count = message_count + $2, updated_at = $3 WHERE id = $1",
+                &[&session_id, &count, &updated_at],
+            )?;
+            if changed == 0 {
+                return Err(StoreError::MissingSession);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `count` consecutive seqs above `floor` and every seq taken before; the first.
 fn take_seqs(tx: &mut Tx<'_>, count: u64, floor: u64) -> Result<u64, StoreError> {
     let last: i64 = tx

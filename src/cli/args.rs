@@ -157,9 +157,13 @@ pub struct MigrateArgs {
     /// file when left out.
     #[arg(long, env = "KESTREL_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// The data dir whose SQLite file is migrated.
+    /// The data dir whose SQLite file is migrated (or copied, with `--from sqlite`).
     #[arg(long, value_name = "DIR", env = "KESTREL_DATA_DIR", default_value = "./kestrel-data")]
     pub data_dir: PathBuf,
+    /// `sqlite`: copy the data dir's SQLite store (stopped) into the empty PostgreSQL
+    /// database of `--database-url`.
+    #[arg(long, value_name = "STORE", value_parser = ["sqlite"])]
+    pub from: Option<String>,
 }
 
 #[derive(Debug, Args)]

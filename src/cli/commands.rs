@@ -281,10 +281,25 @@ pub fn health(args: &HealthArgs) -> Result<(), CliError> {
 pub fn migrate(args: &MigrateArgs) -> Result<(), CliError> {
     use crate::store::postgres as pg;
     let Some(url) = args.database_url.as_deref().filter(|url| !url.is_empty()) else {
+        if args.from.is_some() {
+            return Err(CliError::Failed("--from sqlite copies into --database-url (or KESTREL_DATABASE_URL)".into()));
+        }
         let (_, writer) = crate::store::Store::open(&args.data_dir).map_err(|e| CliError::Failed(e.to_string()))?;
         writer.shutdown();
         return say(&format!("SQLite at {}: up to date", args.data_dir.join("kestrel.db").display()));
     };
+    if args.from.is_some() {
+        let imported = pg::from_sqlite(&args.data_dir, url).map_err(|error| CliError::Failed(error.to_string()))?;
+        let rows: Vec<String> = imported.rows.iter().map(|(table, count)| format!("{table} {count}")).collect();
+        return say(&format!(
+            "copied {} into PostgreSQL at {}: {}; blobs {}; the log's last seq {}",
+            args.data_dir.join("kestrel.db").display(),
+            pg::redacted(url),
+            rows.join(", "),
+            imported.blobs,
+            imported.last_seq
+        ));
+    }
     let mut client = pg::connect(url).map_err(|error| CliError::Failed(error.to_string()))?;
     let migrated = pg::migrate(&mut client).map_err(|error| CliError::Failed(error.to_string()))?;
     let applied = match migrated.applied.as_slice() {

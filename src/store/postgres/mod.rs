@@ -17,6 +17,7 @@ mod bae;
 mod blobs;
 mod checkpoints;
 mod conn;
+mod import;
 mod migrate;
 mod policy;
 mod reads;
@@ -32,6 +33,7 @@ use crossbeam_channel::{bounded, Sender};
 
 use super::contract::{Claims, Recovery, Reply, Seqs, TurnClaim, Writes};
 use super::{StoreError, WriteOp, WriterHandle, WriterMsg};
+pub use import::{from_sqlite, ImportError, Imported};
 pub use migrate::{migrate, Migrated, VERSIONS};
 
 /// Capacity of the writer's inbox (as SQLite's): when full, senders wait.

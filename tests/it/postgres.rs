@@ -245,3 +245,87 @@ fn a_database_restart_mid_run_is_waited_out_and_requests_in_the_gap_answer_503()
         answers.iter().filter(|a| a.0 == 503).count()
     );
 }
+
+/// Every event a stream replays from the start up to the one with seq `last` (or, with no
+/// `last`, up to a title change to `marker`, made now): seq and type.
+fn replayed(server: &crate::support::TestServer, last: Option<u64>) -> Vec<(u64, String)> {
+    let mut stream = crate::support::SseClient::open(&server.base, "/api/events", server.token.as_deref(), Some(0));
+    let marked = last.is_none().then(|| {
+        let id = server.create_session(serde_json::json!({}));
+        server.patch(&format!("/api/sessions/{id}"), serde_json::json!({ "title": "marker" }));
+    });
+    let mut events = Vec::new();
+    while let Some((seq, event)) = stream.next_event(crate::support::WAIT) {
+        let kind = crate::support::event_type(&event).to_string();
+        let done = match last {
+            Some(last) => seq >= last,
+            None => marked.is_some() && event.to_string().contains("\"marker\""),
+        };
+        events.push((seq, kind));
+        if done {
+            return events;
+        }
+    }
+    panic!("the replay stopped at {:?}", events.last());
+}
+
+/// A SQLite data dir with sessions of both doors, runs, a checkpoint and its files moves to
+/// PostgreSQL with `kestrel migrate --from sqlite`: a server on the database lists the same
+/// sessions with the same transcripts, replays the same log with the same seqs, restores the
+/// checkpoint from the database's blobs, and takes the BAE keys and session as they were; a
+/// second copy into the now non-empty database is refused.
+#[test]
+fn a_sqlite_data_dir_with_both_doors_sessions_moves_to_postgres_whole() {
+    use crate::bae::support::{Bae, Harness};
+    use serde_json::json;
+    let Some(database) = pg_cluster::database() else { return };
+    let mut bae = Bae::start();
+    let server = &bae.server;
+    std::fs::write(server.workspace.join("kept.txt"), "as it was").unwrap();
+    let id = server.create_session(json!({ "title": "moved" }));
+    server.run_to_end(&id, "hello from sqlite");
+    let checkpoint = server.post(&format!("/api/sessions/{id}/checkpoints"), json!({}));
+    assert_eq!(checkpoint.status, 201, "{}", checkpoint.text);
+    let checkpoint = checkpoint.json["checkpoint"]["id"].as_str().unwrap().to_string();
+    let (_, key) = bae.key_for("movers", &["lookup"]);
+    let harness = Harness::open(bae.base(), &key, &["lookup"]);
+    let log = replayed(server, None);
+    let before = (server.get("/api/sessions").json, server.get(&format!("/api/sessions/{id}")).json, harness.events());
+    bae.server.stop();
+
+    let copy = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["migrate", "--from", "sqlite", "--database-url", &database.url, "--data-dir"])
+        .arg(&bae.server.data_dir)
+        .env_remove("KESTREL_DATABASE_URL")
+        .output()
+        .unwrap();
+    let (said, err) = text(&copy);
+    assert!(copy.status.success(), "{said} {err}");
+    assert!(said.contains("sessions 3") && said.contains("blobs 1") && !said.contains(PASSWORD), "{said}");
+
+    let url = database.url.clone();
+    bae.restart_with(|config| config.store.url = Some(url));
+    let harness = Harness { base: bae.base().to_string(), ..harness };
+    let server = &bae.server;
+    let after = (server.get("/api/sessions").json, server.get(&format!("/api/sessions/{id}")).json, harness.events());
+    assert_eq!(after.0, before.0, "the session list");
+    assert_eq!(after.1, before.1, "the transcript");
+    assert_eq!(after.2, before.2, "the BAE session's events, read with its session key");
+    // Token deltas live in the first server's ring, never in the log: the log is the rest.
+    let logged: Vec<(u64, String)> = log.iter().filter(|(_, kind)| kind != "message.delta").cloned().collect();
+    assert_eq!(replayed(server, logged.last().map(|(seq, _)| *seq)), logged, "the log, seq for seq");
+    std::fs::write(server.workspace.join("kept.txt"), "changed").unwrap();
+    let restored = server.post(&format!("/api/sessions/{id}/checkpoints/{checkpoint}/restore"), json!({}));
+    assert_eq!(restored.status, 200, "{}", restored.text);
+    assert_eq!(std::fs::read_to_string(server.workspace.join("kept.txt")).unwrap(), "as it was");
+    assert_eq!(server.post("/api/sessions", json!({})).status, 201, "new writes");
+    bae.server.stop();
+
+    let again = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["migrate", "--from", "sqlite", "--database-url", &database.url, "--data-dir"])
+        .arg(&bae.server.data_dir)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(text(&again).1.contains("already holds"), "{:?}", text(&again));
+}

@@ -98,14 +98,48 @@ fn every_wrong_url_stops_with_one_line_naming_the_problem_and_never_the_password
         (format!("postgres://kestrel:{PASSWORD}@127.0.0.1:1/{}", database.name), "cannot be reached"),
         (format!("postgres://kestrel:{PASSWORD}@127.0.0.1:notaport/x"), "is not a PostgreSQL URL"),
     ];
+    let data = tempfile::tempdir().unwrap();
     for (url, problem) in cases {
-        let output = migrate(&url);
-        let (stdout, stderr) = text(&output);
-        assert_eq!(output.status.code(), Some(1), "{url}: {stdout} {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
-        assert!(stderr.contains(problem), "{problem}: {stderr}");
-        assert!(!stderr.contains(PASSWORD) && !stdout.contains(PASSWORD), "the password leaked: {stderr}");
+        // `kestrel migrate`, and the server's start with the URL in its environment.
+        let serve = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .env("KESTREL_DATABASE_URL", &url)
+            .env("KESTREL_ADDR", "127.0.0.1:0")
+            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
+            .env("KESTREL_DATA_DIR", data.path())
+            .env("KESTREL_WORKSPACE", data.path())
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap();
+        for output in [migrate(&url), serve] {
+            let (stdout, stderr) = text(&output);
+            assert_eq!(output.status.code(), Some(1), "{url}: {stdout} {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+            assert!(stderr.contains(problem), "{problem}: {stderr}");
+            assert!(!stderr.contains(PASSWORD) && !stdout.contains(PASSWORD), "the password leaked: {stderr}");
+        }
     }
+}
+
+/// A statement stuck behind a lock is cancelled by the statement timeout (here the URL's own,
+/// 500 ms, in place of the 30 s default): the request answers `503` with `Retry-After`, never
+/// hangs, and once the lock is gone the same request answers.
+#[test]
+fn a_stuck_statement_is_cancelled_and_answered_503() {
+    use serde_json::json;
+    let Some(database) = pg_cluster::database() else { return };
+    let url = format!("{}?options=-c%20statement_timeout%3D500", database.url);
+    let server = crate::support::TestServer::start_with(|config| config.store.url = Some(url));
+    let id = server.create_session(json!({}));
+    let mut holder = kestrel::store::postgres::connect(&database.url).unwrap();
+    let mut lock = holder.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE").unwrap();
+    let started = std::time::Instant::now();
+    let stuck = server.get(&format!("/api/sessions/{id}"));
+    assert_eq!(stuck.status, 503, "{}", stuck.text);
+    assert_eq!(stuck.header("retry-after"), Some("2"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    lock.rollback().unwrap();
+    assert_eq!(server.get(&format!("/api/sessions/{id}")).status, 200);
 }
 
 #[test]

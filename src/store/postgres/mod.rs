@@ -165,11 +165,15 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-/// Connects, with the statement timeout set for the session.
+/// Connects, with the statement timeout set for the session: `STATEMENT_TIMEOUT`, unless the
+/// URL's own `options` set one (`?options=-c%20statement_timeout%3D5000`).
 pub fn connect(url: &str) -> Result<postgres::Client, PgError> {
     let mut config = postgres::Config::from_str(url).map_err(|error| PgError::Url(scrub(&error.to_string(), url)))?;
     config.connect_timeout(CONNECT_TIMEOUT);
-    config.options(&format!("-c statement_timeout={}", STATEMENT_TIMEOUT.as_millis()));
+    let given = config.get_options().unwrap_or_default().to_string();
+    if !given.contains("statement_timeout") {
+        config.options(format!("{given} -c statement_timeout={}", STATEMENT_TIMEOUT.as_millis()).trim());
+    }
     config.application_name("kestrel");
     config.connect(postgres::NoTls).map_err(|error| classify(&error, url))
 }

@@ -49,6 +49,13 @@ pub trait Writes: Send + Sync {
     fn submit(&self, ops: Vec<WriteOp>, reply: Option<Reply>) -> Result<(), StoreError>;
     /// Batches queued and not yet taken by the backend.
     fn queue_depth(&self) -> usize;
+
+    /// Queues `ops` and waits until they are durable.
+    fn submit_and_wait(&self, ops: Vec<WriteOp>) -> Result<Committed, StoreError> {
+        let (reply, outcome) = crossbeam_channel::bounded(1);
+        self.submit(ops, Some(reply))?;
+        outcome.recv().unwrap_or(Err(StoreError::Closed))
+    }
 }
 
 /// The event log's seqs. Appending is a `WriteOp::AppendLog` in a batch (so the events commit
@@ -70,10 +77,15 @@ pub struct TurnClaim {
 }
 
 /// Compare-and-set claims of a session's turn.
-pub trait Claims: Send + Sync {
+pub trait Claims: Writes {
     /// Marks the session `running` under `claim`, committing `with` in the same transaction,
-    /// if no turn holds it; `StoreError::Busy` (and nothing committed) if one does.
-    fn claim_turn(&self, claim: &TurnClaim, with: Vec<WriteOp>) -> Result<(), StoreError>;
+    /// if no turn holds it; `StoreError::Busy` (and nothing committed) if one does: a batch
+    /// that starts with `WriteOp::ClaimTurn`.
+    fn claim_turn(&self, claim: &TurnClaim, with: Vec<WriteOp>) -> Result<(), StoreError> {
+        let mut ops = vec![WriteOp::ClaimTurn(claim.clone())];
+        ops.extend(with);
+        self.submit_and_wait(ops).map(|_| ())
+    }
 }
 
 /// What a node does at start.

@@ -418,7 +418,7 @@ impl Store {
 
     /// Commits `ops` in one transaction and returns once it is durable.
     pub fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        self.write_pending(ops)?.recv().unwrap_or(Err(StoreError::Closed)).map(|_| ())
+        self.backend.submit_and_wait(ops).map(|_| ())
     }
 
     /// Queues `ops` and returns a receiver for the commit's outcome without waiting for it.

@@ -13,7 +13,7 @@ use std::path::Path;
 use crossbeam_channel::{bounded, Sender};
 use rusqlite::Connection;
 
-use super::contract::{Claims, Recovery, Reply, Seqs, TurnClaim, Writes};
+use super::contract::{Claims, Recovery, Reply, Seqs, Writes};
 use super::lock::DataDirLock;
 use super::reader::ReaderPool;
 use super::writer::{Writer, WriterHandle};
@@ -42,12 +42,6 @@ impl Sqlite {
     pub(super) fn with<T>(&self, query: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.readers.with(query)
     }
-
-    fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        let (reply, outcome) = bounded(1);
-        self.submit(ops, Some(reply))?;
-        outcome.recv().unwrap_or(Err(StoreError::Closed)).map(|_| ())
-    }
 }
 
 impl Writes for Sqlite {
@@ -66,13 +60,7 @@ impl Seqs for Sqlite {
     }
 }
 
-impl Claims for Sqlite {
-    fn claim_turn(&self, claim: &TurnClaim, with: Vec<WriteOp>) -> Result<(), StoreError> {
-        let mut ops = vec![WriteOp::ClaimTurn(claim.clone())];
-        ops.extend(with);
-        self.write(ops)
-    }
-}
+impl Claims for Sqlite {}
 
 impl Recovery for Sqlite {
     fn recover(&self, node: &str, at: &str) -> Result<Vec<String>, StoreError> {
@@ -85,7 +73,7 @@ impl Recovery for Sqlite {
             let rows = statement.query_map([node], |row| row.get::<_, String>(0))?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })?;
-        self.write(vec![WriteOp::RecoverTurns { node: node.to_string(), at: at.to_string() }])?;
+        self.submit_and_wait(vec![WriteOp::RecoverTurns { node: node.to_string(), at: at.to_string() }])?;
         Ok(held)
     }
 }

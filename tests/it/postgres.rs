@@ -363,3 +363,25 @@ fn a_sqlite_data_dir_with_both_doors_sessions_moves_to_postgres_whole() {
     assert!(!again.status.success());
     assert!(text(&again).1.contains("already holds"), "{:?}", text(&again));
 }
+
+/// PostgreSQL's text holds no NUL (SQLite's does): a title with one
+/// is refused with `400 invalid_body` before anything commits, and the server, its
+/// connections and the session go on as before.
+#[test]
+fn a_nul_character_is_refused_with_400_and_nothing_commits() {
+    use serde_json::json;
+    let Some(database) = pg_cluster::database() else { return };
+    let url = database.url.clone();
+    let server = crate::support::TestServer::start_with(|config| config.store.url = Some(url));
+    server.post("/api/sessions", json!({ "title": "a\u{0}b" })).assert_error(400, "invalid_body");
+    let id = server.create_session(json!({ "title": "clean" }));
+    server.patch(&format!("/api/sessions/{id}"), json!({ "title": "x\u{0}" })).assert_error(400, "invalid_body");
+    let listed = server.get("/api/sessions").json;
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["sessions"][0]["title"], "clean");
+    // A message's NUL is inside its JSON body (escaped), which PostgreSQL keeps.
+    let events = server.run_to_end(&id, "before\u{0}after");
+    assert_eq!(crate::support::event_type(events.last().unwrap()), "run.finished");
+    let detail = server.get(&format!("/api/sessions/{id}")).json;
+    assert!(detail["session"]["messages"].to_string().contains("before\\u0000after"), "{detail}");
+}

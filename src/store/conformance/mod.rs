@@ -47,9 +47,7 @@ fn close(nodes: Vec<Opened>) {
 }
 
 fn write(backend: &dyn Backend, ops: Vec<WriteOp>) -> Result<super::Committed, StoreError> {
-    let (reply, outcome) = crossbeam_channel::bounded(1);
-    backend.submit(ops, Some(reply))?;
-    outcome.recv().unwrap_or(Err(StoreError::Closed))
+    backend.submit_and_wait(ops)
 }
 
 /// A session of tenant `t` to insert (other modules' tests use it too).

@@ -146,14 +146,14 @@ impl<'a> Appends<'a> {
         if self.held.is_empty() {
             return Ok(());
         }
-        let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
         let held = std::mem::take(&mut self.held);
         let (mut ids, mut sessions, mut roles, mut bodies) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (session_id, message, _) in &held {
+            let (role, body) = encoded(message)?;
             ids.push(message.id.as_str());
             sessions.push(*session_id);
-            roles.push(serde_json::to_value(message.role).map_err(corrupt)?.as_str().unwrap_or("").to_string());
-            bodies.push(serde_json::to_string(message).map_err(corrupt)?);
+            roles.push(role);
+            bodies.push(body);
         }
         tx.exec(
             "INSERT INTO messages (id, session_id, role, body, form)
@@ -221,13 +221,18 @@ fn append_events(tx: &mut Tx<'_>, first: u64, entries: &[Option<LoggedEvent>]) -
     Ok(())
 }
 
-fn insert_message(tx: &mut Tx<'_>, session_id: &str, message: &Message) -> Result<(), StoreError> {
+/// A message's role and body as the `messages` table keeps them.
+fn encoded(message: &Message) -> Result<(String, String), StoreError> {
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
-    let body = serde_json::to_string(message).map_err(corrupt)?;
     let role = serde_json::to_value(message.role).map_err(corrupt)?;
+    Ok((role.as_str().unwrap_or("").to_string(), serde_json::to_string(message).map_err(corrupt)?))
+}
+
+fn insert_message(tx: &mut Tx<'_>, session_id: &str, message: &Message) -> Result<(), StoreError> {
+    let (role, body) = encoded(message)?;
     tx.exec(
         "INSERT INTO messages (id, session_id, role, body, form) VALUES ($1, $2, $3, $4, $5)",
-        &[&message.id, &session_id, &role.as_str().unwrap_or(""), &body, &STORED_FORM],
+        &[&message.id, &session_id, &role, &body, &STORED_FORM],
     )?;
     Ok(())
 }

@@ -29,12 +29,7 @@ impl Conn {
 
     /// The statement for `sql`, prepared on this connection the first time.
     fn statement(&mut self, sql: &str) -> Result<Statement, StoreError> {
-        if let Some(statement) = self.statements.get(sql) {
-            return Ok(statement.clone());
-        }
-        let statement = self.client.prepare(sql).map_err(error)?;
-        self.statements.insert(sql.to_string(), statement.clone());
-        Ok(statement)
+        prepared(&mut self.statements, sql, |sql| self.client.prepare(sql))
     }
 
     pub(super) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, StoreError> {
@@ -71,6 +66,20 @@ impl Conn {
     }
 }
 
+/// The statement for `sql` from `statements`, or prepared by `prepare` and kept there.
+fn prepared(
+    statements: &mut HashMap<String, Statement>,
+    sql: &str,
+    prepare: impl FnOnce(&str) -> Result<Statement, postgres::Error>,
+) -> Result<Statement, StoreError> {
+    if let Some(statement) = statements.get(sql) {
+        return Ok(statement.clone());
+    }
+    let statement = prepare(sql).map_err(error)?;
+    statements.insert(sql.to_string(), statement.clone());
+    Ok(statement)
+}
+
 /// A transaction of a `Conn`.
 pub(super) struct Tx<'a> {
     tx: postgres::Transaction<'a>,
@@ -79,12 +88,7 @@ pub(super) struct Tx<'a> {
 
 impl Tx<'_> {
     fn statement(&mut self, sql: &str) -> Result<Statement, StoreError> {
-        if let Some(statement) = self.statements.get(sql) {
-            return Ok(statement.clone());
-        }
-        let statement = self.tx.prepare(sql).map_err(error)?;
-        self.statements.insert(sql.to_string(), statement.clone());
-        Ok(statement)
+        prepared(self.statements, sql, |sql| self.tx.prepare(sql))
     }
 
     /// Runs a statement; how many rows it changed.

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
 
-use super::contract::{Claims, Recovery, Reply, Seqs, TurnClaim, Writes};
+use super::contract::{Claims, Recovery, Reply, Seqs, Writes};
 use super::{StoreError, WriteOp, WriterHandle, WriterMsg};
 pub use import::{from_sqlite, ImportError, Imported};
 pub use migrate::{migrate, Migrated, VERSIONS};
@@ -71,12 +71,6 @@ impl Postgres {
     fn with<T>(&self, read: impl Fn(&mut conn::Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.pool.with(read)
     }
-
-    fn write(&self, ops: Vec<WriteOp>) -> Result<(), StoreError> {
-        let (reply, outcome) = bounded(1);
-        self.submit(ops, Some(reply))?;
-        outcome.recv().unwrap_or(Err(StoreError::Closed)).map(|_| ())
-    }
 }
 
 impl Writes for Postgres {
@@ -95,13 +89,7 @@ impl Seqs for Postgres {
     }
 }
 
-impl Claims for Postgres {
-    fn claim_turn(&self, claim: &TurnClaim, with: Vec<WriteOp>) -> Result<(), StoreError> {
-        let mut ops = vec![WriteOp::ClaimTurn(claim.clone())];
-        ops.extend(with);
-        self.write(ops)
-    }
-}
+impl Claims for Postgres {}
 
 impl Recovery for Postgres {
     fn recover(&self, node: &str, at: &str) -> Result<Vec<String>, StoreError> {
@@ -112,7 +100,7 @@ impl Recovery for Postgres {
             )?;
             Ok(rows.iter().map(|row| row.get::<_, String>(0)).collect::<Vec<_>>())
         })?;
-        self.write(vec![WriteOp::RecoverTurns { node: node.to_string(), at: at.to_string() }])?;
+        self.submit_and_wait(vec![WriteOp::RecoverTurns { node: node.to_string(), at: at.to_string() }])?;
         Ok(held)
     }
 }

@@ -56,7 +56,7 @@ pub fn private() -> Option<Private> {
     let bin = installed()?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("pg-test");
     let dir = root.join(format!("private-{}", uuid::Uuid::new_v4().simple()));
-    let port = start(&bin, &dir);
+    let port = start(&bin, &dir, "");
     let admin = format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{port}/postgres");
     let mut client = postgres::Client::connect(&admin, postgres::NoTls).expect("the private cluster answers");
     client.batch_execute("CREATE DATABASE kestrel").expect("a database");
@@ -114,6 +114,13 @@ fn installed() -> Option<PathBuf> {
     found
 }
 
+/// Drops a database `database()` made (its clients gone, or cut off): a run makes hundreds.
+pub fn drop_database(url: &str) {
+    let Some((server, name)) = url.rsplit_once('/') else { return };
+    let Ok(mut client) = postgres::Client::connect(&format!("{server}/postgres"), postgres::NoTls) else { return };
+    let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+}
+
 /// Where `initdb`, `pg_ctl` and `postgres` are: `KESTREL_PG_BIN`, or Debian's newest.
 fn binaries() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("KESTREL_PG_BIN") {
@@ -145,13 +152,14 @@ fn cluster(bin: &Path) -> u16 {
     if let Ok(port) = fs::read_to_string(dir.join("port")) {
         return port.trim().parse().unwrap();
     }
-    let port = start(bin, &dir);
+    // Hundreds of databases are made and dropped in a run: the WAL is kept small.
+    let port = start(bin, &dir, "-c max_wal_size=128MB -c min_wal_size=32MB");
     fs::write(dir.join("port"), port.to_string()).unwrap();
     port
 }
 
-/// `initdb`, `pg_ctl start` and the watchdog; the port.
-fn start(bin: &Path, dir: &Path) -> u16 {
+/// `initdb`, `pg_ctl start` (with `settings` added) and the watchdog; the port.
+fn start(bin: &Path, dir: &Path, settings: &str) -> u16 {
     fs::create_dir_all(dir).unwrap();
     fs::set_permissions(dir, fs::Permissions::from_mode(0o777)).unwrap();
     let password_file = dir.join("password");
@@ -167,7 +175,8 @@ fn start(bin: &Path, dir: &Path) -> u16 {
         .unwrap();
     assert!(initdb.status.success(), "initdb: {}", String::from_utf8_lossy(&initdb.stderr));
     let port = free_port();
-    let options = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200", dir.display());
+    let options =
+        format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200 {settings}", dir.display());
     let started = as_owner(bin.join("pg_ctl"))
         .args(["start", "-w", "-t", &WAIT.as_secs().to_string(), "-D"])
         .arg(&data)

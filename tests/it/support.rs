@@ -28,11 +28,12 @@ pub fn on_postgres() -> bool {
     std::env::var("KESTREL_TEST_STORE").is_ok_and(|store| store == "postgres")
 }
 
+/// The databases of this process's servers on PostgreSQL, by data dir.
+static DATABASES: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, String>>> = std::sync::Mutex::new(None);
+
 /// The PostgreSQL database of the server on `data_dir` when the run is on PostgreSQL: a new
 /// one for a new data dir, the same one for a restart on it.
 pub fn database_url(data_dir: &Path) -> Option<String> {
-    static DATABASES: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, String>>> =
-        std::sync::Mutex::new(None);
     if !on_postgres() {
         return None;
     }
@@ -85,8 +86,16 @@ fn start_in_this_process(config: Config) -> Server {
 }
 
 impl Drop for TestServer {
+    /// Stops the server; the one that owns its directories drops its database too.
     fn drop(&mut self) {
         self.stop();
+        if self._dirs.is_some() {
+            let url =
+                DATABASES.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|d| d.remove(&self.data_dir));
+            if let Some(url) = url {
+                crate::pg_cluster::drop_database(&url);
+            }
+        }
     }
 }
 

@@ -72,6 +72,7 @@ fn main() {
         Some("bare-relay") => return relay::bare_relay(),
         Some("fake-messages") => return bae::fake_messages(),
         Some("probe") => return scale::probe(),
+        Some("bytes-floor") => return scale::bytes_floor(),
         Some("prune") => return scale::prune_only(),
         _ => {}
     }

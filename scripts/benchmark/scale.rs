@@ -425,6 +425,7 @@ fn bae_history(host: &str, data: &Path, facts: &Facts) {
         let Some(cursor) = page["next_cursor"].as_str() else { break };
         deep = format!("{first}&cursor={cursor}");
     }
+    let floor = Spawned::helper("bytes-floor");
     for (label, path) in [("first page", first), ("middle page", deep)] {
         let (_, mut latencies) = load(host, &path, &facts.bae_key, 8);
         let p95 = percentile(&mut latencies, 0.95);
@@ -435,6 +436,58 @@ fn bae_history(host: &str, data: &Path, facts: &Facts) {
             50.0,
             "< 50 ms",
         );
+        // BAE's `provider.request` carries every message the model was sent: a page's size
+        // grows with how far into the session it is, and so does the floor of answering it.
+        let bytes =
+            Connection::open(host).unwrap().request_as("GET", &path, Some(&facts.bae_key), b"").unwrap().body.len();
+        let (_, mut floors) = load(&floor.host, &format!("/bytes/{bytes}"), "", 8);
+        let floor_p95 = percentile(&mut floors, 0.95);
+        report::vs_floor(
+            &format!("  the same, beside answering {:.1} MB bare", bytes as f64 / 1e6),
+            p95,
+            "ms",
+            floor_p95,
+        );
+    }
+}
+
+/// The floor of answering a body of a given size: a bare keep-alive HTTP/1.1 server, a
+/// thread per connection, that answers `GET /bytes/N` with N bytes of JSON in one write,
+/// with Nagle off as Kestrel's edge has it.
+pub fn bytes_floor() {
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("floor listening on http://{}", listener.local_addr().unwrap());
+    for socket in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            socket.set_nodelay(true).unwrap();
+            let mut reader = std::io::BufReader::new(socket.try_clone().unwrap());
+            let mut socket = socket;
+            loop {
+                let (mut line, mut size) = (String::new(), 2usize);
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                if let Some(rest) = line.split(' ').nth(1).and_then(|path| path.strip_prefix("/bytes/")) {
+                    size = rest.parse().unwrap_or(2).max(2);
+                }
+                while line != "\r\n" {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                }
+                let mut answer =
+                    format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n")
+                        .into_bytes();
+                let body = answer.len();
+                answer.resize(body + size, b' ');
+                (answer[body], answer[body + size - 1]) = (b'[', b']');
+                if socket.write_all(&answer).is_err() {
+                    return;
+                }
+            }
+        });
     }
 }
 

@@ -66,7 +66,7 @@ pub struct Envelope {
 pub enum Format {
     /// Kestrel's SSE frames (`api/kestrel/wire.rs`).
     KestrelSse = 0,
-    /// BAE's NDJSON frames (`api/bae/wire.rs`).
+    /// BAE's NDJSON frames (`api/bae/wire/`).
     BaeNdjson = 1,
     /// Kestrel's plugin stream: named SSE events (`plugins.changed`).
     KestrelPlugins = 2,
@@ -153,18 +153,23 @@ pub struct LogPage {
 impl LogPage {
     pub fn read(page: Vec<LoggedEvent>, store: &Store) -> LogPage {
         let envelopes: Vec<Envelope> = page.into_iter().filter_map(Envelope::decoded).collect();
-        let mut wanted: HashMap<&str, HashSet<&str>> = HashMap::new();
+        // Each session's wanted ids once, in the order the requests name them (the store reads
+        // a list in stored order as one range).
+        let mut wanted: HashMap<&str, (HashSet<&str>, Vec<String>)> = HashMap::new();
         for envelope in &envelopes {
             if let Event::ProviderRequest(request) = &*envelope.event {
                 if request.unresolved {
-                    let ids = request.messages.iter().take(request.stored).map(|message| message.id.as_str());
-                    wanted.entry(&request.session_id).or_default().extend(ids);
+                    let (seen, ids) = wanted.entry(&request.session_id).or_default();
+                    for message in request.messages.iter().take(request.stored) {
+                        if seen.insert(&message.id) {
+                            ids.push(message.id.clone());
+                        }
+                    }
                 }
             }
         }
         let mut history = HashMap::new();
-        for (session_id, ids) in wanted {
-            let ids: Vec<String> = ids.into_iter().map(str::to_string).collect();
+        for (session_id, (_, ids)) in wanted {
             match store.readers().messages_by_id(session_id, &ids) {
                 Ok(found) => drop(history.insert(session_id.to_string(), found)),
                 Err(error) => {

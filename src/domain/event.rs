@@ -74,7 +74,7 @@ pub struct PluginRevision {
 /// Everything the engine tells the world. The bus stamps each with a `seq` and a time; the
 /// event log keeps this serde form (stored form `STORED_FORM`, pinned by the test below). No
 /// door shows it as it is: each renders the events it carries in its own shapes
-/// (`api/kestrel/wire.rs`, `api/bae/wire.rs`).
+/// (`api/kestrel/wire.rs`, `api/bae/wire/`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum Event {

@@ -3,7 +3,7 @@
 //!
 //! It belongs to no protocol. The store keeps messages and events in this form: their serde
 //! shape here is the stored one, form `STORED_FORM`, and nothing else. Each door maps them to
-//! its own wire shape (`api/kestrel/wire.rs`, `api/bae/wire.rs`), so a protocol's field can be
+//! its own wire shape (`api/kestrel/wire.rs`, `api/bae/wire/`), so a protocol's field can be
 //! renamed without touching what is stored. A change of this serde shape is a new stored form:
 //! bump `STORED_FORM` and keep a reader of the old one (`store::decode`); the test at the end
 //! of `event.rs` pins form 1.

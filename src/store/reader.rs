@@ -143,6 +143,9 @@ impl SessionReads for super::sqlite::Sqlite {
     }
 
     /// The session's stored messages among `ids`, by id (ids it does not have are left out).
+    /// The session's stored messages of `ids`. Requests name a session's messages in the order
+    /// they were stored, so a long list is read as one range of the session's rows, from its
+    /// first id to its last; only ids the range misses are looked up one by one.
     fn messages_by_id(
         &self,
         session_id: &str,
@@ -150,9 +153,26 @@ impl SessionReads for super::sqlite::Sqlite {
     ) -> Result<std::collections::HashMap<String, Message>, StoreError> {
         self.with(|conn| {
             let mut found = std::collections::HashMap::with_capacity(ids.len());
+            if let (true, Some(first), Some(last)) = (ids.len() > SCAN_FROM, ids.first(), ids.last()) {
+                let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+                let mut statement = conn.prepare_cached(
+                    "SELECT id, body, form FROM messages WHERE session_id = ?1
+                     AND rowid BETWEEN (SELECT rowid FROM messages WHERE id = ?2) AND (SELECT rowid FROM messages WHERE id = ?3)
+                     ORDER BY rowid",
+                )?;
+                let mut rows = statement.query(params![session_id, first, last])?;
+                while let Some(row) = rows.next()? {
+                    let id = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+                    if wanted.contains(id) {
+                        let message = super::decode_message(row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?, row.get(2)?)?;
+                        found.insert(id.to_string(), message);
+                    }
+                }
+            }
             let mut statement =
                 conn.prepare_cached("SELECT body, form FROM messages WHERE session_id = ?1 AND id = ?2")?;
-            for id in ids {
+            let missed: Vec<&String> = ids.iter().filter(|id| !found.contains_key(id.as_str())).collect();
+            for id in missed {
                 let row: Option<(String, i64)> =
                     statement.query_row(params![session_id, id], |row| Ok((row.get(0)?, row.get(1)?))).optional()?;
                 if let Some((body, form)) = row {
@@ -232,6 +252,9 @@ impl SessionReads for super::sqlite::Sqlite {
         self.with(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |row| row.get::<_, i64>(0))? as u64))
     }
 }
+
+/// From how many ids `messages_by_id` reads a range of rows rather than each row alone.
+const SCAN_FROM: usize = 16;
 
 impl LogReads for super::sqlite::Sqlite {
     /// Logged events with `after < seq < before` that `query` admits, in seq order, at most

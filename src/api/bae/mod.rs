@@ -1,7 +1,7 @@
 //! The BAE client API v1: REST for sessions (`/api/v1/sessions*`, `/api/v1/meta`, `/healthz`)
 //! and JSON-RPC over NDJSON for the live loop (`rpc.rs`); the admin API on its own listener
 //! (`admin.rs`). Errors are RFC 7807 problems (`problem.rs`); events, messages and frames are
-//! shaped in `wire.rs`.
+//! shaped in `wire/`.
 //!
 //! Runs on request threads. Authentication comes first on every route that has it, so a bad
 //! key wins over a malformed body.
@@ -137,19 +137,12 @@ impl ClientApi {
 pub(crate) fn events_page(bae: &Bae, request: &Request, session_id: &str) -> Result<Reply, Problem> {
     let (after, limit) = page::parse(request)?;
     let page = bae.events(session_id, after, limit)?;
-    let views = wire::page_views(&page.events);
     let next = match page.next {
         Some(seq) => json!(seq.to_string()),
         None => Value::Null,
     };
-    let mut body = Vec::with_capacity(views.iter().map(|view| view.len() + 1).sum::<usize>() + 64);
-    body.extend_from_slice(b"{\"items\":[");
-    for (place, view) in views.iter().enumerate() {
-        if place > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(view.as_bytes());
-    }
+    let mut body = b"{\"items\":[".to_vec();
+    wire::write_page_views(&page.events, &mut body);
     body.extend_from_slice(format!("],\"next_cursor\":{next}}}").as_bytes());
     Ok(Reply::Json { status: 200, body, headers: Vec::new() })
 }

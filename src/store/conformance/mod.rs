@@ -4,6 +4,7 @@
 //! `sqlite.rs` runs it on a SQLite file shared by several handles, each with its own writer
 //! connection, as several processes would have.
 
+mod messages;
 mod schedules;
 
 use std::collections::BTreeSet;
@@ -30,6 +31,7 @@ pub fn run_all(open: Open<'_>) {
     a_checkpoint_of_unchanged_files_shares_the_manifest_of_its_session(open);
     rules_keep_to_their_tenant_and_session_and_the_audit_log_pages_and_trims(open);
     schedules::schedules_keep_to_their_tenant_and_their_last_fires(open);
+    messages::messages_by_id_finds_each_listed_message_of_its_session(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.

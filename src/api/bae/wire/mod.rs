@@ -60,9 +60,21 @@ pub fn view(envelope: &Envelope) -> Option<String> {
 /// A page of logged events as `EventView`s. The page's `provider.request`s repeat the
 /// session's stored history, each request all of it so far: each stored message is rendered
 /// once for the page and copied into every request that names it.
-pub fn page_views(page: &LogPage) -> Vec<String> {
+/// The views are written into `out` as the items of a JSON array, without its brackets.
+pub fn write_page_views(page: &LogPage, out: &mut Vec<u8>) {
     let mut rendered = Rendered { history: Some(&page.history), ..Rendered::default() };
-    page.envelopes.iter().filter_map(|envelope| view_in(envelope, &mut rendered)).collect()
+    let mut first = true;
+    for envelope in &page.envelopes {
+        let mark = out.len();
+        if !first {
+            out.push(b',');
+        }
+        if write_view(envelope, &mut rendered, out) {
+            first = false;
+        } else {
+            out.truncate(mark);
+        }
+    }
 }
 
 /// Stored messages already rendered, by id (an id names one stored message of a session);
@@ -122,16 +134,24 @@ struct View<'a, P: Serialize> {
 }
 
 fn view_in<'p>(envelope: &'p Envelope, rendered: &mut Rendered<'p>) -> Option<String> {
+    let mut out = Vec::new();
+    write_view(envelope, rendered, &mut out).then(|| String::from_utf8(out).expect("serde_json writes UTF-8"))
+}
+
+/// Writes `envelope`'s view into `out`; false (with `out` in an unspecified state) when BAE
+/// has no type for its event.
+fn write_view<'p>(envelope: &'p Envelope, rendered: &mut Rendered<'p>, out: &mut Vec<u8>) -> bool {
     let written = match &*envelope.event {
-        Event::ProviderRequest(request) => {
-            serde_json::to_string(&View::new(envelope, "provider.request", RequestPayload::new(request, rendered)))
-        }
-        event => {
-            let (event_type, payload) = type_and_payload(event)?;
-            serde_json::to_string(&View::new(envelope, event_type, payload))
-        }
+        Event::ProviderRequest(request) => serde_json::to_writer(
+            &mut *out,
+            &View::new(envelope, "provider.request", RequestPayload::new(request, rendered)),
+        ),
+        event => match type_and_payload(event) {
+            Some((event_type, payload)) => serde_json::to_writer(out, &View::new(envelope, event_type, payload)),
+            None => return false,
+        },
     };
-    written.ok()
+    written.is_ok()
 }
 
 impl<'a, P: Serialize> View<'a, P> {
@@ -491,99 +511,4 @@ fn provider_response(response: &ProviderResponse) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A page renders each stored message once, and its views are those of the requests
-    /// resolved one by one: a history that grows, one that drops a message (compaction) and
-    /// one that names a message that is gone.
-    #[test]
-    fn a_page_renders_requests_as_they_read_resolved() {
-        let text = |id: &str, words: &str| Message {
-            id: id.into(),
-            blocks: vec![Block::Text { text: words.into() }],
-            ..Message::new(Role::User)
-        };
-        let stored: HashMap<String, Message> =
-            ["a", "b", "c"].iter().map(|id| (id.to_string(), text(id, &format!("said {id}")))).collect();
-        let request = |ids: &[&str], own: &str| {
-            let mut messages: Vec<Message> =
-                ids.iter().map(|id| Message { id: id.to_string(), ..text(id, "") }).collect();
-            messages.push(text("own", own));
-            let request = ProviderRequest {
-                session_id: "ses_1".into(),
-                attempt: 0,
-                fallback: None,
-                provider: "anthropic".into(),
-                base_url: Some("http://x".into()),
-                model: "m".into(),
-                max_tokens: Some(10),
-                messages,
-                tools: Vec::new(),
-                stored: ids.len(),
-                unresolved: true,
-            };
-            let stored_form = serde_json::to_string(&Event::ProviderRequest(Box::new(request))).unwrap();
-            Event::from_stored("provider.request", &stored_form).unwrap()
-        };
-        let events = [
-            request(&["a"], "one"),
-            request(&["a", "b"], "two"),
-            Event::DriverRegistered { session_id: "ses_1".into() },
-            request(&["b", "c"], "three"),
-            request(&["a", "gone", "c"], "four"),
-        ];
-        let envelope = |seq: usize, event: Event| {
-            let origin = crate::bus::Origin { actor: Some("key_1".into()), turn: None };
-            Envelope::new(seq as u64, "2026-01-01T00:00:00.000Z".into(), None, origin, std::sync::Arc::new(event))
-        };
-        let page = LogPage {
-            envelopes: events.iter().cloned().enumerate().map(|(seq, event)| envelope(seq, event)).collect(),
-            history: HashMap::from([("ses_1".to_string(), stored.clone())]),
-        };
-        let one_by_one: Vec<String> = events
-            .into_iter()
-            .enumerate()
-            .filter_map(|(seq, mut event)| {
-                if let Event::ProviderRequest(request) = &mut event {
-                    request.resolve(&stored);
-                }
-                view(&envelope(seq, event))
-            })
-            .collect();
-        assert_eq!(page_views(&page), one_by_one);
-        let last: Value = serde_json::from_str(&one_by_one[4]).unwrap();
-        assert_eq!(
-            last["payload"]["messages"],
-            json!([
-                { "role": "user", "content": [{ "type": "text", "text": "said a" }] },
-                { "role": "user", "content": [] },
-                { "role": "user", "content": [{ "type": "text", "text": "said c" }] },
-                { "role": "user", "content": [{ "type": "text", "text": "four" }] },
-            ])
-        );
-    }
-
-    #[test]
-    fn event_ids_are_seqs() {
-        assert_eq!(event_id(42), "evt_0000000000000000000000000000002a");
-        assert_eq!(parse_event_id(&event_id(42)), Some(42));
-        assert_eq!(parse_event_id("evt_xyz"), None);
-        assert_eq!(parse_event_id("evt_ffffffffffffffffffffffffffffffff"), None);
-        assert_eq!(parse_event_id("nope"), None);
-    }
-
-    #[test]
-    fn plain_text_stays_a_string_and_blocks_keep_their_dispatch() {
-        let message = crate::api::bae::core::merge::to_message(Role::User, &json!("hi"), &Default::default()).unwrap();
-        assert_eq!(content(&message), json!("hi"));
-        let mut answer = Message::new(Role::Assistant);
-        let mut call = crate::domain::ToolCall::new("tu_1", "clock", Map::new());
-        call.dispatch = Dispatch::Client;
-        answer.blocks.push(Block::ToolCall(call));
-        assert_eq!(
-            content(&answer),
-            json!([{"type": "tool_use", "id": "tu_1", "name": "clock", "input": {}, "dispatch": "client"}])
-        );
-    }
-}
+mod tests;

@@ -13,6 +13,7 @@ pub mod cancel;
 pub mod checkpoints;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod console;
 pub mod dirfd;

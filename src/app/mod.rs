@@ -101,6 +101,8 @@ pub struct Server {
     scheduler: Option<crate::schedule::SchedulerHandle>,
     /// The threads that send webhook deliveries.
     webhook_sender: Option<crate::webhooks::WebhookSender>,
+    /// This node's heartbeat and lease renewal, when it is one of a cluster.
+    cluster: Option<crate::cluster::ClusterHandle>,
 }
 
 /// Counters a test or an operator can read.
@@ -146,10 +148,17 @@ impl Server {
             }
         }
 
-        let (store, store_writer) = match config.store.postgres_url() {
-            Some(url) => Store::open_postgres(&config.server.data_dir, url, config.store.pool_size)?,
-            None => Store::open(&config.server.data_dir)?,
-        };
+        // One process per data dir: its node id is the data dir's, or its cluster node id.
+        let marker = crate::tools::orphans::node_marker(&config.server.data_dir);
+        let cluster_id = config.cluster.secret().map(|_| match config.cluster.node_id.as_deref() {
+            Some(id) if !id.is_empty() => id.to_string(),
+            _ => crate::cluster::default_node_id(&marker),
+        });
+        let (store, store_writer) = open_store(&config, cluster_id.as_deref())?;
+        let cluster_node = store.cluster().map(|(membership, book)| {
+            let secret = config.cluster.secret().unwrap_or_default();
+            crate::cluster::Node::new(&config.cluster, secret, Arc::clone(membership), Arc::clone(book))
+        });
         // The data dir holds every tenant's transcripts and the config file their tokens: no
         // workspace may reach either, whatever the roots say.
         let protected = Protected::new([config.server.data_dir.clone()].into_iter().chain(config.file.clone()));
@@ -167,8 +176,7 @@ impl Server {
         }
         // Runs that were in flight when the last process died cannot still be running, and
         // neither may the commands they started.
-        // One process per data dir: its node id is the data dir's.
-        let node = crate::tools::orphans::node_marker(&config.server.data_dir);
+        let node = cluster_id.unwrap_or(marker);
         let interrupted = store.recover(&node)?;
         if !interrupted.is_empty() {
             log::info!("{} session(s) whose turn the last process left running are interrupted", interrupted.len());
@@ -288,9 +296,11 @@ impl Server {
         )
         .map_err(|e| StartError::Thread("kestrel-webhooks", e))?;
         webhooks.sync_config(&config.webhooks.endpoints).map_err(StartError::Webhooks)?;
-        let services = crate::api::kestrel::Services { plugins: Arc::clone(&plugins), schedules, webhooks };
+        let cluster = cluster_node.clone();
+        let services = crate::api::kestrel::Services { plugins: Arc::clone(&plugins), schedules, webhooks, cluster };
         let http = serve(&config, &engine, tokens, (addr, admin_addr), services)?;
         log::info!("listening on http://{}", http.addr());
+        let cluster = cluster_node.map(|node| crate::cluster::start(&node, http.addr())).transpose()?;
         let (bus, store_writer) = (Some(bus_handle), Some(store_writer));
         let (scheduler, webhook_sender) = (Some(scheduler), Some(webhook_sender));
         Ok(Server {
@@ -303,6 +313,7 @@ impl Server {
             node,
             scheduler,
             webhook_sender,
+            cluster,
         })
     }
 
@@ -346,6 +357,10 @@ impl Server {
         }
         self.engine.shutdown(SHUTDOWN_GRACE);
         sweep_commands(&self.store, &self.node, "still running at shutdown");
+        // Its runs are stopped: other nodes may take its sessions over now.
+        if let Some(cluster) = self.cluster.take() {
+            cluster.shutdown();
+        }
         // Attempts in flight are recorded before the store stops; what is pending goes out
         // after the next start.
         if let Some(sender) = self.webhook_sender.take() {

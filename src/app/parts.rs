@@ -59,6 +59,24 @@ pub(super) fn http_config(config: &Config, files: crate::http::FileLimit) -> Htt
 
 /// The main port (Kestrel's routes and BAE's client routes) and, when configured, the admin
 /// API on its loopback address.
+/// The store `config` names: the data dir's SQLite file, or its PostgreSQL database, as node
+/// `cluster_id` of a cluster when it is one (a cluster needs PostgreSQL).
+pub(super) fn open_store(
+    config: &Config,
+    cluster_id: Option<&str>,
+) -> Result<(Store, crate::store::WriterHandle), StartError> {
+    let (dir, pool) = (&config.server.data_dir, config.store.pool_size);
+    Ok(match (config.store.postgres_url(), cluster_id) {
+        (Some(url), Some(node)) => Store::open_cluster_node(dir, url, pool, node)?,
+        (Some(url), None) => Store::open_postgres(dir, url, pool)?,
+        (None, None) => Store::open(dir)?,
+        (None, Some(_)) => {
+            let why = "[cluster] needs the PostgreSQL store: set [store] url (or KESTREL_DATABASE_URL)";
+            return Err(StartError::Config(crate::config::ConfigError::Invalid(why.into())));
+        }
+    })
+}
+
 pub(super) fn serve(
     config: &Config,
     engine: &Engine,

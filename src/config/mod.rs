@@ -13,11 +13,13 @@ use crate::engine::tools::Permission;
 
 mod auth;
 pub mod bae;
+mod cluster;
 mod providers;
 mod store;
 mod webhooks;
 pub use auth::{AuthConfig, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
+pub use cluster::ClusterConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
 pub use store::StoreConfig;
 pub use webhooks::{EndpointConfig, WebhooksConfig};
@@ -43,6 +45,8 @@ pub struct Config {
     pub webhooks: webhooks::WebhooksConfig,
     /// Where state is kept: the data dir's SQLite file, or a PostgreSQL database.
     pub store: StoreConfig,
+    /// Several nodes on one PostgreSQL database.
+    pub cluster: ClusterConfig,
     /// The file this config was read from, if any: no workspace may reach it.
     #[serde(skip)]
     pub file: Option<PathBuf>,
@@ -355,6 +359,9 @@ impl Config {
         }
         if let Some(url) = env("KESTREL_DATABASE_URL").filter(|url| !url.is_empty()) {
             self.store.url = Some(url);
+        }
+        if let Some(secret) = env("KESTREL_CLUSTER_SECRET").filter(|secret| !secret.is_empty()) {
+            self.cluster.secret = Some(secret);
         }
         if let Some(dir) = env("KESTREL_DATA_DIR") {
             self.server.data_dir = dir.into();

@@ -7,6 +7,7 @@
 
 mod bae;
 mod checkpoints;
+pub mod cluster;
 #[cfg(test)]
 pub mod conformance;
 mod contract;
@@ -78,6 +79,9 @@ pub enum StoreError {
     Unrepresentable(String),
     /// The PostgreSQL database could not be opened (its URL, server, user or database).
     Connect(self::postgres::PgError),
+    /// This node no longer holds the lease of the session the write names (`cluster.rs`):
+    /// another node owns it, or the lease ran out. Nothing of the write is kept.
+    Fenced(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -88,6 +92,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Unavailable(why) => write!(f, "the database is unavailable for now: {why}"),
             StoreError::Connect(error) => write!(f, "{error}"),
             StoreError::Unrepresentable(why) => write!(f, "text the database cannot keep: {why}"),
+            StoreError::Fenced(session) => write!(f, "this node no longer holds session {session}'s lease"),
             StoreError::Io(error) => write!(f, "data dir: {error}"),
             StoreError::Closed => write!(f, "the store is closed"),
             StoreError::Corrupt(message) => write!(f, "corrupt row: {message}"),
@@ -126,6 +131,7 @@ impl StoreError {
             StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
             StoreError::Connect(error) => StoreError::Backend(error.to_string()),
             StoreError::Unrepresentable(why) => StoreError::Unrepresentable(why.clone()),
+            StoreError::Fenced(session) => StoreError::Fenced(session.clone()),
         }
     }
 }
@@ -351,6 +357,8 @@ pub struct Store {
     /// Where checkpoint contents go when the backend keeps them (`None`: files in the data
     /// dir).
     blobs: Option<Arc<dyn crate::checkpoints::blobs::Blobs>>,
+    /// Membership and leases, with this node's lease book, when it is one of a cluster.
+    cluster: Option<(Arc<dyn cluster::Membership>, Arc<cluster::LeaseBook>)>,
 }
 
 /// The data dir, made if missing, readable only by its owner (0700): every tenant's
@@ -377,7 +385,7 @@ fn private_file(path: &Path, create: bool) -> std::io::Result<()> {
 impl Store {
     /// A handle on `backend`.
     pub fn new(backend: Arc<dyn Backend>) -> Store {
-        Store { backend, blobs: None }
+        Store { backend, blobs: None, cluster: None }
     }
 
     /// Where checkpoint contents go, if the backend keeps them itself.
@@ -390,11 +398,37 @@ impl Store {
     /// checkpoint contents live in the database.
     /// The data dir is still this process's alone (its lock, its process markers).
     pub fn open_postgres(data_dir: &Path, url: &str, pool: u32) -> Result<(Store, WriterHandle), StoreError> {
+        Store::postgres_of(data_dir, url, pool, None)
+    }
+
+    /// As `open_postgres`, for node `node` of a cluster: its writes are fenced by its leases
+    /// (`cluster.rs`).
+    pub fn open_cluster_node(
+        data_dir: &Path,
+        url: &str,
+        pool: u32,
+        node: &str,
+    ) -> Result<(Store, WriterHandle), StoreError> {
+        Store::postgres_of(data_dir, url, pool, Some(cluster::LeaseBook::new(node)))
+    }
+
+    fn postgres_of(
+        data_dir: &Path,
+        url: &str,
+        pool: u32,
+        book: Option<Arc<cluster::LeaseBook>>,
+    ) -> Result<(Store, WriterHandle), StoreError> {
         make_private(data_dir).map_err(StoreError::Io)?;
         let lock = lock::DataDirLock::acquire(data_dir)?;
-        let (backend, handle) = self::postgres::Postgres::open(url, pool, Some(lock))?;
+        let (backend, handle) = self::postgres::Postgres::open(url, pool, Some(lock), book.clone())?;
         let blobs = backend.blobs();
-        Ok((Store { backend: Arc::new(backend), blobs: Some(blobs) }, handle))
+        let cluster = book.map(|book| (backend.membership(), book));
+        Ok((Store { backend: Arc::new(backend), blobs: Some(blobs), cluster }, handle))
+    }
+
+    /// Membership and leases, and this node's lease book, when it is one of a cluster.
+    pub fn cluster(&self) -> Option<&(Arc<dyn cluster::Membership>, Arc<cluster::LeaseBook>)> {
+        self.cluster.as_ref()
     }
 
     /// Batches queued for the backend and not yet taken.

@@ -7,6 +7,7 @@ mod browser;
 mod budgets;
 mod checkpoints;
 mod cli;
+mod cluster;
 mod console;
 mod console_permissions;
 mod context;

@@ -178,6 +178,7 @@ const NOT_STORAGE: &[&str] = &[
     "openapi::",
     "migrate::",
     "postgres::",
+    "cluster::",
     "local_model::",
 ];
 

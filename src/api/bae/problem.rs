@@ -139,8 +139,8 @@ impl From<BaeError> for Problem {
             BaeError::Engine(EngineError::Store(StoreError::Unrepresentable(_))) => {
                 Problem::new(400, "bad_request", "the request holds a NUL character, which the database cannot keep")
             }
-            BaeError::Engine(EngineError::Store(StoreError::Unavailable(why))) => {
-                log::warn!("a request met the database away: {why}");
+            BaeError::Engine(EngineError::Store(error @ (StoreError::Unavailable(_) | StoreError::Fenced(_)))) => {
+                log::warn!("a request could not be kept for now: {error}");
                 let detail = "the database is unavailable for now; retry shortly";
                 Problem {
                     retry_after: Some(crate::store::RETRY_AFTER_SECS),

@@ -108,7 +108,9 @@ impl From<EngineError> for ApiError {
             // A run's end, never a request's answer.
             EngineError::StructuredOutputInvalid(_) => ApiError::new(422, "structured_output_invalid", message),
             // A unique key that already exists: the request collides with another.
-            EngineError::Store(StoreError::Unavailable(_)) => ApiError::store_unavailable(&error),
+            EngineError::Store(StoreError::Unavailable(_) | StoreError::Fenced(_)) => {
+                ApiError::store_unavailable(&error)
+            }
             EngineError::Store(StoreError::Unrepresentable(_)) => {
                 ApiError::invalid_body("the request holds a NUL character, which the database cannot keep")
             }

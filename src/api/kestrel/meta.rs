@@ -25,6 +25,19 @@ pub fn health(api: &KestrelApi) -> Result<Reply, ApiError> {
     ))
 }
 
+/// `GET /api/cluster`: admin tokens only; the nodes sharing this database, each with its last
+/// heartbeat and how many live sessions it owns (none on a node that runs alone).
+pub fn cluster(api: &KestrelApi, caller: &super::Caller) -> Result<Reply, ApiError> {
+    if !caller.admin {
+        return Err(ApiError::new(403, "forbidden", "the cluster's nodes are for admin tokens"));
+    }
+    let Some(node) = &api.cluster else {
+        return Ok(json(200, &json!({ "clustered": false, "node": null, "nodes": [] })));
+    };
+    let nodes = node.nodes().map_err(|error| ApiError::store_unavailable(&error))?;
+    Ok(json(200, &json!({ "clustered": true, "node": node.id(), "leaseMs": node.lease_ms(), "nodes": nodes })))
+}
+
 pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
     let models: Vec<_> = api.engine.models().infos().collect();
     let tools = api.engine.tools().schemas();

@@ -62,6 +62,8 @@ pub struct KestrelApi {
     details: answers::AnswerCache,
     schedules: crate::schedule::Schedules,
     webhooks: crate::webhooks::Webhooks,
+    /// This node, when it is one of a cluster.
+    cluster: Option<Arc<crate::cluster::Node>>,
 }
 
 /// What the door serves beside the engine.
@@ -69,6 +71,7 @@ pub struct Services {
     pub plugins: Arc<crate::plugins::Plugins>,
     pub schedules: crate::schedule::Schedules,
     pub webhooks: crate::webhooks::Webhooks,
+    pub cluster: Option<Arc<crate::cluster::Node>>,
 }
 
 /// Appends an event in Kestrel's shape, for a webhook's payload; `false` for one no Kestrel
@@ -119,6 +122,7 @@ pub enum Kind {
     SessionRule,
     Audit,
     Usage,
+    Cluster,
     Schedules,
     Schedule,
     SchedulePause,
@@ -174,6 +178,7 @@ pub const ROUTES: &[RouteDef<Kind>] = &[
     row("/api/rules/{ruleId}", DELETE, Kind::Rule),
     row("/api/audit", GET, Kind::Audit),
     row("/api/usage", GET, Kind::Usage),
+    row("/api/cluster", GET, Kind::Cluster),
     row("/api/schedules", &["GET", "POST"], Kind::Schedules),
     row("/api/schedules/{id}", &["GET", "DELETE"], Kind::Schedule),
     row("/api/schedules/{id}/pause", POST, Kind::SchedulePause),
@@ -196,7 +201,7 @@ impl KestrelApi {
     ) -> Arc<KestrelApi> {
         let (lists, details) = (answers::AnswerCache::default(), answers::AnswerCache::default());
         let started = Instant::now();
-        let Services { plugins, schedules, webhooks } = services;
+        let Services { plugins, schedules, webhooks, cluster } = services;
         Arc::new(KestrelApi {
             engine,
             tokens,
@@ -208,6 +213,7 @@ impl KestrelApi {
             details,
             schedules,
             webhooks,
+            cluster,
         })
     }
 
@@ -277,6 +283,7 @@ impl KestrelApi {
             (Kind::SessionRules, _) => rules::create(self, &caller, Some(id), request),
             (Kind::SessionRule, _) => rules::delete(self, &caller, Some(id), second),
             (Kind::Audit, _) => rules::audit(self, &caller, request),
+            (Kind::Cluster, _) => meta::cluster(self, &caller),
             (Kind::Schedules, "GET") => schedules::list(self, &caller),
             (Kind::Schedules, _) => schedules::create(self, &caller, request),
             (Kind::Schedule, "GET") => schedules::get(self, &caller, id),

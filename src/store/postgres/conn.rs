@@ -37,6 +37,12 @@ impl Conn {
         self.client.query(&statement, params).map_err(error)
     }
 
+    /// Runs a statement outside a transaction; how many rows it changed.
+    pub(super) fn exec(&mut self, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
+        let statement = self.statement(sql)?;
+        self.client.execute(&statement, params).map_err(error)
+    }
+
     pub(super) fn opt(&mut self, sql: &str, params: Params<'_>) -> Result<Option<Row>, StoreError> {
         let statement = self.statement(sql)?;
         self.client.query_opt(&statement, params).map_err(error)

@@ -16,6 +16,7 @@ mod apply;
 mod bae;
 mod blobs;
 mod checkpoints;
+mod cluster;
 mod conn;
 mod import;
 mod migrate;
@@ -54,11 +55,12 @@ impl Postgres {
         url: &str,
         pool: u32,
         lock: Option<super::lock::DataDirLock>,
+        fence: Option<Arc<super::cluster::LeaseBook>>,
     ) -> Result<(Postgres, WriterHandle), StoreError> {
         let mut client = connect(url).map_err(StoreError::Connect)?;
         migrate(&mut client).map_err(StoreError::Connect)?;
         let (writer_tx, inbox) = bounded(WRITER_INBOX);
-        let writer = writer::Writer::open(url, conn::Conn::new(client))?;
+        let writer = writer::Writer::open(url, conn::Conn::new(client), fence)?;
         let handle = writer.spawn(inbox, writer_tx.clone(), lock)?;
         Ok((Postgres { writer_tx, pool: Arc::new(conn::Pool::new(url, pool)) }, handle))
     }
@@ -66,6 +68,11 @@ impl Postgres {
     /// Where checkpoint contents go: the `blobs` table, through this backend's pool.
     pub(super) fn blobs(&self) -> Arc<dyn crate::checkpoints::blobs::Blobs> {
         Arc::new(blobs::PgBlobs { pool: Arc::clone(&self.pool) })
+    }
+
+    /// Membership and leases (`store/cluster.rs`), through this backend's pool.
+    pub(super) fn membership(&self) -> Arc<dyn super::cluster::Membership> {
+        Arc::new(cluster::PgMembership { pool: Arc::clone(&self.pool) })
     }
 
     fn with<T>(&self, read: impl Fn(&mut conn::Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {
@@ -218,7 +225,7 @@ mod tests {
                 .entry(path.to_path_buf())
                 .or_insert_with(|| pg_cluster::database().expect("the cluster").url)
                 .clone();
-            let (backend, handle) = Postgres::open(&url, 4, None)?;
+            let (backend, handle) = Postgres::open(&url, 4, None, None)?;
             let backend: Arc<dyn super::super::Backend> = Arc::new(backend);
             Ok((backend, Box::new(move || handle.shutdown())))
         });

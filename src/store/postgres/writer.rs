@@ -26,6 +26,8 @@ pub(super) struct Writer {
     conn: Option<Conn>,
     trim: Trim,
     move_marks: MoveMarks,
+    /// This node's leases, when it is one of a cluster: each message is checked against them.
+    fence: Option<std::sync::Arc<super::super::cluster::LeaseBook>>,
 }
 
 /// How a transaction ended.
@@ -38,7 +40,11 @@ enum Outcome {
 }
 
 impl Writer {
-    pub(super) fn open(url: &str, conn: Conn) -> Result<Writer, StoreError> {
+    pub(super) fn open(
+        url: &str,
+        conn: Conn,
+        fence: Option<std::sync::Arc<super::super::cluster::LeaseBook>>,
+    ) -> Result<Writer, StoreError> {
         let mut conn = conn;
         let last_move = conn.one("SELECT value FROM meta WHERE key = 'session_moves'", &[])?.get::<_, i64>(0);
         Ok(Writer {
@@ -46,6 +52,7 @@ impl Writer {
             conn: Some(conn),
             trim: Trim::default(),
             move_marks: MoveMarks::starting_at(last_move),
+            fence,
         })
     }
 
@@ -112,6 +119,7 @@ impl Writer {
     fn transaction(&mut self, messages: &[&[WriteOp]]) -> Outcome {
         let mut trim = self.trim;
         let due = self.move_marks.due();
+        let fence = self.fence.clone();
         let conn = match self.conn() {
             Ok(conn) => conn,
             Err(error) => return Outcome::Failed(error),
@@ -124,6 +132,9 @@ impl Writer {
         let applied = (|| {
             let mut appends = super::apply::Appends::default();
             for ops in messages {
+                if let Some(book) = &fence {
+                    super::cluster::fence(&mut tx, book, ops)?;
+                }
                 let mut first_seq = None;
                 for op in ops.iter() {
                     if appends.take(op) {

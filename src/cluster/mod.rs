@@ -1,0 +1,177 @@
+//! This node as one of several on one PostgreSQL database (docs/cluster.md).
+//!
+//! `Node` is what the doors and the engine ask: who this node is, which nodes there are, and
+//! who owns a session (claiming it when no one does). The `kestrel-cluster` thread writes
+//! the node's heartbeat and renews its leases every third of a lease; a lease that was not
+//! renewed is lost, and the session is dropped from the lease book at once, so the writer
+//! refuses this node's writes to it from then on (fencing, `store/cluster.rs`). At shutdown
+//! the node gives its leases up, so other nodes take its sessions over without waiting for
+//! them to expire.
+
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+
+use crate::config::ClusterConfig;
+use crate::store::cluster::{Claim, LeaseBook, Membership, NodeRow};
+use crate::store::StoreError;
+
+/// The header a node presents its cluster secret in, on calls to another node.
+pub const SECRET_HEADER: &str = "Kestrel-Cluster-Secret";
+
+/// This node of a cluster.
+pub struct Node {
+    id: String,
+    advertise_url: OnceLock<String>,
+    secret: String,
+    lease_ms: u64,
+    membership: Arc<dyn Membership>,
+    book: Arc<LeaseBook>,
+}
+
+/// The default node id: the host's name and the data dir's marker, so two nodes on one host
+/// (each with its own data dir) differ, and one node keeps its id across restarts.
+pub fn default_node_id(marker: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "host".to_string());
+    format!("{host}-{marker}")
+}
+
+impl Node {
+    pub fn new(
+        config: &ClusterConfig,
+        secret: &str,
+        membership: Arc<dyn Membership>,
+        book: Arc<LeaseBook>,
+    ) -> Arc<Node> {
+        let advertise_url = OnceLock::new();
+        if let Some(url) = config.advertise_url.as_deref().filter(|url| !url.is_empty()) {
+            let _ = advertise_url.set(url.trim_end_matches('/').to_string());
+        }
+        Arc::new(Node {
+            id: book.node().to_string(),
+            advertise_url,
+            secret: secret.to_string(),
+            lease_ms: config.lease_ms.max(300),
+            membership,
+            book,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
+    pub fn advertise_url(&self) -> &str {
+        self.advertise_url.get().map(String::as_str).unwrap_or("")
+    }
+
+    /// Every node's row.
+    pub fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        self.membership.nodes()
+    }
+
+    /// Takes the session's lease if no other node holds it; who does otherwise.
+    pub fn claim(&self, session_id: &str) -> Result<Claim, StoreError> {
+        let claim = self.membership.claim(session_id, &self.id, self.lease_ms)?;
+        if let Claim::Held { epoch } = claim {
+            self.book.hold(session_id, epoch);
+        }
+        Ok(claim)
+    }
+
+    /// Gives the session's lease up, if this node holds it.
+    pub fn release(&self, session_id: &str) -> Result<(), StoreError> {
+        match self.book.drop_session(session_id) {
+            Some(epoch) => self.membership.release(session_id, &self.id, epoch).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `presented` is the cluster's secret (compared in constant time).
+    pub fn admits(&self, presented: Option<&str>) -> bool {
+        let Some(presented) = presented else { return false };
+        let (a, b) = (presented.as_bytes(), self.secret.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// One heartbeat and one renewal; the sessions whose lease was lost are dropped from the
+    /// book (and returned).
+    fn beat(&self) -> Result<Vec<String>, StoreError> {
+        self.membership.heartbeat(&self.id, self.advertise_url())?;
+        let renewed = self.membership.renew(&self.id, self.lease_ms)?;
+        let mut lost = Vec::new();
+        for (session, epoch) in self.book.held() {
+            if !renewed.iter().any(|(id, at)| *id == session && *at == epoch) {
+                self.book.drop_session(&session);
+                lost.push(session);
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Gives every lease up (at shutdown).
+    fn release_all(&self) {
+        for (session, _) in self.book.held() {
+            if let Err(error) = self.release(&session) {
+                log::warn!("the lease of session {session} was not given up: {error}");
+            }
+        }
+    }
+}
+
+/// The running `kestrel-cluster` thread; stopping it gives this node's leases up.
+pub struct ClusterHandle {
+    stop: Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ClusterHandle {
+    pub fn shutdown(mut self) {
+        let _ = self.stop.send(());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Announces the node at `bound` (unless an advertise URL is configured) and starts its
+/// heartbeat; the first heartbeat is written before this returns, so the node is listed at
+/// once.
+pub fn start(node: &Arc<Node>, bound: std::net::SocketAddr) -> Result<ClusterHandle, StoreError> {
+    let _ = node.advertise_url.set(format!("http://{bound}"));
+    node.beat()?;
+    log::info!("node {} joined the cluster as {}", node.id, node.advertise_url());
+    let (stop, stopped) = bounded(1);
+    let beating = Arc::clone(node);
+    let thread = std::thread::Builder::new()
+        .name("kestrel-cluster".into())
+        .spawn(move || run(&beating, &stopped))
+        .map_err(StoreError::Io)?;
+    Ok(ClusterHandle { stop, thread: Some(thread) })
+}
+
+fn run(node: &Node, stopped: &Receiver<()>) {
+    let every = Duration::from_millis(node.lease_ms / 3);
+    while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+        match node.beat() {
+            Ok(lost) => {
+                for session in lost {
+                    log::warn!("node {} lost the lease of session {session}; it no longer acts on it", node.id);
+                }
+            }
+            Err(error) => log::warn!("node {}'s heartbeat was not written: {error}", node.id),
+        }
+    }
+    node.release_all();
+}

@@ -1,0 +1,182 @@
+//! What several nodes on one database share (docs/cluster.md): each node's row and heartbeat,
+//! and session leases. A live session is owned by one node at a time through its lease row: a
+//! claim is compare-and-set (it takes a free or expired lease, or keeps the caller's own), the
+//! owner renews its leases while it holds them, and every claim by another node takes a new
+//! epoch. Times are the database's clock.
+//!
+//! Fencing: the node's `LeaseBook` says which sessions it holds and at which epoch. The
+//! writer checks each batch against the lease rows in the batch's own transaction (with the
+//! rows locked for share, so a claim by another node waits for the commit or the check waits
+//! for the claim): a write that names a session held by another node, or one this node held
+//! at an epoch that is no longer the row's or whose lease ran out, is refused as `Fenced`.
+//! A session no node holds may be written by any node (a rename of an idle session).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use super::{StoreError, WriteOp};
+
+/// A node as the cluster sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRow {
+    pub id: String,
+    pub advertise_url: String,
+    pub started_at: String,
+    pub heartbeat_at: String,
+    /// Milliseconds since its last heartbeat, by the database's clock.
+    pub heartbeat_age_ms: i64,
+    /// Sessions it holds an unexpired lease of.
+    pub live_sessions: i64,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller holds the lease now, at this epoch.
+    Held { epoch: i64 },
+    /// Another node holds it.
+    Owned(Owner),
+}
+
+/// The node holding a session's lease, and where to reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub node_id: String,
+    /// `None` when the node has no row (it never started, or its row was removed).
+    pub advertise_url: Option<String>,
+    pub epoch: i64,
+    pub expired: bool,
+}
+
+/// Membership and leases, for a store several nodes share.
+pub trait Membership: Send + Sync {
+    /// Writes this node's row with the database's time as its heartbeat.
+    fn heartbeat(&self, node: &str, advertise_url: &str) -> Result<(), StoreError>;
+    /// Every node's row, by id.
+    fn nodes(&self) -> Result<Vec<NodeRow>, StoreError>;
+    /// Takes the session's lease for `lease_ms` if it is free, expired or already `node`'s.
+    /// `MissingSession` when there is no such session.
+    fn claim(&self, session_id: &str, node: &str, lease_ms: u64) -> Result<Claim, StoreError>;
+    /// Extends every unexpired lease `node` holds; the ones it still holds, with their epochs.
+    fn renew(&self, node: &str, lease_ms: u64) -> Result<Vec<(String, i64)>, StoreError>;
+    /// Gives the lease up, if `node` still holds it at `epoch`.
+    fn release(&self, session_id: &str, node: &str, epoch: i64) -> Result<bool, StoreError>;
+    /// Who holds the session's lease, if any row says so.
+    fn owner(&self, session_id: &str) -> Result<Option<Owner>, StoreError>;
+}
+
+/// The sessions this node holds, at which epoch: what its writes are fenced by.
+#[derive(Debug)]
+pub struct LeaseBook {
+    node: String,
+    held: RwLock<HashMap<String, i64>>,
+}
+
+impl LeaseBook {
+    pub fn new(node: &str) -> Arc<LeaseBook> {
+        Arc::new(LeaseBook { node: node.to_string(), held: RwLock::new(HashMap::new()) })
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub fn hold(&self, session_id: &str, epoch: i64) {
+        self.write().insert(session_id.to_string(), epoch);
+    }
+
+    /// Forgets the session; its epoch, if it was held.
+    pub fn drop_session(&self, session_id: &str) -> Option<i64> {
+        self.write().remove(session_id)
+    }
+
+    pub fn epoch(&self, session_id: &str) -> Option<i64> {
+        self.held.read().unwrap_or_else(|e| e.into_inner()).get(session_id).copied()
+    }
+
+    pub fn held(&self) -> Vec<(String, i64)> {
+        let held = self.held.read().unwrap_or_else(|e| e.into_inner());
+        held.iter().map(|(session, epoch)| (session.clone(), *epoch)).collect()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, i64>> {
+        self.held.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a write may touch `session_id`, given its lease row (node, epoch, unexpired);
+    /// `Fenced` if not.
+    pub fn admits(&self, session_id: &str, row: Option<(&str, i64, bool)>) -> Result<(), StoreError> {
+        let mine = self.epoch(session_id);
+        let admitted = match (row, mine) {
+            (None, None) => true,
+            (None, Some(_)) => false,
+            (Some((node, _, live)), None) => node == self.node || !live,
+            (Some((node, epoch, live)), Some(held)) => node == self.node && epoch == held && live,
+        };
+        match admitted {
+            true => Ok(()),
+            false => Err(StoreError::Fenced(session_id.to_string())),
+        }
+    }
+}
+
+/// The sessions a batch's ops write to, each once.
+pub fn sessions_written(ops: &[WriteOp]) -> Vec<String> {
+    let mut sessions: Vec<String> = Vec::new();
+    let mut add = |id: &str| {
+        if !sessions.iter().any(|known| known == id) {
+            sessions.push(id.to_string());
+        }
+    };
+    for op in ops {
+        match op {
+            WriteOp::UpdateSession { id, .. } | WriteOp::DeleteSession { id } => add(id),
+            WriteOp::AppendMessage { session_id, .. }
+            | WriteOp::ReleaseTurn { session_id, .. }
+            | WriteOp::MarkCallStarted { session_id, .. }
+            | WriteOp::SettleCall { session_id, .. }
+            | WriteOp::TruncateMessages { session_id, .. }
+            | WriteOp::CompactHistory { session_id, .. } => add(session_id),
+            WriteOp::ClaimTurn(claim) => add(&claim.session_id),
+            WriteOp::InsertCheckpoint { record, .. } => add(&record.session_id),
+            WriteOp::AppendLog { entries, .. } => {
+                for event in entries.iter().flatten() {
+                    if let Some(session) = &event.session_id {
+                        add(session);
+                    }
+                }
+            }
+            WriteOp::InsertSession(_)
+            | WriteOp::RecoverTurns { .. }
+            | WriteOp::RecordIdempotent(_)
+            | WriteOp::Bae(_)
+            | WriteOp::Policy(_)
+            | WriteOp::Schedule(_)
+            | WriteOp::Webhook(_) => {}
+        }
+    }
+    sessions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_is_admitted_only_where_no_other_node_holds_the_session_and_this_one_holds_what_it_thinks() {
+        let book = LeaseBook::new("a");
+        // Held by no one: any node may write (an idle session's rename).
+        assert!(book.admits("s", None).is_ok());
+        assert!(book.admits("s", Some(("b", 4, false))).is_ok(), "an expired lease of another node");
+        assert!(book.admits("s", Some(("b", 4, true))).is_err(), "a live lease of another node");
+        book.hold("s", 7);
+        assert!(book.admits("s", Some(("a", 7, true))).is_ok());
+        assert!(book.admits("s", Some(("a", 7, false))).is_err(), "its own lease ran out");
+        assert!(book.admits("s", Some(("a", 9, true))).is_err(), "claimed again since, at another epoch");
+        assert!(book.admits("s", Some(("b", 8, false))).is_err(), "taken over, then let go");
+        assert!(book.admits("s", None).is_err(), "released by another");
+        assert_eq!(book.drop_session("s"), Some(7));
+        assert!(book.admits("s", None).is_ok());
+    }
+}

@@ -519,7 +519,7 @@ mod tests {
         assert_eq!(tenants, ["default", "acme", "globex"]);
         assert_eq!(tokens[2].token, "globex-secret");
         let shown = config.sanitized().to_string();
-        assert!(!shown.contains("secret"), "{shown}");
+        assert!(!shown.contains("-secret"), "{shown}");
         assert!(shown.contains("GLOBEX_TOKEN"));
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -539,7 +539,7 @@ mod tests {
         assert_eq!(config.providers["anthropic"].api_key.as_deref(), Some("sk-ant-secret"));
         assert!(!config.providers["openai"].models.is_empty());
         let shown = config.sanitized().to_string();
-        assert!(!shown.contains("secret"), "{shown}");
+        assert!(!shown.contains("-secret"), "{shown}");
         assert!(shown.contains("OPENAI_API_KEY"), "the variable's name is shown: {shown}");
     }
 

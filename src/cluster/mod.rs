@@ -21,6 +21,11 @@ use crate::store::StoreError;
 /// The header a node presents its cluster secret in, on calls to another node.
 pub const SECRET_HEADER: &str = "Kestrel-Cluster-Secret";
 
+/// The shortest and longest lease `cluster.lease_ms` may set: a renewal every third of it
+/// must fit between heartbeats, and a lease longer than a day only delays every failover.
+const MIN_LEASE_MS: u64 = 300;
+const MAX_LEASE_MS: u64 = 86_400_000;
+
 /// This node of a cluster.
 pub struct Node {
     id: String,
@@ -58,7 +63,7 @@ impl Node {
             id: book.node().to_string(),
             advertise_url,
             secret: secret.to_string(),
-            lease_ms: config.lease_ms.max(300),
+            lease_ms: config.lease_ms.clamp(MIN_LEASE_MS, MAX_LEASE_MS),
             membership,
             book,
         })
@@ -100,9 +105,7 @@ impl Node {
 
     /// Whether `presented` is the cluster's secret (compared in constant time).
     pub fn admits(&self, presented: Option<&str>) -> bool {
-        let Some(presented) = presented else { return false };
-        let (a, b) = (presented.as_bytes(), self.secret.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        presented.is_some_and(|presented| same_secret(presented, &self.secret))
     }
 
     /// One heartbeat and one renewal; the sessions whose lease was lost are dropped from the
@@ -128,6 +131,12 @@ impl Node {
             }
         }
     }
+}
+
+/// Whether two secrets are equal, in time that does not depend on where they differ.
+fn same_secret(presented: &str, secret: &str) -> bool {
+    let (a, b) = (presented.as_bytes(), secret.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The running `kestrel-cluster` thread; stopping it gives this node's leases up.
@@ -174,4 +183,17 @@ fn run(node: &Node, stopped: &Receiver<()>) {
         }
     }
     node.release_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_same_secret_is_admitted() {
+        assert!(same_secret("s3cret-cluster", "s3cret-cluster"));
+        for wrong in ["", "s3cret-cluste", "s3cret-clusteR", "s3cret-cluster-", "x3cret-cluster"] {
+            assert!(!same_secret(wrong, "s3cret-cluster"), "{wrong:?}");
+        }
+    }
 }

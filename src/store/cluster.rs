@@ -121,11 +121,12 @@ impl LeaseBook {
     }
 }
 
-/// The sessions a batch's ops write to, each once.
-pub fn sessions_written(ops: &[WriteOp]) -> Vec<String> {
+/// The sessions the ops write to, each once.
+pub fn sessions_written<'a>(ops: impl Iterator<Item = &'a WriteOp>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
     let mut sessions: Vec<String> = Vec::new();
-    let mut add = |id: &str| {
-        if !sessions.iter().any(|known| known == id) {
+    let mut add = |id: &'a str| {
+        if seen.insert(id) {
             sessions.push(id.to_string());
         }
     };

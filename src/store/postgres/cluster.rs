@@ -122,10 +122,12 @@ fn owner_on(conn: &mut super::conn::Conn, session_id: &str) -> Result<Option<Own
     Ok(row.map(|row| Owner { node_id: row.get(0), advertise_url: row.get(1), epoch: row.get(2), expired: row.get(3) }))
 }
 
-/// Refuses the message if it writes a session `book` says this node may not write (see
-/// `store/cluster.rs`); the lease rows stay locked for share until the transaction ends.
-pub(super) fn fence(tx: &mut Tx<'_>, book: &LeaseBook, ops: &[WriteOp]) -> Result<(), StoreError> {
-    let sessions = super::super::cluster::sessions_written(ops);
+/// Refuses the batch if one of its messages writes a session `book` says this node may not
+/// write (see `store/cluster.rs`): one read of the lease rows for the whole transaction, which
+/// stay locked for share until it ends. A refused batch is tried again a message at a time
+/// (`group_commit.rs`), so only the fenced message fails.
+pub(super) fn fence(tx: &mut Tx<'_>, book: &LeaseBook, messages: &[&[WriteOp]]) -> Result<(), StoreError> {
+    let sessions = super::super::cluster::sessions_written(messages.iter().flat_map(|ops| ops.iter()));
     if sessions.is_empty() {
         return Ok(());
     }

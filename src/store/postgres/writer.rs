@@ -131,10 +131,10 @@ impl Writer {
         let mut committed = Vec::new();
         let applied = (|| {
             let mut appends = super::apply::Appends::default();
+            if let Some(book) = &fence {
+                super::cluster::fence(&mut tx, book, messages)?;
+            }
             for ops in messages {
-                if let Some(book) = &fence {
-                    super::cluster::fence(&mut tx, book, ops)?;
-                }
                 let mut first_seq = None;
                 for op in ops.iter() {
                     if appends.take(op) {

@@ -23,7 +23,7 @@ use super::bae::percentile;
 use super::client::{open_stream, read_events, Connection};
 use super::{median, report, Spawned};
 
-const VERSION: &str = "kestrel-bench-scale 3";
+const VERSION: &str = "kestrel-bench-scale 4";
 const DEFAULT_TOKEN: &str = "bench-default-token";
 const BULK_TOKEN: &str = "bench-bulk-token";
 

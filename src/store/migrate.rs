@@ -35,6 +35,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::Sql(include_str!("migrations/0018_session_forks.sql")),
     Migration::Sql(include_str!("migrations/0019_schedules.sql")),
     Migration::Sql(include_str!("migrations/0020_webhooks.sql")),
+    Migration::Sql(include_str!("migrations/0021_covering_session_walks.sql")),
 ];
 
 /// Applies every migration above the database's `user_version`, each in its own transaction.

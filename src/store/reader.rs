@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 use super::contract::{LogReads, SessionReads};
-use super::rows::{self, EVENT_COLUMNS, SESSION_COLUMNS};
+use super::rows::{self, EVENT_COLUMNS, SESSION_COLUMNS, SUMMARY_COLUMNS};
 use super::{
     IdempotentAnswer, LoggedEvent, Page, SessionWalk, StoreError, UnsettledCall, WalkPage, Walked, IDEMPOTENCY_TTL_MS,
 };
@@ -43,11 +43,44 @@ impl ReaderPool {
             }
         };
         let result = query(&conn);
+        if !conn.is_autocommit() {
+            // A read transaction that did not end: the connection would keep its old snapshot.
+            return result;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push(conn);
         }
         result
+    }
+}
+
+/// A read transaction on a pooled connection, ended (rolled back: it wrote nothing) when
+/// dropped. Its statements are the connection's cached ones: rusqlite's `Transaction` parses
+/// `BEGIN` and its end again each time, a few percent of a page of sessions.
+struct Snapshot<'c>(&'c Connection);
+
+impl<'c> Snapshot<'c> {
+    fn begin(conn: &'c Connection) -> Result<Snapshot<'c>, StoreError> {
+        conn.prepare_cached("BEGIN")?.execute([])?;
+        Ok(Snapshot(conn))
+    }
+}
+
+impl std::ops::Deref for Snapshot<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.0
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        let ended = self.0.prepare_cached("ROLLBACK").and_then(|mut end| end.execute([]));
+        if let Err(error) = ended {
+            log::warn!("a read transaction did not end cleanly: {error}");
+        }
     }
 }
 
@@ -66,13 +99,13 @@ impl SessionReads for super::sqlite::Sqlite {
     fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
         self.with(|conn| {
             let mut statement = conn.prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
+                "SELECT {SUMMARY_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
                  WHERE tenant = ?1 ORDER BY updated_at DESC, id DESC"
             ))?;
-            let rows = statement.query_map([tenant], |row| Ok(rows::session(row)))?;
+            let rows = statement.query_map([tenant], |row| Ok(rows::summary(row)))?;
             let mut sessions = Vec::new();
             for row in rows {
-                sessions.push(row??.summary);
+                sessions.push(row??);
             }
             Ok(sessions)
         })
@@ -85,10 +118,12 @@ impl SessionReads for super::sqlite::Sqlite {
     fn sessions_page(&self, tenant: &str, walk: &SessionWalk, limit: usize) -> Result<WalkPage, StoreError> {
         self.with(|conn| {
             // One snapshot for the clock, the moves and the sessions.
-            let snapshot = conn.unchecked_transaction()?;
+            let snapshot = Snapshot::begin(conn)?;
             let as_of = match walk.as_of {
                 Some(as_of) => as_of,
-                None => snapshot.query_row("SELECT coalesce(max(tick), 0) FROM session_moves", [], |row| row.get(0))?,
+                None => snapshot
+                    .prepare_cached("SELECT coalesce(max(tick), 0) FROM session_moves")?
+                    .query_row([], |row| row.get(0))?,
             };
             // Every session moved since the start, with where it stood then (`None`: it was
             // created since). Few: the moves of one walk's lifetime.
@@ -102,26 +137,26 @@ impl SessionReads for super::sqlite::Sqlite {
             // Those not moved, where they stand: a range of the walk's index, named (left to
             // itself the planner may sort the tenant); a first page starts above every time.
             let mut unmoved = snapshot.prepare_cached(&format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
+                "SELECT {SUMMARY_COLUMNS} FROM sessions INDEXED BY sessions_by_tenant_walk
                  WHERE tenant = ?1 AND (updated_at, id) < (?2, ?3) ORDER BY updated_at DESC, id DESC LIMIT ?4"
             ))?;
             let rows = unmoved.query_map(params![tenant, below.0, below.1, (limit + moved.len()) as i64], |row| {
-                Ok(rows::session(row))
+                Ok(rows::summary(row))
             })?;
             let mut page = Vec::new();
             for row in rows {
-                let record = row??;
-                if !moved.contains_key(&record.summary.id) {
-                    page.push(Walked { position: record.summary.updated_at.clone(), summary: record.summary });
+                let summary = row??;
+                if !moved.contains_key(&summary.id) {
+                    page.push(Walked { position: summary.updated_at.clone(), summary });
                 }
             }
             // Those moved, at the place they had.
             let mut by_id = snapshot
-                .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1 AND tenant = ?2"))?;
+                .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE id = ?1 AND tenant = ?2"))?;
             for (id, place) in &moved {
                 let Some(place) = place.as_deref().filter(|place| (*place, id.as_str()) < below) else { continue };
-                if let Some(record) = by_id.query_row(params![id, tenant], |row| Ok(rows::session(row))).optional()? {
-                    page.push(Walked { position: place.to_string(), summary: record?.summary });
+                if let Some(summary) = by_id.query_row(params![id, tenant], |row| Ok(rows::summary(row))).optional()? {
+                    page.push(Walked { position: place.to_string(), summary: summary? });
                 }
             }
             Ok(super::walked_page(as_of, page, limit))

@@ -38,31 +38,38 @@ fn small<T: TryFrom<i64>>(value: i64, what: &str) -> Result<T, StoreError> {
     T::try_from(value).map_err(|_| corrupt(format!("{what} {value} out of range")))
 }
 
-pub(crate) const SESSION_COLUMNS: &str =
-    "id, tenant, title, model, system_prompt, workspace, status, created_at, updated_at, message_count, forked_from";
+/// A session's summary, what lists show: `summary` reads these.
+pub(crate) const SUMMARY_COLUMNS: &str =
+    "id, title, model, workspace, status, created_at, updated_at, message_count, forked_from";
 
-pub(crate) fn session(row: &impl Cells) -> Result<SessionRecord, StoreError> {
-    let status = row.text(6)?;
+/// A whole session: the summary's columns, then `tenant` and `system_prompt`.
+pub(crate) const SESSION_COLUMNS: &str =
+    "id, title, model, workspace, status, created_at, updated_at, message_count, forked_from, tenant, system_prompt";
+
+/// A session's summary from a row of `SUMMARY_COLUMNS` (or `SESSION_COLUMNS`, which start so).
+/// Lists read only these: a page of sessions skips the columns only a whole session needs.
+pub(crate) fn summary(row: &impl Cells) -> Result<SessionSummary, StoreError> {
+    let status = row.text(4)?;
     let status = SessionStatus::parse(&status).ok_or_else(|| corrupt(format!("session status {status:?}")))?;
-    let forked_from = match row.opt_text(10)? {
+    let forked_from = match row.opt_text(8)? {
         Some(text) => Some(serde_json::from_str(&text).map_err(|e| corrupt(format!("session forked_from: {e}")))?),
         None => None,
     };
-    Ok(SessionRecord {
-        summary: SessionSummary {
-            id: row.text(0)?,
-            title: row.text(2)?,
-            model: row.text(3)?,
-            workspace: row.text(5)?,
-            status,
-            created_at: row.text(7)?,
-            updated_at: row.text(8)?,
-            message_count: unsigned(row.int(9)?),
-            forked_from,
-        },
-        tenant: row.text(1)?,
-        system_prompt: row.opt_text(4)?,
+    Ok(SessionSummary {
+        id: row.text(0)?,
+        title: row.text(1)?,
+        model: row.text(2)?,
+        workspace: row.text(3)?,
+        status,
+        created_at: row.text(5)?,
+        updated_at: row.text(6)?,
+        message_count: unsigned(row.int(7)?),
+        forked_from,
     })
+}
+
+pub(crate) fn session(row: &impl Cells) -> Result<SessionRecord, StoreError> {
+    Ok(SessionRecord { summary: summary(row)?, tenant: row.text(9)?, system_prompt: row.opt_text(10)? })
 }
 
 pub(crate) const EVENT_COLUMNS: &str = "seq, tenant, session_id, type, at, body, actor, form";

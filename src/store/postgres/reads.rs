@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::super::contract::{LogReads, SessionReads};
 use super::super::reader::EventQuery;
-use super::super::rows::{self, EVENT_COLUMNS, SESSION_COLUMNS};
+use super::super::rows::{self, EVENT_COLUMNS, SESSION_COLUMNS, SUMMARY_COLUMNS};
 use super::super::{
     IdempotentAnswer, LoggedEvent, Page, SessionWalk, StoreError, UnsettledCall, WalkPage, Walked, IDEMPOTENCY_TTL_MS,
 };
@@ -25,8 +25,8 @@ impl SessionReads for Postgres {
     fn sessions_of(&self, tenant: &str) -> Result<Vec<SessionSummary>, StoreError> {
         self.with(|conn| {
             let sql =
-                format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 ORDER BY updated_at DESC, id DESC");
-            decode(conn.query(&sql, &[&tenant])?, |row| rows::session(row).map(|record| record.summary))
+                format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE tenant = $1 ORDER BY updated_at DESC, id DESC");
+            decode(conn.query(&sql, &[&tenant])?, rows::summary)
         })
     }
 
@@ -57,22 +57,22 @@ impl SessionReads for Postgres {
             let after = walk.after.as_ref().map(|(position, id)| (cut(position), cut(id)));
             let below = after.as_ref().map_or(("~", ""), |(position, id)| (position.as_str(), id.as_str()));
             let sql = format!(
-                "SELECT {SESSION_COLUMNS} FROM sessions
+                "SELECT {SUMMARY_COLUMNS} FROM sessions
                  WHERE tenant = $1 AND (updated_at, id) < ($2, $3) ORDER BY updated_at DESC, id DESC LIMIT $4"
             );
             let unmoved = snapshot.query(&sql, &[&tenant, &below.0, &below.1, &((limit + moved.len()) as i64)])?;
             let mut page = Vec::new();
             for row in &unmoved {
-                let record = rows::session(row)?;
-                if !moved.contains_key(&record.summary.id) {
-                    page.push(Walked { position: record.summary.updated_at.clone(), summary: record.summary });
+                let summary = rows::summary(row)?;
+                if !moved.contains_key(&summary.id) {
+                    page.push(Walked { position: summary.updated_at.clone(), summary });
                 }
             }
-            let by_id = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND tenant = $2");
+            let by_id = format!("SELECT {SUMMARY_COLUMNS} FROM sessions WHERE id = $1 AND tenant = $2");
             for (id, place) in &moved {
                 let Some(place) = place.as_deref().filter(|place| (*place, id.as_str()) < below) else { continue };
                 if let Some(row) = snapshot.opt(&by_id, &[id, &tenant])? {
-                    page.push(Walked { position: place.to_string(), summary: rows::session(&row)?.summary });
+                    page.push(Walked { position: place.to_string(), summary: rows::summary(&row)? });
                 }
             }
             snapshot.commit()?;

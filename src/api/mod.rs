@@ -7,7 +7,8 @@ pub mod routes;
 
 use std::sync::Arc;
 
-use crate::http::{EdgeError, Handler, Reply, Request};
+use crate::cluster::forward::{ForwardError, Route};
+use crate::http::{BodyError, EdgeError, Handler, Reply, Request};
 
 /// How the bus renders envelopes for each format: Kestrel's SSE, BAE's NDJSON.
 pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] =
@@ -17,9 +18,27 @@ pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] =
 pub struct MainDoor {
     pub kestrel: Arc<kestrel::KestrelApi>,
     pub bae: Arc<bae::ClientApi>,
+    /// This node, when it is one of a cluster: a session's operations go to its lease's holder.
+    pub cluster: Option<Arc<crate::cluster::Node>>,
 }
 
 impl MainDoor {
+    /// A request neither served here nor forwarded, in its door's error shape.
+    fn refuse(&self, path: &str, error: &ForwardError) -> Reply {
+        let edge = match error {
+            ForwardError::Forbidden => EdgeError::Forbidden,
+            ForwardError::Unavailable(_) => EdgeError::Unavailable,
+            ForwardError::Body(BodyError::TooLarge { limit }) => EdgeError::BodyTooLarge { limit: *limit },
+            ForwardError::Body(_) => EdgeError::Timeout,
+        };
+        log::warn!("{path}: {error}");
+        let mut reply = self.door(Some(path)).edge_error(Some(path), &edge);
+        if let (EdgeError::Unavailable, Reply::Json { headers, .. }) = (&edge, &mut reply) {
+            headers.push(("Retry-After", crate::store::RETRY_AFTER_SECS.to_string()));
+        }
+        reply
+    }
+
     fn door(&self, path: Option<&str>) -> &dyn Handler {
         match path {
             Some(path) if bae::owns(path) => self.bae.as_ref(),
@@ -31,6 +50,18 @@ impl MainDoor {
 impl Handler for MainDoor {
     fn handle(&self, request: &mut Request) -> Reply {
         let path = request.path().to_string();
+        if let Some(node) = &self.cluster {
+            let forwarded = match node.route(request) {
+                Ok(Route::Here) => None,
+                Ok(Route::There(url)) => Some(node.forward(request, &url)),
+                Err(error) => Some(Err(error)),
+            };
+            match forwarded {
+                Some(Ok(reply)) => return reply,
+                Some(Err(error)) => return self.refuse(&path, &error),
+                None => {}
+            }
+        }
         self.door(Some(&path)).handle(request)
     }
 

@@ -84,6 +84,7 @@ pub(super) fn serve(
     (addr, admin_addr): (SocketAddr, Option<SocketAddr>),
     services: crate::api::kestrel::Services,
 ) -> Result<HttpServer, StartError> {
+    let cluster = services.cluster.clone();
     let kestrel = KestrelApi::new(
         engine.clone(),
         TokenSet::new(tokens),
@@ -92,7 +93,8 @@ pub(super) fn serve(
         services,
     );
     let bae = Bae::new(engine.clone());
-    let main = Arc::new(crate::api::MainDoor { kestrel, bae: crate::api::bae::ClientApi::new(bae.clone()) });
+    let client_door = crate::api::bae::ClientApi::new(bae.clone(), cluster.clone());
+    let main = Arc::new(crate::api::MainDoor { kestrel, bae: client_door, cluster });
     let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
     let mut listeners: Vec<(std::net::TcpListener, Arc<dyn crate::http::Handler>)> = vec![(listener, main)];
     if let Some(admin_addr) = admin_addr {

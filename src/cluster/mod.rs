@@ -8,6 +8,8 @@
 //! the node gives its leases up, so other nodes take its sessions over without waiting for
 //! them to expire.
 
+pub mod forward;
+
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -34,7 +36,14 @@ pub struct Node {
     lease_ms: u64,
     membership: Arc<dyn Membership>,
     book: Arc<LeaseBook>,
+    /// The client of calls to other nodes (`forward.rs`), its connections kept for reuse.
+    agent: ureq::Agent,
 }
+
+/// How long a call to another node may take to connect, and to send its next bytes: an
+/// answer may wait on a model for minutes; a stream sends at least a ping every 15 s.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const READ_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The default node id: the host's name and the data dir's marker, so two nodes on one host
 /// (each with its own data dir) differ, and one node keeps its id across restarts.
@@ -66,6 +75,12 @@ impl Node {
             lease_ms: config.lease_ms.clamp(MIN_LEASE_MS, MAX_LEASE_MS),
             membership,
             book,
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(CONNECT_TIMEOUT)
+                .timeout_read(READ_TIMEOUT)
+                .redirects(0)
+                .user_agent(concat!("kestrel-cluster/", env!("CARGO_PKG_VERSION")))
+                .build(),
         })
     }
 

@@ -39,6 +39,7 @@ use std::time::Duration;
 
 pub use listen::{bind, raise_open_file_limit, FileLimit};
 pub use sse::EventStream;
+pub(crate) use stream::BURST_BYTES;
 pub use stream::{Frames, Framing, JsonLines, Stream, StreamBody};
 
 /// What a handler answers.
@@ -63,13 +64,23 @@ pub enum Reply {
     },
     /// A body streamed for as long as it lasts: server-sent events or NDJSON.
     Stream(Stream),
+    /// Another node's answer, relayed (`cluster/forward.rs`): its status, content type, body
+    /// and the headers a client reads.
+    Relayed {
+        status: u16,
+        content_type: String,
+        body: Vec<u8>,
+        headers: Vec<(&'static str, String)>,
+    },
 }
 
 impl Reply {
     /// The size of the body it sends; `None` for a stream.
     pub fn body_len(&self) -> Option<u64> {
         match self {
-            Reply::Json { body, .. } | Reply::Ndjson(body) | Reply::File { body, .. } => Some(body.len() as u64),
+            Reply::Json { body, .. } | Reply::Ndjson(body) | Reply::File { body, .. } | Reply::Relayed { body, .. } => {
+                Some(body.len() as u64)
+            }
             Reply::Empty { .. } => Some(0),
             Reply::Stream(_) => None,
         }
@@ -78,7 +89,7 @@ impl Reply {
     /// The status this reply is sent with (a stream's is 200).
     pub fn status(&self) -> u16 {
         match self {
-            Reply::Json { status, .. } | Reply::Empty { status } => *status,
+            Reply::Json { status, .. } | Reply::Empty { status } | Reply::Relayed { status, .. } => *status,
             Reply::Ndjson(_) | Reply::File { .. } | Reply::Stream(_) => 200,
         }
     }
@@ -120,6 +131,8 @@ pub enum EdgeError {
     TooManyConnections,
     /// The server is stopping, or its HTTP backend is restarting.
     Unavailable,
+    /// A node-to-node call that does not carry the cluster's secret (`cluster/forward.rs`).
+    Forbidden,
 }
 
 impl EdgeError {
@@ -133,6 +146,7 @@ impl EdgeError {
             EdgeError::BodyTooLarge { .. } => 413,
             EdgeError::Timeout => 408,
             EdgeError::TooManyConnections | EdgeError::Unavailable => 503,
+            EdgeError::Forbidden => 403,
         }
     }
 }
@@ -151,6 +165,7 @@ impl std::fmt::Display for EdgeError {
             EdgeError::Timeout => write!(f, "the request did not arrive in time"),
             EdgeError::TooManyConnections => write!(f, "too many open connections; retry shortly"),
             EdgeError::Unavailable => write!(f, "the server is not accepting requests right now"),
+            EdgeError::Forbidden => write!(f, "this call between nodes does not carry the cluster's secret"),
         }
     }
 }
@@ -198,6 +213,16 @@ impl Request {
 
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The path and query as the client sent them (not decoded).
+    pub fn url(&self) -> &str {
+        self.inner.url()
+    }
+
+    /// Every header, as `(name, value)`.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.inner.headers().iter().map(|h| (h.field.as_str().as_str(), h.value.as_str()))
     }
 
     /// The first query parameter named `name`, percent-decoded.

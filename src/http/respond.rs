@@ -43,6 +43,11 @@ pub fn reply(
             headers.extend(policy.iter().map(|(name, value)| (*name, value.to_string())));
             (200, body, headers)
         }
+        Reply::Relayed { status, content_type, body, headers } => {
+            let mut all = vec![("Content-Type", content_type)];
+            all.extend(headers);
+            (status, body, all)
+        }
         Reply::Stream(_) => unreachable!("streams are written by `stream`"),
     };
     let mut headers = headers;
@@ -59,7 +64,9 @@ pub fn refusal(tcp: &TcpStream, handler: &dyn Handler, path: Option<&str>, error
             (status, body, all)
         }
         Reply::Empty { status } => (status, Vec::new(), Vec::new()),
-        Reply::Ndjson(_) | Reply::File { .. } | Reply::Stream(_) => (error.status(), Vec::new(), Vec::new()),
+        Reply::Ndjson(_) | Reply::File { .. } | Reply::Stream(_) | Reply::Relayed { .. } => {
+            (error.status(), Vec::new(), Vec::new())
+        }
     };
     let mut headers = headers;
     headers.push(("X-Request-Id", super::request_id::for_request(None)));

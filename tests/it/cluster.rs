@@ -12,11 +12,16 @@ const USER: &str = "user-token";
 
 /// A node of the cluster on `url`, with an admin token and a plain one.
 fn node(url: &str, id: &str) -> TestServer {
+    node_leasing(url, id, 900)
+}
+
+/// A node whose leases last `lease_ms`.
+fn node_leasing(url: &str, id: &str, lease_ms: u64) -> TestServer {
     TestServer::start_with(|config| {
         config.store.url = Some(url.to_string());
         config.cluster.secret = Some(SECRET.into());
         config.cluster.node_id = Some(id.into());
-        config.cluster.lease_ms = 900;
+        config.cluster.lease_ms = lease_ms;
         let mut admin = kestrel::config::TokenConfig::new("default", ADMIN);
         admin.admin = true;
         config.auth.tokens.push(admin);
@@ -88,4 +93,72 @@ fn a_cluster_needs_postgresql_and_says_so() {
     let error = kestrel::Server::start(config).err().expect("no cluster on SQLite").to_string();
     assert!(error.contains("[cluster] needs the PostgreSQL store"), "{error}");
     assert!(!error.contains(SECRET));
+}
+
+/// Each node's id and how many sessions' leases it holds, as the admin view lists them.
+fn live_sessions(server: &TestServer) -> Vec<(String, i64)> {
+    let (_, view) = cluster_view(server, ADMIN);
+    let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+    nodes.iter().map(|n| (n["id"].as_str().unwrap().to_string(), n["liveSessions"].as_i64().unwrap())).collect()
+}
+
+#[test]
+fn a_session_held_by_one_node_is_served_there_from_any_node_streams_included() {
+    let Some(database) = pg_cluster::database() else { return };
+    // Leases long enough that a busy machine's late renewal does not move the session.
+    let (a, mut b) = (node_leasing(&database.url, "node-a", 10_000), node_leasing(&database.url, "node-b", 10_000));
+    let (at_a, at_b) = (a.client().with_token(Some(USER)), b.client().with_token(Some(USER)));
+    let created = at_a.post("/api/sessions", serde_json::json!({ "model": "builtin/echo" }));
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.json["session"]["id"].as_str().unwrap().to_string();
+
+    // A message at node A: A claims the session and runs the turn.
+    let mut at_a_stream =
+        crate::support::SseClient::open(&a.base, &format!("/api/sessions/{id}/events"), Some(USER), None);
+    let sent = at_a.post(&format!("/api/sessions/{id}/messages"), serde_json::json!({ "content": "first, at A" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    at_a_stream.collect_until(crate::support::is_run_end);
+    assert_eq!(live_sessions(&b), vec![("node-a".to_string(), 1), ("node-b".to_string(), 0)]);
+
+    // At node B, the stream and the next message are A's, relayed: B takes no lease.
+    let mut at_b_stream =
+        crate::support::SseClient::open(&b.base, &format!("/api/sessions/{id}/events"), Some(USER), None);
+    let sent = at_b.post(&format!("/api/sessions/{id}/messages"), serde_json::json!({ "content": "second, at B" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    let run = sent.json["runId"].as_str().unwrap().to_string();
+    let events =
+        at_b_stream.collect_until(|event| crate::support::is_run_end(event) && event["event"]["runId"] == run.as_str());
+    assert_eq!(events.last().unwrap()["event"]["type"], "run.finished", "{events:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "seqs in order through the relay: {seqs:?}");
+    assert!(
+        events.iter().any(|e| e["event"]["message"]["content"].to_string().contains("second, at B")),
+        "the relayed stream carries the message sent at B: {events:?}"
+    );
+    assert_eq!(live_sessions(&a), vec![("node-a".to_string(), 1), ("node-b".to_string(), 0)]);
+    // A read at B is A's answer too: both messages and both answers.
+    let read = at_b.get(&format!("/api/sessions/{id}"));
+    assert_eq!((read.status, read.json["session"]["messageCount"].as_u64()), (200, Some(4)), "{}", read.text);
+
+    // A call between nodes with a wrong secret is refused, in the door's error shape.
+    let wrong = at_a.send_with_headers(
+        "POST",
+        &format!("/api/sessions/{id}/messages"),
+        Some(br#"{"content":"forged"}"#),
+        &[("Kestrel-Cluster-Secret", "not-the-secret")],
+    );
+    wrong.assert_error(403, "forbidden");
+    assert!(!wrong.text.contains(SECRET));
+
+    // When A stops it gives its leases up, and B takes the session at its next operation.
+    drop(at_b_stream);
+    let mut a = a;
+    a.stop();
+    let sent = at_b.post(&format!("/api/sessions/{id}/messages"), serde_json::json!({ "content": "third, at B" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    wait_until("node B to hold the session", || live_sessions(&b).contains(&("node-b".to_string(), 1)));
+    wait_until("the third turn to end at B", || {
+        at_b.get(&format!("/api/sessions/{id}")).json["session"]["messageCount"].as_u64() == Some(6)
+    });
+    b.stop();
 }

@@ -158,6 +158,7 @@ impl From<&EdgeError> for Problem {
             EdgeError::BodyTooLarge { .. } => "payload_too_large",
             EdgeError::Timeout => "request_timeout",
             EdgeError::TooManyConnections | EdgeError::Unavailable => "unavailable",
+            EdgeError::Forbidden => "forbidden",
             _ => "bad_request",
         };
         Problem::new(error.status(), slug, error.to_string())

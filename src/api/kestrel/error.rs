@@ -169,6 +169,7 @@ impl From<&EdgeError> for ApiError {
             EdgeError::BodyTooLarge { .. } => "payload_too_large",
             EdgeError::Timeout => "request_timeout",
             EdgeError::TooManyConnections | EdgeError::Unavailable => "unavailable",
+            EdgeError::Forbidden => "forbidden",
         };
         ApiError::new(error.status(), code, error.to_string())
     }

@@ -162,3 +162,47 @@ fn a_session_held_by_one_node_is_served_there_from_any_node_streams_included() {
     });
     b.stop();
 }
+
+#[test]
+fn a_bae_session_opened_at_one_node_takes_a_driver_and_its_turns_at_another() {
+    use crate::bae::support::{Bae, Harness};
+    use crate::fake_provider::anthropic;
+    let Some(database) = pg_cluster::database() else { return };
+    let bae_node = |id: &str| {
+        Bae::start_with(|config| {
+            config.store.url = Some(database.url.clone());
+            config.cluster.secret = Some(SECRET.into());
+            config.cluster.node_id = Some(id.into());
+            config.cluster.lease_ms = 10_000;
+            let mut admin = kestrel::config::TokenConfig::new("default", ADMIN);
+            admin.admin = true;
+            config.auth.tokens.push(admin);
+        })
+    };
+    let (a, b) = (bae_node("bae-a"), bae_node("bae-b"));
+    let profile = a.profile("main", &[]);
+    let ((_, first), (second_id, second)) = (a.client_key(&profile), a.client_key(&profile));
+
+    // Opened at A (A claims it), joined at B: the join and B's calls are A's, relayed.
+    let mut at_a = Harness::open(a.base(), &first, &[]);
+    let mut at_b = Harness::join(b.base(), &at_a.session_id, &second, &[]);
+    a.fake.script([anthropic::text_answer("to a"), anthropic::text_answer("to b")]);
+    let answer = |frames: &[Value]| frames.last().unwrap()["result"]["message"]["content"][0]["text"].clone();
+    assert_eq!(answer(&at_a.send_message(serde_json::json!("a asks"))), "to a");
+    let from_b = at_b.send_message(serde_json::json!("b asks"));
+    assert_eq!(answer(&from_b), "to b", "{from_b:?}");
+
+    // Both turns ran where the session lives; B's provider was never asked.
+    assert_eq!(a.fake.requests().len(), 2);
+    assert!(b.fake.requests().is_empty());
+    // The history, read at B, names each driver's message once, in order.
+    let sent: Vec<String> = at_b
+        .events()
+        .iter()
+        .filter(|e| e["event_type"] == "client.message.send")
+        .map(|e| e["client_key_id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1], second_id);
+    assert_eq!(live_sessions(&b.server), vec![("bae-a".to_string(), 1), ("bae-b".to_string(), 0)]);
+}

@@ -9,6 +9,7 @@ use crate::support::{wait_until, TestServer};
 const SECRET: &str = "cluster-secret-7f3a";
 const ADMIN: &str = "admin-token";
 const USER: &str = "user-token";
+const OTHER_TENANT: &str = "other-tenant-token";
 
 /// A node of the cluster on `url`, with an admin token and a plain one.
 fn node(url: &str, id: &str) -> TestServer {
@@ -26,6 +27,7 @@ fn node_leasing(url: &str, id: &str, lease_ms: u64) -> TestServer {
         admin.admin = true;
         config.auth.tokens.push(admin);
         config.auth.tokens.push(kestrel::config::TokenConfig::new("default", USER));
+        config.auth.tokens.push(kestrel::config::TokenConfig::new("other", OTHER_TENANT));
     })
 }
 
@@ -205,4 +207,66 @@ fn a_bae_session_opened_at_one_node_takes_a_driver_and_its_turns_at_another() {
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert_eq!(sent[1], second_id);
     assert_eq!(live_sessions(&b.server), vec![("bae-a".to_string(), 1), ("bae-b".to_string(), 0)]);
+}
+
+#[test]
+fn forwarding_keeps_tenants_apart_and_a_dead_holder_is_a_retryable_503() {
+    let Some(database) = pg_cluster::database() else { return };
+    let (a, b) = (node_leasing(&database.url, "node-a", 10_000), node_leasing(&database.url, "node-b", 10_000));
+    let (at_a, at_b) = (a.client().with_token(Some(USER)), b.client().with_token(Some(USER)));
+    let id = at_a.post("/api/sessions", serde_json::json!({ "model": "builtin/echo" })).json["session"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sent = at_a.post(&format!("/api/sessions/{id}/messages"), serde_json::json!({ "content": "at A" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+
+    // Another tenant's token at B: forwarded with the token, and A's answer hides the session.
+    let intruder = b.client().with_token(Some(OTHER_TENANT));
+    intruder.get(&format!("/api/sessions/{id}")).assert_error(404, "session_not_found");
+    let forged = intruder.post(&format!("/api/sessions/{id}/messages"), serde_json::json!({ "content": "x" }));
+    forged.assert_error(404, "session_not_found");
+    // A forged secret is refused at B too, before any lease is looked at.
+    let forged = at_b.send_with_headers(
+        "GET",
+        &format!("/api/sessions/{id}"),
+        None,
+        &[("Kestrel-Cluster-Secret", &format!("{SECRET}x"))],
+    );
+    forged.assert_error(403, "forbidden");
+
+    // A holder that died without giving its lease up: its address answers nothing. Until the
+    // lease runs out, B answers 503 with Retry-After, and no request of any shape wedges it.
+    let held = at_a.post("/api/sessions", serde_json::json!({ "model": "builtin/echo" })).json["session"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut db = postgres::Client::connect(&database.url, postgres::NoTls).unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    db.execute(
+        "INSERT INTO cluster_nodes (id, advertise_url, started_at, heartbeat_at) VALUES ('ghost', $1, now(), now())",
+        &[&gone],
+    )
+    .unwrap();
+    db.execute(
+        "INSERT INTO session_leases (session_id, node_id, epoch, expires_at)
+         VALUES ($1, 'ghost', nextval('lease_epochs'), now() + interval '1 hour')",
+        &[&held],
+    )
+    .unwrap();
+    for (method, path) in [("POST", "messages"), ("GET", "events"), ("GET", "")] {
+        let body = (method == "POST").then_some(br#"{"content":"to the ghost"}"#.as_slice());
+        let path = format!("/api/sessions/{held}/{path}").trim_end_matches('/').to_string();
+        let answer = at_b.send(method, &path, body);
+        answer.assert_error(503, "unavailable");
+        assert_eq!(answer.header("retry-after"), Some("2"), "{method} {path}");
+    }
+    assert_eq!(b.get("/api/health").status, 200);
+    // Once the lease has run out, B takes the session at the next message.
+    db.execute("UPDATE session_leases SET expires_at = now() WHERE session_id = $1", &[&held]).unwrap();
+    let sent = at_b.post(&format!("/api/sessions/{held}/messages"), serde_json::json!({ "content": "now B" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    drop(a);
 }

@@ -219,7 +219,11 @@ impl Server {
             death_signal_wrapper: tool_settings.death_signal_wrapper.clone(),
         };
         tools.replace_plugin_tools(plugins.tools(&launcher));
-        let bae = crate::api::bae::core::BaeShared::new(bae_settings(&config, spawning.clone())?);
+        let bae = crate::api::bae::core::BaeShared::new(bae_settings(
+            &config,
+            spawning.clone(),
+            store.cluster().map(|(membership, _)| membership),
+        )?);
         let engine = Engine::new(
             store.clone(),
             bus,
@@ -247,10 +251,17 @@ impl Server {
             vec![Arc::new(bae)],
         );
 
+        if let Some(node) = &cluster_node {
+            node.serve(&engine);
+        }
         let bae = Bae::new(engine.clone());
         bootstrap_admin(&config, &bae)?;
         // BAE calls the last process started and never finished are recorded, not run again.
-        bae.recover_calls().map_err(StartError::Recovery)?;
+        // In a cluster, other nodes run sessions meanwhile: each session's are recorded by the
+        // node that takes its lease over (`engine/tenure.rs`), this one's own included.
+        if cluster_node.is_none() {
+            bae.recover_calls().map_err(StartError::Recovery)?;
+        }
         crate::metrics::get().prime(engine.models().infos());
         know_tools(&engine);
         // Every live profile's sandbox images are made ready again, in the background.

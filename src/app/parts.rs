@@ -93,7 +93,7 @@ pub(super) fn serve(
         services,
     );
     let bae = Bae::new(engine.clone());
-    let client_door = crate::api::bae::ClientApi::new(bae.clone(), cluster.clone());
+    let client_door = crate::api::bae::ClientApi::new(bae.clone());
     let main = Arc::new(crate::api::MainDoor { kestrel, bae: client_door, cluster });
     let listener = crate::http::bind(addr).map_err(|e| StartError::Bind(addr, e))?;
     let mut listeners: Vec<(std::net::TcpListener, Arc<dyn crate::http::Handler>)> = vec![(listener, main)];
@@ -154,9 +154,16 @@ pub(super) fn token_names(config: &Config) -> std::collections::HashMap<String, 
 pub(super) fn bae_settings(
     config: &Config,
     mcp_spawning: crate::mcp::Spawning,
+    cluster: Option<&Arc<dyn crate::store::cluster::Membership>>,
 ) -> Result<crate::api::bae::core::BaeSettings, StartError> {
-    let keyring =
-        crate::auth::keys::Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE)).map_err(StartError::Keyring)?;
+    use crate::auth::keys::{Keyring, KeyringError};
+    let mut keyring = Keyring::open(&config.server.data_dir.join(KEY_SECRET_FILE)).map_err(StartError::Keyring)?;
+    // In a cluster every node hashes keys under one secret: the first node's, kept in the
+    // database, so that a key minted at one node is known at all.
+    if let Some(membership) = cluster {
+        let agreed = membership.agree("bae_key_secret", &keyring.secret_hex())?;
+        keyring = Keyring::from_hex(&agreed).ok_or(StartError::Keyring(KeyringError::Malformed))?;
+    }
     Ok(crate::api::bae::core::BaeSettings {
         keyring: Arc::new(keyring),
         turn_timeout: Duration::from_secs(config.bae.turn_timeout_secs),

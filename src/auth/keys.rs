@@ -116,7 +116,13 @@ impl Keyring {
         }
     }
 
-    fn from_hex(text: &str) -> Option<Keyring> {
+    /// The secret as hex, as the file keeps it: what a cluster's first node proposes for all.
+    pub fn secret_hex(&self) -> String {
+        hex(&self.secret)
+    }
+
+    /// The keyring of a secret kept as hex; `None` if it is not 32 bytes of hex.
+    pub fn from_hex(text: &str) -> Option<Keyring> {
         if text.len() != 64 {
             return None;
         }

@@ -303,7 +303,7 @@ impl BusActor {
                     None => Vec::new(),
                 };
                 keep_survivors(&mut batch, &mut acks, &failed);
-                self.append_again(&batch)
+                self.append_again(&mut batch, &mut acks)
             }
         };
         let first = first.unwrap_or(self.last_seq + 1);
@@ -340,22 +340,35 @@ impl BusActor {
         failed
     }
 
-    /// Appends what is left of a failed batch on its own; its first seq. When even that
-    /// fails (the store is failing), the batch is streamed anyway, above the last seq known:
-    /// live clients keep their events, a replay will miss these.
-    fn append_again(&self, batch: &[Stamped]) -> Option<u64> {
-        if batch.is_empty() {
-            return None;
-        }
-        let appended = self
-            .store
-            .write_pending(vec![self.append(batch)])
-            .and_then(|commit| commit.recv().unwrap_or(Err(StoreError::Closed)));
-        match appended {
-            Ok(committed) => committed.first_seq,
-            Err(error) => {
-                log::error!("events could not be logged: {error}");
-                None
+    /// Appends what is left of a failed batch on its own; its first seq. The events of a
+    /// session another node holds now (`Fenced`: this node lost its lease) are not this
+    /// node's to log, and are dropped, so their neighbours are kept. When even that fails
+    /// (the store is failing), the batch is streamed anyway, above the last seq known: live
+    /// clients keep their events, a replay will miss these.
+    fn append_again(&self, batch: &mut Vec<Stamped>, acks: &mut Vec<Ack>) -> Option<u64> {
+        loop {
+            if batch.is_empty() {
+                return None;
+            }
+            let appended = self
+                .store
+                .write_pending(vec![self.append(batch)])
+                .and_then(|commit| commit.recv().unwrap_or(Err(StoreError::Closed)));
+            match appended {
+                Ok(committed) => return committed.first_seq,
+                Err(StoreError::Fenced(session)) => {
+                    let fenced: Vec<usize> =
+                        (0..batch.len()).filter(|&at| batch[at].event.session_id() == Some(session.as_str())).collect();
+                    log::warn!("{} event(s) of session {session} dropped: another node holds it", fenced.len());
+                    if fenced.is_empty() {
+                        return None;
+                    }
+                    keep_survivors(batch, acks, &fenced);
+                }
+                Err(error) => {
+                    log::error!("events could not be logged: {error}");
+                    return None;
+                }
             }
         }
     }
@@ -431,8 +444,14 @@ impl BusActor {
         let id = self.next_subscriber_id;
         self.next_subscriber_id += 1;
         let pending = Arc::new(AtomicUsize::new(0));
-        let subscription =
-            Subscription { backlog, live, pending: Arc::clone(&pending), id, bus_tx: self.own_tx.clone() };
+        let subscription = Subscription {
+            backlog,
+            live,
+            pending: Arc::clone(&pending),
+            id,
+            bus_tx: self.own_tx.clone(),
+            following: None,
+        };
         // Counted before the subscriber hears of it, so a count read after `subscribe`
         // returns includes it.
         self.subscribers.push(Subscriber { id, filter, sender, pending });

@@ -251,6 +251,8 @@ pub struct Subscription {
     pending: Arc<AtomicUsize>,
     id: u64,
     bus_tx: Sender<BusMsg>,
+    /// Counts the stream among its session's followers while it lasts.
+    following: Option<Following>,
 }
 
 /// A subscriber's missed envelopes: logged events older than the ring, then the ring's.
@@ -432,6 +434,43 @@ impl Publication {
 pub struct Bus {
     bus_tx: Sender<BusMsg>,
     subscribers: Arc<AtomicUsize>,
+    followers: Arc<Followers>,
+}
+
+/// How many streams on this node follow each session: a cluster's node keeps the lease of a
+/// followed session, whose events its streams get from its bus.
+#[derive(Default)]
+struct Followers(std::sync::Mutex<std::collections::HashMap<String, usize>>);
+
+impl Followers {
+    fn counts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One stream following a session, for as long as it lives.
+struct Following {
+    followers: Arc<Followers>,
+    session: String,
+}
+
+impl Following {
+    fn new(followers: &Arc<Followers>, session: &str) -> Following {
+        *followers.counts().entry(session.to_string()).or_default() += 1;
+        Following { followers: Arc::clone(followers), session: session.to_string() }
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        let mut counts = self.followers.counts();
+        if let Some(count) = counts.get_mut(&self.session) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.session);
+            }
+        }
+    }
 }
 
 pub struct BusHandle {
@@ -466,7 +505,8 @@ impl Bus {
             .name("kestrel-bus".into())
             .spawn(move || actor.run(inbox))
             .map_err(StoreError::Io)?;
-        Ok((Bus { bus_tx: bus_tx.clone(), subscribers }, BusHandle { bus_tx, thread: Some(thread) }))
+        let followers = Arc::default();
+        Ok((Bus { bus_tx: bus_tx.clone(), subscribers, followers }, BusHandle { bus_tx, thread: Some(thread) }))
     }
 
     /// Publishes an event scoped to `tenant` (`None`: every tenant sees it).
@@ -535,9 +575,20 @@ impl Bus {
     /// Subscribes; `after` replays buffered envelopes with a greater seq first.
     /// Returns `None` once the bus has stopped.
     pub fn subscribe(&self, filter: Filter, after: Option<u64>) -> Option<Subscription> {
+        let following = match &filter.scope {
+            Scope::Session(session) => Some(Following::new(&self.followers, session)),
+            Scope::AllSessions | Scope::Plugins => None,
+        };
         let (reply, subscription) = bounded(1);
         self.bus_tx.send(BusMsg::Subscribe { filter, after, reply }).ok()?;
-        subscription.recv().ok()
+        let mut subscription = subscription.recv().ok()?;
+        subscription.following = following;
+        Some(subscription)
+    }
+
+    /// Whether a stream on this node follows the session.
+    pub fn followed(&self, session_id: &str) -> bool {
+        self.followers.counts().contains_key(session_id)
     }
 
     /// Live subscribers right now (for health checks and tests).

@@ -10,13 +10,16 @@
 
 pub mod forward;
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use crate::config::ClusterConfig;
+use crate::engine::tenure::{Leases, WeakEngine};
+use crate::engine::Engine;
 use crate::store::cluster::{Claim, LeaseBook, Membership, NodeRow};
 use crate::store::StoreError;
 
@@ -38,7 +41,18 @@ pub struct Node {
     book: Arc<LeaseBook>,
     /// The client of calls to other nodes (`forward.rs`), its connections kept for reuse.
     agent: ureq::Agent,
+    /// The engine this node's leases are for: told what it takes over and what it loses.
+    engine: OnceLock<WeakEngine>,
+    /// Claims of sessions this node does not hold, one at a time per stripe, so a session is
+    /// taken over once however many requests for it arrive together.
+    taking: [Mutex<()>; TAKING_STRIPES],
+    /// The sessions found idle at the last heartbeat: given up if still idle at this one.
+    idle: Mutex<HashSet<String>>,
 }
+
+const TAKING_STRIPES: usize = 16;
+/// Orphaned leases a heartbeat takes over at most (the rest at the next one).
+const SWEEP_LIMIT: i64 = 64;
 
 /// How long a call to another node may take to connect, and to send its next bytes: an
 /// answer may wait on a model for minutes; a stream sends at least a ping every 15 s.
@@ -81,7 +95,21 @@ impl Node {
                 .redirects(0)
                 .user_agent(concat!("kestrel-cluster/", env!("CARGO_PKG_VERSION")))
                 .build(),
+            engine: OnceLock::new(),
+            taking: Default::default(),
+            idle: Mutex::default(),
         })
+    }
+
+    /// Ties the node and the engine together: the engine claims leases through the node, and
+    /// hears from it what it takes over and loses (`engine/tenure.rs`).
+    pub fn serve(self: &Arc<Self>, engine: &Engine) {
+        let _ = self.engine.set(engine.downgrade());
+        engine.serve_leases(Arc::clone(self) as Arc<dyn Leases>);
+    }
+
+    fn engine(&self) -> Option<Engine> {
+        self.engine.get().and_then(WeakEngine::upgrade)
     }
 
     pub fn id(&self) -> &str {
@@ -101,13 +129,33 @@ impl Node {
         self.membership.nodes()
     }
 
-    /// Takes the session's lease if no other node holds it; who does otherwise.
+    /// Takes the session's lease if no other node holds it; who does otherwise. A lease this
+    /// node did not hold is taken over (`Engine::take_over`) before the book says it holds it,
+    /// so no operation runs here on what the last holder left.
     pub fn claim(&self, session_id: &str) -> Result<Claim, StoreError> {
+        let _taking = self.taking[stripe(session_id)].lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = self.book.epoch(session_id).is_none();
         let claim = self.membership.claim(session_id, &self.id, self.lease_ms)?;
         if let Claim::Held { epoch } = claim {
+            if fresh {
+                self.take_over(session_id, epoch)?;
+            }
             self.book.hold(session_id, epoch);
         }
         Ok(claim)
+    }
+
+    /// Ends what the last holder left; if that fails the lease is given back, for a later
+    /// claim to try again.
+    fn take_over(&self, session_id: &str, epoch: i64) -> Result<(), StoreError> {
+        let Some(engine) = self.engine() else { return Ok(()) };
+        let Err(error) = engine.take_over(session_id) else { return Ok(()) };
+        log::warn!("session {session_id} was not taken over: {error}");
+        self.membership.release(session_id, &self.id, epoch)?;
+        Err(match error {
+            crate::engine::EngineError::Store(error) => error,
+            _ => StoreError::Unavailable(format!("session {session_id} could not be taken over")),
+        })
     }
 
     /// Gives the session's lease up, if this node holds it.
@@ -124,18 +172,72 @@ impl Node {
     }
 
     /// One heartbeat and one renewal; the sessions whose lease was lost are dropped from the
-    /// book (and returned).
+    /// book and evicted from the engine (and returned).
     fn beat(&self) -> Result<Vec<String>, StoreError> {
         self.membership.heartbeat(&self.id, self.advertise_url())?;
         let renewed = self.membership.renew(&self.id, self.lease_ms)?;
         let mut lost = Vec::new();
         for (session, epoch) in self.book.held() {
             if !renewed.iter().any(|(id, at)| *id == session && *at == epoch) {
-                self.book.drop_session(&session);
+                self.book.lose(&session);
                 lost.push(session);
             }
         }
+        if let Some(engine) = self.engine() {
+            for session in &lost {
+                if !engine.evict(session) {
+                    self.book.settle(session);
+                }
+            }
+        }
         Ok(lost)
+    }
+
+    /// Gives up the leases of sessions idle here since the last heartbeat, so that load
+    /// spreads; how many.
+    fn let_go_idle(&self) -> usize {
+        let Some(engine) = self.engine() else { return 0 };
+        let mut seen = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle_now = HashSet::new();
+        let mut released = 0;
+        for (session, epoch) in self.book.held() {
+            // A claim of the session waits until it is given up (or kept) for good.
+            let _taking = self.taking[stripe(&session)].lock().unwrap_or_else(|e| e.into_inner());
+            let mut let_go = || {
+                if seen.contains(&session) {
+                    self.book.drop_session(&session);
+                }
+            };
+            if !engine.let_go_if_idle(&session, &mut let_go) {
+                continue;
+            }
+            match self.book.epoch(&session) {
+                Some(_) => drop(idle_now.insert(session)),
+                None => match self.membership.release(&session, &self.id, epoch) {
+                    Ok(_) => released += 1,
+                    Err(error) => log::warn!("the lease of idle session {session} was not given up: {error}"),
+                },
+            }
+        }
+        *seen = idle_now;
+        released
+    }
+
+    /// Takes over the sessions whose lease ran out (their node died or was cut off) and the
+    /// ones this node's previous process held; the next heartbeats give them up once idle.
+    fn sweep(&self) -> Result<usize, StoreError> {
+        let mut taken = 0;
+        for session in self.membership.orphans(&self.id, SWEEP_LIMIT)? {
+            if self.book.epoch(&session).is_some() {
+                continue;
+            }
+            match self.claim(&session) {
+                Ok(Claim::Held { .. }) => taken += 1,
+                Ok(Claim::Owned(_)) | Err(StoreError::MissingSession | StoreError::Busy) => {}
+                Err(error) => log::warn!("the orphaned lease of session {session} was not taken over: {error}"),
+            }
+        }
+        Ok(taken)
     }
 
     /// Gives every lease up (at shutdown).
@@ -146,6 +248,30 @@ impl Node {
             }
         }
     }
+}
+
+impl Leases for Node {
+    fn acquire(&self, session_id: &str) -> Result<(), StoreError> {
+        if self.book.epoch(session_id).is_some() {
+            return Ok(());
+        }
+        match self.claim(session_id)? {
+            Claim::Held { .. } => Ok(()),
+            Claim::Owned(_) => Err(StoreError::Fenced(session_id.to_string())),
+        }
+    }
+
+    fn holds(&self, session_id: &str) -> bool {
+        self.book.epoch(session_id).is_some()
+    }
+
+    fn settled(&self, session_id: &str) {
+        self.book.settle(session_id);
+    }
+}
+
+fn stripe(session_id: &str) -> usize {
+    session_id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % TAKING_STRIPES
 }
 
 /// Whether two secrets are equal, in time that does not depend on where they differ.
@@ -195,6 +321,15 @@ fn run(node: &Node, stopped: &Receiver<()>) {
                 }
             }
             Err(error) => log::warn!("node {}'s heartbeat was not written: {error}", node.id),
+        }
+        let released = node.let_go_idle();
+        if released > 0 {
+            log::debug!("node {} gave up {released} idle session lease(s)", node.id);
+        }
+        match node.sweep() {
+            Ok(0) => {}
+            Ok(taken) => log::info!("node {} took over {taken} session(s) whose holder stopped", node.id),
+            Err(error) => log::warn!("node {} did not sweep orphaned leases: {error}", node.id),
         }
     }
     node.release_all();

@@ -114,6 +114,9 @@ pub trait SessionDoor: Send {
     fn turn_ended(&mut self, _actor: &mut SessionActor, _run_id: &str, _handoff: Option<Box<dyn Any + Send>>) {}
     /// A slow step the door started (`SessionActor::work`) is done.
     fn done(&mut self, _actor: &mut SessionActor, _done: Box<dyn Any + Send>) {}
+    /// Another node took the session's lease: let go of what only this node has of it (a
+    /// sandbox, MCP connections, drivers); the new owner rebuilds what it needs.
+    fn evicted(&mut self, _actor: &mut SessionActor) {}
     /// Nothing waits on the actor for this door.
     fn is_idle(&self) -> bool {
         true

@@ -11,18 +11,15 @@
 //! walk, a sandbox start) run on `kestrel-slow` workers that report back (`Done`), so the
 //! actor blocks only on its inbox and on the store.
 //!
-//! The registry (`Registry`) maps session id → the actor's inbox. Operations are sent while its lock is held (a send on an unbounded channel never
-//! blocks), and an actor leaves the registry only under that lock and only with an empty
-//! inbox, so no operation is ever sent to an actor that has stopped reading.
+//! The registry (`registry.rs`) maps session id → the actor's inbox.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 
 use super::calls::Decision;
 use super::idempotency::{Created, Idempotent};
@@ -53,6 +50,8 @@ pub(crate) enum Op {
     Delete { reply: Sender<Result<(), EngineError>> },
     /// The server is stopping: cancel the turn, to be stored as `interrupted`.
     Shutdown,
+    /// Another node holds the lease now: stop the turn, let the door's state go.
+    Evict,
     /// One of a door's own operations, for its state on this session (`SessionDoor::op`);
     /// `state` makes that state when the session has none yet.
     Door { state: fn() -> Box<dyn SessionDoor>, op: Box<dyn Any + Send> },
@@ -92,6 +91,8 @@ pub(crate) enum TurnOutcome {
     Failed,
 }
 
+pub(crate) use super::registry::Registry;
+
 pub(crate) enum SessionMsg {
     Op(Op),
     Turn(TurnMsg),
@@ -118,122 +119,6 @@ pub(crate) struct ActiveTurn {
     _slot: super::RunSlot,
 }
 
-/// A session in the registry: an actor running, or what an idle session's door keeps between
-/// requests (a BAE session's drivers, a paused turn) with no thread.
-pub(super) enum Slot {
-    Live(Sender<SessionMsg>),
-    Dormant(Box<dyn SessionDoor>),
-}
-
-/// Live sessions by id: the only shared map.
-#[derive(Default)]
-pub(crate) struct Registry {
-    actors: Mutex<HashMap<String, Slot>>,
-    /// Signalled whenever an actor leaves.
-    left: Condvar,
-    stopping: AtomicBool,
-    /// Sessions with a turn running (for `Stats` and shutdown).
-    pub(super) turns: AtomicUsize,
-}
-
-impl Registry {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
-        self.actors.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn active_turns(&self) -> usize {
-        self.turns.load(Ordering::Relaxed)
-    }
-
-    /// Sends `op` to the session's actor, starting one if the session has none.
-    pub fn send(shared: &Arc<Shared>, record: &SessionRecord, op: Op) -> Result<(), EngineError> {
-        let registry = &shared.sessions;
-        let mut actors = registry.lock();
-        if registry.stopping.load(Ordering::SeqCst) {
-            return Err(EngineError::ShuttingDown);
-        }
-        let id = &record.summary.id;
-        let (op, door) = match actors.remove(id) {
-            Some(Slot::Live(actor)) => match actor.send(SessionMsg::Op(op)) {
-                Ok(()) => {
-                    actors.insert(id.clone(), Slot::Live(actor));
-                    return Ok(());
-                }
-                // An actor whose thread died (a bug, logged where it happened): start another.
-                Err(unsent) => match unsent.0 {
-                    SessionMsg::Op(op) => (op, None),
-                    SessionMsg::Turn(_) | SessionMsg::Done(_) => unreachable!("an op was sent"),
-                },
-            },
-            Some(Slot::Dormant(door)) => (op, Some(door)),
-            None => (op, None),
-        };
-        let (tx, inbox) = unbounded();
-        let _ = tx.send(SessionMsg::Op(op));
-        let mut actor = SessionActor::new(Arc::clone(shared), record, inbox, tx.clone());
-        actor.door = door;
-        match crate::workers::SESSIONS.spawn(move || actor.run()) {
-            Ok(_) => {
-                actors.insert(id.clone(), Slot::Live(tx));
-                Ok(())
-            }
-            Err(error) => {
-                log::error!("cannot start a session thread: {error}");
-                Err(EngineError::Overloaded)
-            }
-        }
-    }
-
-    /// Sends `op` to the session's actor if it has one; hands it back if not.
-    pub fn send_if_live(&self, id: &str, op: Op) -> Result<(), Op> {
-        let actors = self.lock();
-        match actors.get(id) {
-            Some(Slot::Live(actor)) => actor.send(SessionMsg::Op(op)).map_err(|e| match e.0 {
-                SessionMsg::Op(op) => op,
-                SessionMsg::Turn(_) | SessionMsg::Done(_) => unreachable!("an op was sent"),
-            }),
-            _ => Err(op),
-        }
-    }
-
-    /// Takes an idle actor out of the map, unless something is waiting in its inbox. What its
-    /// door keeps stays behind, with no thread, when there is any.
-    fn retire(&self, id: &str, inbox: &Receiver<SessionMsg>, door: &mut Option<Box<dyn SessionDoor>>) -> bool {
-        let mut actors = self.lock();
-        if !inbox.is_empty() {
-            return false;
-        }
-        match door.take().filter(|door| door.worth_keeping()) {
-            Some(door) => actors.insert(id.to_string(), Slot::Dormant(door)),
-            None => actors.remove(id),
-        };
-        self.left.notify_all();
-        true
-    }
-
-    /// Refuses new operations, tells every actor to stop its turn, and waits (at most `grace`)
-    /// for them all to leave.
-    pub fn shutdown(&self, grace: Duration) {
-        self.stopping.store(true, Ordering::SeqCst);
-        let mut actors = self.lock();
-        actors.retain(|_, slot| matches!(slot, Slot::Live(_)));
-        for slot in actors.values() {
-            if let Slot::Live(actor) = slot {
-                let _ = actor.send(SessionMsg::Op(Op::Shutdown));
-            }
-        }
-        let deadline = Instant::now() + grace;
-        while actors.values().any(|slot| matches!(slot, Slot::Live(_))) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                log::warn!("{} session(s) did not stop within {grace:?}", actors.len());
-                return;
-            }
-            actors = self.left.wait_timeout(actors, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
-    }
-}
-
 pub struct SessionActor {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: String,
@@ -251,11 +136,13 @@ pub struct SessionActor {
     /// Of those, restores and rewinds: no turn starts and no delete happens meanwhile.
     pub(super) changing_files: usize,
     /// What the session's door keeps here (a BAE session's drivers, gate, paused turn).
-    door: Option<Box<dyn SessionDoor>>,
+    pub(super) door: Option<Box<dyn SessionDoor>>,
+    /// Told to stop because another node holds the lease (`Op::Evict`).
+    evicted: bool,
 }
 
 impl SessionActor {
-    fn new(
+    pub(super) fn new(
         shared: Arc<Shared>,
         record: &SessionRecord,
         inbox: Receiver<SessionMsg>,
@@ -274,10 +161,11 @@ impl SessionActor {
             working: 0,
             changing_files: 0,
             door: None,
+            evicted: false,
         }
     }
 
-    fn run(mut self) {
+    pub(super) fn run(mut self) {
         let pending = &crate::metrics::get().approvals_pending;
         loop {
             let waiting = self.approvals.len() as i64;
@@ -295,6 +183,9 @@ impl SessionActor {
             let door_idle = self.door.as_ref().is_none_or(|door| door.is_idle());
             let idle = self.turn.is_none() && self.deleting.is_empty() && self.working == 0 && door_idle;
             if (idle || self.deleted) && self.shared.sessions.retire(&self.id, &self.inbox, &mut self.door) {
+                if self.evicted {
+                    super::tenure::left(&self.shared, &self.id);
+                }
                 break;
             }
         }
@@ -345,6 +236,16 @@ impl SessionActor {
             Op::Shutdown => {
                 if let Some(turn) = &self.turn {
                     turn.canceller.cancel(CancelReason::Shutdown);
+                }
+            }
+            Op::Evict => {
+                self.evicted = true;
+                if let Some(turn) = &self.turn {
+                    turn.canceller.cancel(CancelReason::Shutdown);
+                }
+                self.approvals.clear();
+                if let Some(mut door) = self.door.take() {
+                    door.evicted(self);
                 }
             }
             Op::Door { state, op } => {

@@ -62,6 +62,14 @@ pub trait Membership: Send + Sync {
     fn renew(&self, node: &str, lease_ms: u64) -> Result<Vec<(String, i64)>, StoreError>;
     /// Gives the lease up, if `node` still holds it at `epoch`.
     fn release(&self, session_id: &str, node: &str, epoch: i64) -> Result<bool, StoreError>;
+    /// Sessions whose lease ran out (whichever node held it) or is held by `node`, at most
+    /// `limit`: what a sweeper takes over, so that what their holder left is ended without
+    /// waiting for the next operation (a node that restarts finds its old process's leases
+    /// under its own id, and skips the ones it holds now).
+    fn orphans(&self, node: &str, limit: i64) -> Result<Vec<String>, StoreError>;
+    /// The value of `name` every node uses: `proposed` if no node set one before (the first
+    /// node to start sets it), the one set before otherwise.
+    fn agree(&self, name: &str, proposed: &str) -> Result<String, StoreError>;
     /// Who holds the session's lease, if any row says so.
     fn owner(&self, session_id: &str) -> Result<Option<Owner>, StoreError>;
 }
@@ -71,11 +79,15 @@ pub trait Membership: Send + Sync {
 pub struct LeaseBook {
     node: String,
     held: RwLock<HashMap<String, i64>>,
+    /// Sessions whose lease this node lost while it may still have been acting on them: no
+    /// write of this node touches them, even once no node holds them, until this node claims
+    /// them again or what it was doing has stopped (`settle`).
+    lost: RwLock<std::collections::HashSet<String>>,
 }
 
 impl LeaseBook {
     pub fn new(node: &str) -> Arc<LeaseBook> {
-        Arc::new(LeaseBook { node: node.to_string(), held: RwLock::new(HashMap::new()) })
+        Arc::new(LeaseBook { node: node.to_string(), held: RwLock::default(), lost: RwLock::default() })
     }
 
     pub fn node(&self) -> &str {
@@ -84,6 +96,22 @@ impl LeaseBook {
 
     pub fn hold(&self, session_id: &str, epoch: i64) {
         self.write().insert(session_id.to_string(), epoch);
+        self.lost.write().unwrap_or_else(|e| e.into_inner()).remove(session_id);
+    }
+
+    /// The lease was lost: the session is forgotten and fenced off (see `lost`).
+    pub fn lose(&self, session_id: &str) {
+        self.lost.write().unwrap_or_else(|e| e.into_inner()).insert(session_id.to_string());
+        self.write().remove(session_id);
+    }
+
+    /// What this node was doing on a session whose lease it lost has stopped.
+    pub fn settle(&self, session_id: &str) {
+        self.lost.write().unwrap_or_else(|e| e.into_inner()).remove(session_id);
+    }
+
+    fn was_lost(&self, session_id: &str) -> bool {
+        self.lost.read().unwrap_or_else(|e| e.into_inner()).contains(session_id)
     }
 
     /// Forgets the session; its epoch, if it was held.
@@ -109,9 +137,9 @@ impl LeaseBook {
     pub fn admits(&self, session_id: &str, row: Option<(&str, i64, bool)>) -> Result<(), StoreError> {
         let mine = self.epoch(session_id);
         let admitted = match (row, mine) {
-            (None, None) => true,
+            (None, None) => !self.was_lost(session_id),
             (None, Some(_)) => false,
-            (Some((node, _, live)), None) => node == self.node || !live,
+            (Some((node, _, live)), None) => (node == self.node || !live) && !self.was_lost(session_id),
             (Some((node, epoch, live)), Some(held)) => node == self.node && epoch == held && live,
         };
         match admitted {
@@ -135,6 +163,7 @@ pub fn sessions_written<'a>(ops: impl Iterator<Item = &'a WriteOp>) -> Vec<Strin
             WriteOp::UpdateSession { id, .. } | WriteOp::DeleteSession { id } => add(id),
             WriteOp::AppendMessage { session_id, .. }
             | WriteOp::ReleaseTurn { session_id, .. }
+            | WriteOp::InterruptTurn { session_id, .. }
             | WriteOp::MarkCallStarted { session_id, .. }
             | WriteOp::SettleCall { session_id, .. }
             | WriteOp::TruncateMessages { session_id, .. }
@@ -179,5 +208,16 @@ mod tests {
         assert!(book.admits("s", None).is_err(), "released by another");
         assert_eq!(book.drop_session("s"), Some(7));
         assert!(book.admits("s", None).is_ok());
+        // A lease lost while the node may still act on the session: nothing it writes is
+        // kept, even once no node holds the session, until it has stopped or claims again.
+        book.hold("s", 11);
+        book.lose("s");
+        assert!(book.admits("s", None).is_err(), "released by its new holder, still fenced here");
+        assert!(book.admits("s", Some(("b", 12, false))).is_err());
+        book.settle("s");
+        assert!(book.admits("s", None).is_ok());
+        book.lose("s");
+        book.hold("s", 13);
+        assert!(book.admits("s", Some(("a", 13, true))).is_ok(), "claimed again");
     }
 }

@@ -193,6 +193,12 @@ pub enum WriteOp {
         status: SessionStatus,
         at: String,
     },
+    /// Ends, as `interrupted`, the session's turn whichever node ran it: this node has just
+    /// taken the session's lease from a holder that can no longer run it (`engine/tenure.rs`).
+    InterruptTurn {
+        session_id: String,
+        at: String,
+    },
     /// Ends, as `interrupted`, the turns `node` held and those no node owns (`Recovery`).
     RecoverTurns {
         node: String,

@@ -265,6 +265,13 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
             )?
             .execute(params![session_id, run_id, status.as_str(), at])?;
         }
+        WriteOp::InterruptTurn { session_id, at } => {
+            tx.prepare_cached(
+                "UPDATE sessions SET status = 'interrupted', run_id = NULL, node = NULL, updated_at = ?2
+                 WHERE id = ?1 AND status = ?3",
+            )?
+            .execute(params![session_id, at, super::sqlite::running()])?;
+        }
         WriteOp::RecoverTurns { node, at } => {
             tx.prepare_cached(
                 "UPDATE sessions SET status = 'interrupted', run_id = NULL, node = NULL, updated_at = ?2

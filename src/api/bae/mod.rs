@@ -31,9 +31,6 @@ use problem::Problem;
 /// The client door.
 pub struct ClientApi {
     bae: Bae,
-    /// This node, when it is one of a cluster: a session opened here is claimed here, where
-    /// its drivers and turns live (`cluster/forward.rs`).
-    cluster: Option<Arc<crate::cluster::Node>>,
 }
 
 /// What a route of the client door is.
@@ -71,8 +68,8 @@ pub fn owns(path: &str) -> bool {
 }
 
 impl ClientApi {
-    pub fn new(bae: Bae, cluster: Option<Arc<crate::cluster::Node>>) -> Arc<ClientApi> {
-        Arc::new(ClientApi { bae, cluster })
+    pub fn new(bae: Bae) -> Arc<ClientApi> {
+        Arc::new(ClientApi { bae })
     }
 
     fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
@@ -108,12 +105,6 @@ impl ClientApi {
         let client = authenticate(&self.bae, request, KeyRole::Client)?;
         let attach = body::attach(request, false)?;
         let attached = self.bae.open(&client, attach)?;
-        if let Some(node) = &self.cluster {
-            // Not claimed here, the next operation claims it wherever it lands.
-            if let Err(error) = node.claim(&attached.session_id) {
-                log::warn!("session {} was opened but not claimed: {error}", attached.session_id);
-            }
-        }
         Ok(json_reply(201, &attached_json(&attached)))
     }
 

@@ -65,6 +65,13 @@ pub(super) fn apply(tx: &mut Tx<'_>, op: &WriteOp, trim: &mut Trim) -> Result<Op
                 &[session_id, run_id, &status.as_str(), at],
             )?;
         }
+        WriteOp::InterruptTurn { session_id, at } => {
+            tx.exec(
+                "UPDATE sessions SET status = 'interrupted', run_id = NULL, node = NULL, updated_at = $2
+                 WHERE id = $1 AND status = $3",
+                &[session_id, at, &SessionStatus::Running.as_str()],
+            )?;
+        }
         WriteOp::RecoverTurns { node, at } => {
             tx.exec(
                 "UPDATE sessions SET status = 'interrupted', run_id = NULL, node = NULL, updated_at = $2

@@ -108,6 +108,27 @@ impl Membership for PgMembership {
         })
     }
 
+    fn orphans(&self, node: &str, limit: i64) -> Result<Vec<String>, StoreError> {
+        self.pool.with(|conn| {
+            let rows = conn.query(
+                "SELECT session_id FROM session_leases WHERE expires_at <= clock_timestamp() OR node_id = $1
+                 ORDER BY expires_at LIMIT $2",
+                &[&node, &limit],
+            )?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+    }
+
+    fn agree(&self, name: &str, proposed: &str) -> Result<String, StoreError> {
+        self.pool.with(|conn| {
+            conn.exec(
+                "INSERT INTO cluster_values (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+                &[&name, &proposed],
+            )?;
+            Ok(conn.one("SELECT value FROM cluster_values WHERE name = $1", &[&name])?.get(0))
+        })
+    }
+
     fn owner(&self, session_id: &str) -> Result<Option<Owner>, StoreError> {
         self.pool.with(|conn| owner_on(conn, session_id))
     }

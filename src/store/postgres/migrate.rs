@@ -6,8 +6,11 @@
 use super::PgError;
 
 /// The schema's versions, in order.
-pub const VERSIONS: &[(i32, &str)] =
-    &[(1, include_str!("schema/0001_init.sql")), (2, include_str!("schema/0002_cluster.sql"))];
+pub const VERSIONS: &[(i32, &str)] = &[
+    (1, include_str!("schema/0001_init.sql")),
+    (2, include_str!("schema/0002_cluster.sql")),
+    (3, include_str!("schema/0003_cluster_secrets.sql")),
+];
 
 /// The advisory lock's key: "kestrel" in ASCII, so it does not collide with another app's
 /// lock on the same database by accident.

@@ -115,6 +115,11 @@ impl Recovery for Postgres {
 /// How long a statement may run before the server cancels it: a stuck query never holds a
 /// request thread forever.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may sit inside a transaction between statements before the server
+/// ends it. Kestrel's transactions run their statements back to back; a node that is paused
+/// (or cut off) inside one would otherwise keep its row locks, and with them the lease rows
+/// another node must claim to take its sessions over (docs/cluster.md, fencing).
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -161,14 +166,20 @@ pub fn redacted(url: &str) -> String {
 }
 
 /// Connects, with the statement timeout set for the session: `STATEMENT_TIMEOUT`, unless the
-/// URL's own `options` set one (`?options=-c%20statement_timeout%3D5000`).
+/// URL's own `options` set one (`?options=-c%20statement_timeout%3D5000`); and the same for
+/// `IDLE_IN_TRANSACTION_TIMEOUT`.
 pub fn connect(url: &str) -> Result<postgres::Client, PgError> {
     let mut config = postgres::Config::from_str(url).map_err(|error| PgError::Url(scrub(&error.to_string(), url)))?;
     config.connect_timeout(CONNECT_TIMEOUT);
-    let given = config.get_options().unwrap_or_default().to_string();
-    if !given.contains("statement_timeout") {
-        config.options(format!("{given} -c statement_timeout={}", STATEMENT_TIMEOUT.as_millis()).trim());
+    let mut options = config.get_options().unwrap_or_default().to_string();
+    if !options.contains("statement_timeout") {
+        options = format!("{options} -c statement_timeout={}", STATEMENT_TIMEOUT.as_millis());
     }
+    if !options.contains("idle_in_transaction_session_timeout") {
+        let idle = IDLE_IN_TRANSACTION_TIMEOUT.as_millis();
+        options = format!("{options} -c idle_in_transaction_session_timeout={idle}");
+    }
+    config.options(options.trim());
     config.application_name("kestrel");
     config.connect(postgres::NoTls).map_err(|error| classify(&error, url))
 }

@@ -52,6 +52,11 @@ impl McpSessions {
         }
     }
 
+    /// Whether the session has connections on this node.
+    pub fn has(&self, session_id: &str) -> bool {
+        self.lock().contains_key(session_id)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<McpClient>>>> {
         self.by_session.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -97,6 +97,29 @@ impl crate::engine::DoorShared for BaeShared {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    /// The last holder's unfinished server-run calls are recorded as a restart records them,
+    /// and an open session's MCP connections are made here.
+    fn taken_over(&self, engine: &Engine, record: &crate::domain::SessionRecord) -> Result<(), EngineError> {
+        if record.tenant != crate::store::BAE_TENANT {
+            return Ok(());
+        }
+        let bae = Bae::new(engine.clone());
+        bae.recover_calls_of(&record.summary.id)?;
+        bae.reconnect_mcp(&record.summary.id).map_err(|error| match error {
+            BaeError::Engine(error) => error,
+            _ => EngineError::Internal("an open session's MCP servers could not be read"),
+        })
+    }
+
+    fn keeps(&self, session_id: &str) -> bool {
+        self.mcp.has(session_id) || self.subagents.tracks(session_id)
+    }
+
+    fn let_go(&self, session_id: &str) {
+        self.mcp.disconnect(session_id);
+        self.subagents.close(session_id);
+    }
 }
 
 /// The BAE door over the engine: what its handlers ask (profiles, keys, sessions, their

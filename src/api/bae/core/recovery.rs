@@ -26,7 +26,18 @@ const SYNTHETIC_WHY: &str = "interrupted_tool_calls";
 impl Bae {
     /// Records every BAE call that started and never finished (see the module doc); how many.
     pub fn recover_calls(&self) -> Result<usize, EngineError> {
-        let unsettled = self.engine.shared.store.readers().unsettled_calls(BAE_TENANT)?;
+        self.recover(|_| true)
+    }
+
+    /// Records the session's calls that started and never finished: this node took its
+    /// lease from a holder that stopped (`engine/tenure.rs`); how many.
+    pub fn recover_calls_of(&self, session_id: &str) -> Result<usize, EngineError> {
+        self.recover(|call| call.session_id == session_id)
+    }
+
+    fn recover(&self, of: impl Fn(&UnsettledCall) -> bool) -> Result<usize, EngineError> {
+        let mut unsettled = self.engine.shared.store.readers().unsettled_calls(BAE_TENANT)?;
+        unsettled.retain(of);
         let count = unsettled.len();
         let mut by_turn: Vec<(String, Option<String>, Vec<ToolCall>)> = Vec::new();
         for UnsettledCall { session_id, actor, call } in unsettled {

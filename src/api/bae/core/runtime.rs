@@ -238,6 +238,10 @@ impl SessionDoor for BaeRuntime {
         }
     }
 
+    fn evicted(&mut self, actor: &mut SessionActor) {
+        BaeSession { actor, state: self }.bae_evicted();
+    }
+
     fn is_idle(&self) -> bool {
         self.queue.is_empty() && !matches!(self.gate, Gate::Running { .. })
     }
@@ -465,6 +469,23 @@ impl BaeSession<'_> {
         self.state.gate = Gate::Free;
         for waiter in std::mem::take(&mut self.state.queue) {
             waiter.fail(RpcError::NotOpen(BaeState::Closed));
+        }
+    }
+
+    /// Another node holds the session now (`SessionDoor::evicted`): what this node had of it
+    /// goes, and nothing is written or announced, since this node may no longer write the
+    /// session (the new owner records what it takes over). Drivers register again at the new
+    /// owner, as after a restart; requests waiting for the gate are refused.
+    fn bae_evicted(&mut self) {
+        self.state.drivers.clear();
+        if let Some(turn) = &self.actor.turn {
+            turn.canceller.cancel(CancelReason::Shutdown);
+        }
+        bae(&self.actor.shared).subagents.close(&self.actor.id);
+        self.drop_sandbox_here();
+        self.state.gate = Gate::Free;
+        for waiter in std::mem::take(&mut self.state.queue) {
+            waiter.fail(RpcError::Internal);
         }
     }
 

@@ -285,6 +285,18 @@ impl BaeSession<'_> {
         }
     }
 
+    /// Another node holds the session now: a start under way is cancelled and a running
+    /// sandbox stopped, with nothing announced (this node may no longer write the session).
+    pub(crate) fn drop_sandbox_here(&mut self) {
+        if let Some(Starting { reply, .. }) = self.state.starting.take() {
+            let why = "the session moved to another node before its sandbox started";
+            let _ = reply.send(Err(RpcError::SandboxStartFailed(why.into())));
+        }
+        if let Some(running) = self.state.sandbox.take() {
+            stop_detached(&self.actor.shared, running);
+        }
+    }
+
     /// Close cancels a start under way: its command is killed and its caller answered.
     pub(crate) fn cancel_sandbox_start(&mut self, actor: &str) {
         let Some(Starting { image, reply, .. }) = self.state.starting.take() else { return };

@@ -158,6 +158,8 @@ impl Bae {
         ];
         // The session, its key and `session.open` commit together.
         self.record_attached(&client.id, &session_id, false, &attach, writes)?;
+        // Its MCP connections are made here, so in a cluster this node holds it from now on.
+        self.engine.hold_lease(&session_id)?;
         self.log_mcp_servers(&profile, &session_id);
         bae(&self.engine.shared).mcp.connect(
             &session_id,
@@ -166,6 +168,23 @@ impl Bae {
             &self.settings().mcp_spawning,
         );
         Ok(Attached { session_id, session_key: minted.plaintext, target: self.target_of(&model), profile })
+    }
+
+    /// Connects an open session to its profile's MCP servers on this node, unless it has its
+    /// connections here already: this node took the session over from one that stopped.
+    pub fn reconnect_mcp(&self, session_id: &str) -> Result<(), BaeError> {
+        let readers = self.engine.shared.store.readers();
+        let shared = bae(&self.engine.shared);
+        let Some(session) = readers.bae_session(session_id)?.filter(|s| s.state == BaeState::Open) else {
+            return Ok(());
+        };
+        let Some(profile) = readers.bae_profile(&session.profile_id)? else { return Ok(()) };
+        if profile.mcp_servers.is_empty() || shared.mcp.has(session_id) {
+            return Ok(());
+        }
+        let settings = self.settings();
+        shared.mcp.connect(session_id, &profile.mcp_servers, &settings.mcp_configs, &settings.mcp_spawning);
+        Ok(())
     }
 
     /// Joins an open session of the same profile, in BAE's order of checks (after auth and

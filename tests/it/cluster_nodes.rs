@@ -1,0 +1,320 @@
+//! Several node processes of the real binary on one real PostgreSQL (docs/cluster.md): a
+//! node killed with `kill -9` mid-run or mid-approval, a node paused past its lease with
+//! SIGSTOP, and idle leases given up so that the next node to be asked takes the session.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::pg_cluster;
+use crate::support::{event_type, is_run_end, spawn_binary, wait_until, Client, SseClient};
+
+const SECRET: &str = "cluster-secret-9c1e";
+const TOKEN: &str = "node-test-token";
+/// Short leases, so that a dead node's sessions are taken over within seconds.
+const LEASE_MS: u64 = 1_500;
+
+/// One node: the real binary with its own data dir, on the shared database and workspace.
+struct NodeProcess {
+    child: Child,
+    base: String,
+    /// Its admin API (BAE's `/admin/v1`).
+    admin: String,
+    data: tempfile::TempDir,
+}
+
+impl NodeProcess {
+    fn spawn(database: &str, id: &str, workspace: &Path, extra: &str) -> NodeProcess {
+        let data = tempfile::tempdir().unwrap();
+        let config = format!(
+            "[store]\nurl = \"{database}\"\n\
+             [cluster]\nsecret = \"{SECRET}\"\nnode_id = \"{id}\"\nlease_ms = {LEASE_MS}\n\
+             [[auth.tokens]]\ntenant = \"default\"\ntoken = \"{TOKEN}\"\nadmin = true\n\
+             [builtin]\ndelay_ms = 1\n{extra}"
+        );
+        let (child, base, admin) = spawn_binary(data.path(), workspace, &config);
+        NodeProcess { child, base, admin, data }
+    }
+
+    fn client(&self) -> Client {
+        Client { base: self.base.clone(), token: Some(TOKEN.to_string()) }
+    }
+
+    fn events(&self, session: &str) -> SseClient {
+        SseClient::open(&self.base, &format!("/api/sessions/{session}/events"), Some(TOKEN), None)
+    }
+
+    fn kill_9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// `node`'s last heartbeat, as this node lists it.
+    fn heartbeat_of(&self, node: &str) -> Option<String> {
+        let view = self.client().get("/api/cluster").json;
+        let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+        nodes.iter().find(|n| n["id"] == node).and_then(|n| n["heartbeatAt"].as_str().map(str::to_string))
+    }
+
+    /// Waits until `node` has written `count` more heartbeats (each renewal and sweep is one).
+    fn wait_heartbeats(&self, node: &str, count: usize) {
+        let mut last = self.heartbeat_of(node);
+        for _ in 0..count {
+            wait_until("the next heartbeat", || {
+                let now = self.heartbeat_of(node);
+                let newer = now.is_some() && now != last;
+                if newer {
+                    last = now;
+                }
+                newer
+            });
+        }
+    }
+
+    /// The live sessions each node holds, as this node lists them.
+    fn holders(&self) -> Vec<(String, i64)> {
+        let view = self.client().get("/api/cluster").json;
+        let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+        nodes.iter().map(|n| (n["id"].as_str().unwrap().to_string(), n["liveSessions"].as_i64().unwrap())).collect()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nodes(database: &str, workspace: &Path, count: usize, extra: &str) -> Vec<NodeProcess> {
+    (1..=count).map(|n| NodeProcess::spawn(database, &format!("n{n}"), workspace, extra)).collect()
+}
+
+fn create_session(node: &NodeProcess) -> String {
+    let created = node.client().post("/api/sessions", json!({ "model": "builtin/echo" }));
+    assert_eq!(created.status, 201, "{}", created.text);
+    created.json["session"]["id"].as_str().unwrap().to_string()
+}
+
+/// The session's status as `node` answers it, waiting out the 503s of a holder that died
+/// and whose lease has not run out yet.
+fn status_at(node: &NodeProcess, session: &str, wanted: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let read = node.client().get(&format!("/api/sessions/{session}"));
+        if read.status == 200 && read.json["session"]["status"] == wanted {
+            return read.json["session"].clone();
+        }
+        assert!(read.status == 200 || read.status == 503, "{} {}", read.status, read.text);
+        assert!(Instant::now() < deadline, "session {session} never became {wanted}: {}", read.text);
+        std::thread::yield_now();
+    }
+}
+
+/// The session's status in the database, read there: a request at a node would be sent on
+/// to a holder that is paused, and wait for it.
+fn stored_status(database: &str, session: &str) -> String {
+    let mut db = postgres::Client::connect(database, postgres::NoTls).unwrap();
+    db.query_one("SELECT status FROM sessions WHERE id = $1", &[&session]).unwrap().get(0)
+}
+
+/// Two nodes running commands without asking, and a session at the first whose command
+/// (`sleep_secs` long, writing `started` and `finished` to `runs.log`) has started.
+fn command_started_at_first_node(database: &str, sleep_secs: u32) -> (tempfile::TempDir, Vec<NodeProcess>, String) {
+    let workspace = tempfile::tempdir().unwrap();
+    let extra = "[agent.permissions]\nrun_command = \"auto\"\n";
+    let cluster = nodes(database, workspace.path(), 2, extra);
+    let id = create_session(&cluster[0]);
+    let mut stream = cluster[0].events(&id);
+    let command = format!("echo started >> runs.log; sleep {sleep_secs}; echo finished >> runs.log");
+    let line = format!("/tool run_command {}", json!({ "command": command }));
+    let sent = cluster[0].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": line }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    stream.collect_until(|e| event_type(e) == "tool.started");
+    let log = workspace.path().join("runs.log");
+    wait_until("the command to start", || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("started")));
+    (workspace, cluster, id)
+}
+
+#[test]
+fn an_owner_killed_mid_approval_is_taken_over_and_the_approval_is_asked_again_at_another_node() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    let mut cluster = nodes(&database.url, workspace.path(), 3, "");
+    let id = create_session(&cluster[0]);
+    let mut at_first = cluster[0].events(&id);
+    let line = format!("/tool run_command {}", json!({ "command": "echo ran >> approved.log" }));
+    let sent = cluster[0].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": line }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    let asked = at_first.collect_until(|e| event_type(e) == "approval.requested");
+    let old_approval = asked.last().unwrap()["event"]["approval"]["id"].as_str().unwrap().to_string();
+    cluster[0].kill_9();
+
+    // A surviving node's sweeper takes the session over once the lease runs out: the run
+    // that was waiting is interrupted, with no operation needed.
+    status_at(&cluster[1], &id, "interrupted");
+    let mut at_third = cluster[2].events(&id);
+    let resumed = cluster[1].client().post(&format!("/api/sessions/{id}/resume"), json!({}));
+    assert_eq!(resumed.status, 202, "{}", resumed.text);
+    let asked = at_third.collect_until(|e| event_type(e) == "approval.requested");
+    let approval = asked.last().unwrap()["event"]["approval"].clone();
+    assert_ne!(approval["id"], old_approval.as_str(), "a new request for the same call");
+    cluster[2]
+        .client()
+        .post(&format!("/api/sessions/{id}/approvals/{old_approval}"), json!({ "approved": true }))
+        .assert_error(404, "approval_not_found");
+    let answered = cluster[1].client().post(
+        &format!("/api/sessions/{id}/approvals/{}", approval["id"].as_str().unwrap()),
+        json!({ "approved": true }),
+    );
+    assert_eq!(answered.status, 200, "approved at another node than the one that asked: {}", answered.text);
+    let events = at_third.collect_until(is_run_end);
+    assert_eq!(events.last().unwrap()["event"]["status"], "completed", "{events:?}");
+    let log = std::fs::read_to_string(workspace.path().join("approved.log")).unwrap();
+    assert_eq!(log, "ran\n", "the approved command ran exactly once");
+}
+
+#[test]
+fn an_owner_killed_mid_command_is_taken_over_and_resume_runs_no_tool_twice() {
+    let Some(database) = pg_cluster::database() else { return };
+    let (workspace, mut cluster, id) = command_started_at_first_node(&database.url, 30);
+    let log = workspace.path().join("runs.log");
+    cluster[0].kill_9();
+
+    status_at(&cluster[1], &id, "interrupted");
+    let mut stream = cluster[1].events(&id);
+    let resumed = cluster[1].client().post(&format!("/api/sessions/{id}/resume"), json!({}));
+    assert_eq!(resumed.status, 202, "{}", resumed.text);
+    let events = stream.collect_until(is_run_end);
+    assert!(!events.iter().any(|e| event_type(e) == "tool.started"), "not run again: {events:?}");
+    let session = cluster[1].client().get(&format!("/api/sessions/{id}")).json["session"].clone();
+    let messages = session["messages"].as_array().unwrap();
+    let result = messages.iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(result["meta"]["interrupted"], true, "{result}");
+    let runs = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(runs.matches("started").count(), 1, "{runs}");
+}
+
+#[test]
+fn idle_leases_are_given_up_and_the_next_node_asked_takes_the_session() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    // Pings often, so that a stream whose client left is noticed soon.
+    let cluster = nodes(&database.url, workspace.path(), 2, "[server]\nsse_ping_interval_ms = 200\n");
+    let id = create_session(&cluster[0]);
+    let sent = cluster[0].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "at n1" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    status_at(&cluster[0], &id, "idle");
+    // Two heartbeats after its turn the session is idle at n1, which gives its lease up.
+    wait_until("n1 to give the idle session up", || cluster[1].holders().iter().all(|(_, live)| *live == 0));
+    let sent = cluster[1].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "at n2" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    assert_eq!(cluster[0].holders(), vec![("n1".to_string(), 0), ("n2".to_string(), 1)], "n2 took it");
+    wait_until("the turn at n2 to end", || {
+        cluster[0].client().get(&format!("/api/sessions/{id}")).json["session"]["messageCount"] == 4
+    });
+    // A session followed by a stream stays where its stream is.
+    let mut stream = cluster[1].events(&id);
+    let sent = cluster[1].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "followed" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    stream.collect_until(is_run_end);
+    cluster[0].wait_heartbeats("n2", 3);
+    assert_eq!(cluster[0].holders(), vec![("n1".to_string(), 0), ("n2".to_string(), 1)]);
+    stream.disconnect();
+    wait_until("n2 to give it up once nobody follows it", || cluster[0].holders().iter().all(|(_, live)| *live == 0));
+}
+
+#[test]
+fn a_node_paused_past_its_lease_is_fenced_and_its_late_writes_are_refused() {
+    let Some(database) = pg_cluster::database() else { return };
+    // A command that outlives the pause: the run at n1 would record its result after it.
+    let (workspace, cluster, id) = command_started_at_first_node(&database.url, 4);
+    let log = workspace.path().join("runs.log");
+    cluster[0].signal(nix::sys::signal::Signal::SIGSTOP);
+
+    // n2 takes the session over while n1 sleeps: the turn is interrupted.
+    wait_until("n2 to take the session over", || stored_status(&database.url, &id) == "interrupted");
+    let taken = status_at(&cluster[1], &id, "interrupted");
+    let count = taken["messageCount"].as_u64().unwrap();
+    wait_until("the command to finish", || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("finished")));
+    cluster[0].signal(nix::sys::signal::Signal::SIGCONT);
+
+    // n1 wakes, its command done, and tries to record the result: refused, since the lease
+    // is gone. Its next heartbeats find the lease lost and stop the turn.
+    cluster[1].wait_heartbeats("n1", 2);
+    let read = cluster[1].client().get(&format!("/api/sessions/{id}"));
+    assert_eq!(read.json["session"]["status"], "interrupted", "{}", read.text);
+    assert_eq!(read.json["session"]["messageCount"].as_u64(), Some(count), "n1's late result was refused");
+    // The new owner resumes it; the command that finished at n1 is not run again.
+    let mut at_second = cluster[1].events(&id);
+    let resumed = cluster[1].client().post(&format!("/api/sessions/{id}/resume"), json!({}));
+    assert_eq!(resumed.status, 202, "{}", resumed.text);
+    let events = at_second.collect_until(is_run_end);
+    assert!(!events.iter().any(|e| event_type(e) == "tool.started"), "not run again: {events:?}");
+    let runs = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(runs.matches("started").count(), 1, "{runs}");
+}
+
+#[test]
+fn an_owner_killed_mid_bae_turn_leaves_the_session_usable_at_another_node_with_keys_known_there() {
+    use crate::bae::support::{send, Harness};
+    use crate::fake_provider::{anthropic, FakeProvider, Reply, Step};
+    let Some(database) = pg_cluster::database() else { return };
+    let fake = FakeProvider::start();
+    let provider = format!(
+        "[providers.fake]\nwire = \"anthropic\"\nbase_url = \"{}\"\nretry_base_delay_ms = 1\n\
+         [[providers.fake.models]]\nname = \"claude-x\"\n",
+        fake.base_url
+    );
+    let workspace = tempfile::tempdir().unwrap();
+    let mut cluster = nodes(&database.url, workspace.path(), 2, &provider);
+    // The admin key the first node minted, used at the second: keys are hashed under one
+    // secret for the whole cluster.
+    let admin_key = std::fs::read_to_string(cluster[0].data.path().join("admin-key")).unwrap();
+    let admin = |body: Value, path: &str| {
+        let response = send(&cluster[1].admin, "POST", path, Some(admin_key.trim()), Some(body));
+        assert_eq!(response.status, 201, "{}", response.text);
+        response.json
+    };
+    let profile =
+        admin(json!({ "name": "main", "primary_provider": "fake", "allowed_tools": [] }), "/admin/v1/profiles");
+    let key = admin(json!({ "name": "c", "profile_id": profile["id"] }), "/admin/v1/keys");
+    let key = key["key"].as_str().unwrap();
+
+    // Opened at the first node, whose turn then waits on the model.
+    let mut client = Harness::open(&cluster[0].base, key, &[]);
+    fake.script([Reply { status: 200, headers: Vec::new(), steps: vec![Step::Stall] }]);
+    let cut = client.start("session.sendMessage", json!({ "message": { "role": "user", "content": "first" } }));
+    fake.wait_for_requests(1);
+    cluster[0].kill_9();
+    let frames = cut.until_terminal();
+    assert!(!frames.iter().any(|f| f["result"]["message"].is_object()), "the turn did not answer: {frames:?}");
+
+    // The second node takes the session over; the client registers again there (drivers are
+    // process memory, as after a restart) and the session goes on.
+    wait_until("the session to leave the dead node", || {
+        let mut db = postgres::Client::connect(&database.url, postgres::NoTls).unwrap();
+        let holder = db.query_opt("SELECT node_id FROM session_leases WHERE session_id = $1", &[&client.session_id]);
+        holder.unwrap().is_none_or(|row| row.get::<_, String>(0) != "n1")
+    });
+    client.base = cluster[1].base.clone();
+    let registered = client.call("session.registerDriver", json!({}));
+    assert_eq!(registered.last().unwrap()["result"]["registered"], true, "{registered:?}");
+    fake.script([anthropic::text_answer("after the failover")]);
+    let frames = client.send_message(json!("second"));
+    let answer = &frames.last().unwrap()["result"]["message"]["content"][0]["text"];
+    assert_eq!(answer, "after the failover", "{frames:?}");
+    // The cut turn was never answered and left nothing half-recorded (a BAE turn commits at
+    // its end, as on one node): the history is the second turn's, whole.
+    let kinds: Vec<Value> = client.events().iter().map(|e| e["event_type"].clone()).collect();
+    let turn = ["client.message.send", "provider.request", "provider.response", "server.message.send"];
+    assert_eq!(kinds[kinds.len() - 4..], turn.map(Value::from), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|kind| *kind == "client.message.send").count(), 1, "{kinds:?}");
+}

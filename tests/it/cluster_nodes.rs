@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::pg_cluster;
-use crate::support::{event_type, is_run_end, spawn_binary, wait_until, Client, SseClient};
+use crate::support::{event_type, is_run_end, spawn_binary_with, wait_until, Client, SseClient};
 
 const SECRET: &str = "cluster-secret-9c1e";
 const TOKEN: &str = "node-test-token";
@@ -34,7 +34,9 @@ impl NodeProcess {
              [[auth.tokens]]\ntenant = \"default\"\ntoken = \"{TOKEN}\"\nadmin = true\n\
              [builtin]\ndelay_ms = 1\n{extra}"
         );
-        let (child, base, admin) = spawn_binary(data.path(), workspace, &config);
+        // The cluster's database, whatever store the rest of the run uses.
+        let (child, base, admin) =
+            spawn_binary_with(data.path(), workspace, &config, &[("KESTREL_DATABASE_URL", database)]);
         NodeProcess { child, base, admin, data }
     }
 

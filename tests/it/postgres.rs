@@ -166,7 +166,8 @@ fn without_a_url_migrate_brings_the_data_dirs_sqlite_file_up_to_date() {
 /// The modules whose subject is not the store: the console in a browser, Markdown, HTTP
 /// parsing, the terminal, model wire formats and their timeouts, the source's invariants, the
 /// OpenAPI documents, SQLite's own migrations, the crash loop and fuzzer (whose own servers
-/// take `--store`, see `scripts/crashloop`), and this file (PostgreSQL already). Every other
+/// take `--store`, see `scripts/crashloop`), and this file and the cluster's (PostgreSQL
+/// already). Every other
 /// integration test touches the store, and runs on PostgreSQL too.
 const NOT_STORAGE: &[&str] = &[
     "providers::",
@@ -182,6 +183,7 @@ const NOT_STORAGE: &[&str] = &[
     "migrate::",
     "postgres::",
     "cluster::",
+    "cluster_nodes::",
     "local_model::",
 ];
 

@@ -562,13 +562,7 @@ pub fn spawn_binary_with(
     let config_path = data.join("kestrel.toml");
     std::fs::write(&config_path, config).unwrap();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"));
-    for (name, value) in env {
-        match *value {
-            "-" => command.env_remove(name),
-            value => command.env(name, value),
-        };
-    }
-    let mut child = command
+    command
         .arg("--config")
         .arg(&config_path)
         .env("KESTREL_ADDR", "127.0.0.1:0")
@@ -577,9 +571,15 @@ pub fn spawn_binary_with(
         .env("KESTREL_WORKSPACE", workspace)
         .env("KESTREL_DATABASE_URL", database_url(data).unwrap_or_default())
         .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(std::process::Stdio::piped());
+    // After the defaults, so that the caller's win.
+    for (name, value) in env {
+        match *value {
+            "-" => command.env_remove(name),
+            value => command.env(name, value),
+        };
+    }
+    let mut child = command.spawn().unwrap();
     // "kestrel listening on http://…", then "kestrel admin API on http://…".
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let mut url = || lines.next().unwrap().unwrap().rsplit(' ').next().unwrap().to_string();

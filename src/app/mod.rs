@@ -103,6 +103,8 @@ pub struct Server {
     webhook_sender: Option<crate::webhooks::WebhookSender>,
     /// This node's heartbeat and lease renewal, when it is one of a cluster.
     cluster: Option<crate::cluster::ClusterHandle>,
+    /// What tells the bus of other nodes' events, when it is one of a cluster.
+    listener: Option<crate::store::postgres::listen::Listener>,
 }
 
 /// Counters a test or an operator can read.
@@ -190,8 +192,17 @@ impl Server {
             subscriber_capacity: config.server.subscriber_buffer.max(1),
             log_capacity: config.server.event_log_events.max(1),
             renderers: crate::api::RENDERERS,
+            shared_log: store.cluster().is_some(),
         };
         let (bus, bus_handle) = Bus::start(store.clone(), bus_config)?;
+        // Other nodes' events reach this node's streams, in seq order with its own.
+        let listener = match store.cluster() {
+            Some((membership, _)) => {
+                let hearing = bus.clone();
+                Some(membership.follow_log(Box::new(move |seq| hearing.heard(seq)))?)
+            }
+            None => None,
+        };
         let mut tools = ToolRegistry::new(
             config.agent.permissions.clone().into_iter().collect(),
             config.agent.tool_output_limit_chars.max(1),
@@ -325,6 +336,7 @@ impl Server {
             scheduler,
             webhook_sender,
             cluster,
+            listener,
         })
     }
 
@@ -376,6 +388,9 @@ impl Server {
         // after the next start.
         if let Some(sender) = self.webhook_sender.take() {
             sender.shutdown();
+        }
+        if let Some(listener) = self.listener.take() {
+            listener.shutdown();
         }
         if let Some(bus) = self.bus.take() {
             bus.shutdown();

@@ -72,7 +72,12 @@ pub(super) struct BusActor {
     subscriber_gauge: Arc<AtomicUsize>,
     /// Every envelope's `at`.
     clock: StampClock,
+    /// The highest seq other processes are known to have logged (`BusConfig::shared_log`).
+    remote: u64,
 }
+
+/// Events read back at a time when catching up with what other processes logged.
+const CATCH_UP_PAGE: usize = 512;
 
 impl BusActor {
     /// The actor of a bus whose log's last seq is `last_seq`.
@@ -98,6 +103,7 @@ impl BusActor {
             subscribers: Vec::new(),
             subscriber_gauge,
             clock: StampClock::default(),
+            remote: last_seq,
         }
     }
 
@@ -139,6 +145,13 @@ impl BusActor {
                 BusMsg::Unsubscribe { id } => {
                     self.subscribers.retain(|subscriber| subscriber.id != id);
                     self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
+                }
+                BusMsg::Remote { upto } => {
+                    self.remote = self.remote.max(upto);
+                    // With a batch in flight, its commit catches up first (`complete`).
+                    if in_flight.is_empty() {
+                        self.catch_up(self.remote);
+                    }
                 }
                 BusMsg::Shutdown => break,
             }
@@ -234,7 +247,8 @@ impl BusActor {
         let deltas_only = self.acks.is_empty() && batch.iter().all(|stamped| stamped.logged.is_none());
         let numbered = self.last_seq + self.in_flight_len + batch.len() as u64;
         // Numbered here only when no append is in flight: its seqs, still unknown, come first.
-        if deltas_only && self.appending == 0 && numbered - self.persisted < DELTA_RUN {
+        let numbered_here = !self.config.shared_log && self.appending == 0;
+        if deltas_only && numbered_here && numbered - self.persisted < DELTA_RUN {
             self.in_flight_len += batch.len() as u64;
             return InFlight { batch, acks: Vec::new(), commit: None, writes: None };
         }
@@ -307,6 +321,10 @@ impl BusActor {
             }
         };
         let first = first.unwrap_or(self.last_seq + 1);
+        // What other processes logged below this batch is committed: streamed first.
+        if self.config.shared_log && first > self.last_seq + 1 {
+            self.catch_up(first - 1);
+        }
         let mut envelopes = Vec::with_capacity(batch.len());
         for (offset, stamped) in batch.into_iter().enumerate() {
             let Stamped { at, tenant, origin, event, .. } = stamped;
@@ -317,11 +335,41 @@ impl BusActor {
         if let Some(last) = envelopes.last() {
             self.last_seq = self.last_seq.max(last.seq);
         }
-        self.fan_out(&mut envelopes);
+        self.fan_out(&mut envelopes, true);
         for ack in acks {
             if let Some(to) = ack.to {
                 let _ = to.send(first + ack.index as u64);
             }
+        }
+        if self.appending == 0 && self.remote > self.last_seq {
+            self.catch_up(self.remote);
+        }
+    }
+
+    /// Streams what other processes logged after the last seq streamed here, up to `upto`, in
+    /// seq order; a seq with no row was a delta of another node, streamed only there. If the
+    /// log cannot be read, the next commit here tries again.
+    fn catch_up(&mut self, upto: u64) {
+        while self.last_seq < upto {
+            let page = match self.store.readers().events_between(self.last_seq, upto, CATCH_UP_PAGE) {
+                Ok(page) => page,
+                Err(error) => {
+                    log::warn!("what other nodes logged after seq {} was not read: {error}", self.last_seq);
+                    return;
+                }
+            };
+            let reached = match page.len() == CATCH_UP_PAGE {
+                true => page.last().map_or(upto, |event| event.seq),
+                false => upto,
+            };
+            let mut envelopes: Vec<Arc<Envelope>> =
+                Envelope::page_from_log(page, &self.store).into_iter().map(Arc::new).collect();
+            for envelope in &envelopes {
+                self.keep_in_ring(envelope);
+            }
+            self.last_seq = reached;
+            self.persisted = self.persisted.max(reached);
+            self.fan_out(&mut envelopes, false);
         }
     }
 
@@ -376,13 +424,17 @@ impl BusActor {
     /// Hands each subscriber the envelopes of `batch` it wants, then empties `batch`. Each
     /// envelope is first rendered in every format a subscriber sends, once, here: a stream
     /// thread then only copies frames, and one serialization serves every stream.
-    fn fan_out(&mut self, batch: &mut Vec<Arc<Envelope>>) {
+    /// `observe`: the events happened here, so the metrics count them (another node's count
+    /// there).
+    fn fan_out(&mut self, batch: &mut Vec<Arc<Envelope>>, observe: bool) {
         if batch.is_empty() {
             return;
         }
-        let metrics = crate::metrics::get();
-        for envelope in batch.iter() {
-            metrics.observe(&envelope.event);
+        if observe {
+            let metrics = crate::metrics::get();
+            for envelope in batch.iter() {
+                metrics.observe(&envelope.event);
+            }
         }
         for (index, render) in self.config.renderers.iter().enumerate() {
             let Some(render) = render else { continue };

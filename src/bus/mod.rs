@@ -374,8 +374,18 @@ impl Drop for Subscription {
 
 enum BusMsg {
     Publish(Publication),
-    Subscribe { filter: Filter, after: Option<u64>, reply: Sender<Subscription> },
-    Unsubscribe { id: u64 },
+    Subscribe {
+        filter: Filter,
+        after: Option<u64>,
+        reply: Sender<Subscription>,
+    },
+    /// Another process logged events up to this seq.
+    Remote {
+        upto: u64,
+    },
+    Unsubscribe {
+        id: u64,
+    },
     Shutdown,
 }
 
@@ -489,6 +499,10 @@ pub struct BusConfig {
     pub log_capacity: u64,
     /// How each format renders an envelope, from the front doors.
     pub renderers: [Option<Render>; FORMATS],
+    /// Other processes append to the log too (a cluster's nodes): every seq, a delta's
+    /// included, is taken from the log, and what the others log is read back in seq order
+    /// (`Bus::heard`).
+    pub shared_log: bool,
 }
 
 impl Bus {
@@ -570,6 +584,12 @@ impl Bus {
         publication.committed = Some(committed);
         self.bus_tx.send(BusMsg::Publish(publication)).ok()?;
         Some(seq)
+    }
+
+    /// Another node committed events up to `seq` (`store/postgres/listen.rs`): the bus reads
+    /// them back from the log and streams them in seq order with its own.
+    pub fn heard(&self, seq: u64) {
+        let _ = self.bus_tx.send(BusMsg::Remote { upto: seq });
     }
 
     /// Subscribes; `after` replays buffered envelopes with a greater seq first.

@@ -27,6 +27,7 @@ fn a_subscriber_that_falls_behind_is_dropped_and_others_are_not_slowed() {
             subscriber_capacity: 2,
             log_capacity: 1000,
             renderers: [None, None, None],
+            shared_log: false,
         },
     );
     let slow = bus.subscribe(filter(), None).unwrap();
@@ -69,6 +70,7 @@ fn seqs_continue_above_the_log_after_a_restart_deltas_included() {
         subscriber_capacity: 10,
         log_capacity: 1000,
         renderers: [None, None, None],
+        shared_log: false,
     };
     let (bus, handle, writer) = start(dir.path(), config);
     let sub = bus.subscribe(filter(), None).unwrap();
@@ -110,6 +112,7 @@ fn replay_and_filters_respect_tenant_and_session() {
             subscriber_capacity: 10,
             log_capacity: 1000,
             renderers: [None, None, None],
+            shared_log: false,
         },
     );
     let deleted = |id: &str| Event::SessionDeleted { session_id: id.into() };
@@ -146,6 +149,7 @@ fn what_the_ring_lost_is_replayed_from_the_log_exactly_once_in_order() {
         subscriber_capacity: 100,
         log_capacity: 1000,
         renderers: [None, None, None],
+        shared_log: false,
     };
     let (bus, handle, writer) = start(dir.path(), config);
     let live = bus.subscribe(filter(), None).unwrap();
@@ -196,6 +200,7 @@ fn the_ring_holds_at_most_its_bytes_and_replays_the_newest() {
         subscriber_capacity: 100,
         log_capacity: 1000,
         renderers: [None, None, None],
+        shared_log: false,
     };
     let (bus, handle, writer) = start(dir.path(), config);
     // Unlogged deltas of 256 KiB: only the ring holds them, and only a budget's worth.
@@ -276,5 +281,56 @@ fn a_logged_request_reads_back_only_its_own_sessions_messages() {
         })
         .collect();
     assert_eq!(texts, [vec!["a said".to_string(), String::new()], vec!["b said".to_string()]]);
+    writer.shutdown();
+}
+
+/// Two buses on one log, as two nodes of a cluster on one database.
+#[test]
+fn with_a_shared_log_each_bus_streams_the_others_events_in_seq_order_with_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, writer) = Store::open(dir.path()).unwrap();
+    let config = BusConfig {
+        replay_bytes: 1 << 30,
+        replay_capacity: 100,
+        subscriber_capacity: 1000,
+        log_capacity: 10_000,
+        renderers: [None, None, None],
+        shared_log: true,
+    };
+    let (a, a_handle) = Bus::start(store.clone(), config).unwrap();
+    let (b, b_handle) = Bus::start(store.clone(), config).unwrap();
+    let at_b = b.subscribe(filter(), None).unwrap();
+    let durable = |bus: &Bus, text: &str| bus.publish_durable(None, Origin::default(), notice(text)).unwrap();
+    // A logs and streams a delta; B has heard of none of it when it logs its own event, whose
+    // commit streams A's logged ones first.
+    durable(&a, "a0");
+    let delta = Event::MessageDelta {
+        session_id: Arc::from("s"),
+        message_id: Arc::from("m"),
+        channel: crate::domain::DeltaChannel::Text,
+        delta: "only at a".into(),
+    };
+    a.publish(None, delta);
+    durable(&a, "a1");
+    durable(&b, "b0");
+    // Then A logs more, and B hears of it.
+    let last = durable(&a, "a2");
+    b.heard(last);
+    let mut seen: Vec<(u64, String)> = Vec::new();
+    while seen.last().is_none_or(|(_, text)| text != "a2") {
+        let batch = at_b.recv_timeout(Duration::from_secs(5)).expect("B streams A's events");
+        for envelope in batch.iter() {
+            match &*envelope.event {
+                Event::Notice { message, .. } => seen.push((envelope.seq, message.clone())),
+                other => panic!("only logged events reach another bus: {other:?}"),
+            }
+        }
+    }
+    let texts: Vec<&str> = seen.iter().map(|(_, text)| text.as_str()).collect();
+    assert_eq!(texts, ["a0", "a1", "b0", "a2"]);
+    assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0), "seqs rise: {seen:?}");
+    assert!(seen[1].0 > seen[0].0 + 1, "the delta took a seq from the log between them: {seen:?}");
+    a_handle.shutdown();
+    b_handle.shutdown();
     writer.shutdown();
 }

@@ -25,6 +25,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
             subscriber_capacity: 100,
             log_capacity: 1000,
             renderers: [None, None, None],
+            shared_log: false,
         },
     )
     .unwrap();

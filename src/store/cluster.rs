@@ -67,6 +67,12 @@ pub trait Membership: Send + Sync {
     /// waiting for the next operation (a node that restarts finds its old process's leases
     /// under its own id, and skips the ones it holds now).
     fn orphans(&self, node: &str, limit: i64) -> Result<Vec<String>, StoreError>;
+    /// Calls `on_commit` with the log's last seq whenever another node commits events, on a
+    /// `kestrel-listen` thread, until the listener is shut down.
+    fn follow_log(
+        &self,
+        on_commit: super::postgres::listen::OnCommit,
+    ) -> Result<super::postgres::listen::Listener, StoreError>;
     /// The value of `name` every node uses: `proposed` if no node set one before (the first
     /// node to start sets it), the one set before otherwise.
     fn agree(&self, name: &str, proposed: &str) -> Result<String, StoreError>;

@@ -129,6 +129,9 @@ pub trait LogReads: Send + Sync {
     /// Logged events with `after < seq < before` that `query` admits, in seq order, at most
     /// `limit`.
     fn events(&self, query: &EventQuery<'_>, limit: usize) -> Result<Vec<LoggedEvent>, StoreError>;
+    /// Every tenant's logged events with `after < seq <= upto`, in seq order, at most `limit`:
+    /// what other nodes of a cluster logged, for this node's bus.
+    fn events_between(&self, after: u64, upto: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError>;
     /// A page of a BAE session's events of these kinds, oldest first.
     fn bae_events(
         &self,

@@ -319,6 +319,21 @@ impl LogReads for super::sqlite::Sqlite {
         })
     }
 
+    fn events_between(&self, after: u64, upto: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
+        self.with(|conn| {
+            let mut statement = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3"
+            ))?;
+            let rows = statement
+                .query_map(params![after as i64, upto as i64, limit as i64], |row| Ok(rows::logged_event(row)))?;
+            let mut events = Vec::new();
+            for row in rows {
+                events.push(row??);
+            }
+            Ok(events)
+        })
+    }
+
     fn bae_events(
         &self,
         session_id: &str,

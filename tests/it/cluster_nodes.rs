@@ -320,3 +320,52 @@ fn an_owner_killed_mid_bae_turn_leaves_the_session_usable_at_another_node_with_k
     assert_eq!(kinds[kinds.len() - 4..], turn.map(Value::from), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|kind| *kind == "client.message.send").count(), 1, "{kinds:?}");
 }
+
+/// The global stream at `node`, from the start or after `last_event_id`.
+fn global_stream(node: &NodeProcess, last_event_id: Option<u64>) -> SseClient {
+    SseClient::open(&node.base, "/api/events", Some(TOKEN), last_event_id)
+}
+
+#[test]
+fn the_global_stream_at_any_node_carries_every_nodes_events_in_seq_order_and_replays_anywhere() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    let cluster = nodes(&database.url, workspace.path(), 3, "");
+    let mut at_third = global_stream(&cluster[2], None);
+    // A session runs at each of the first two nodes, at once.
+    let ids: Vec<String> = cluster[..2].iter().map(create_session).collect();
+    for (node, id) in cluster.iter().zip(&ids) {
+        let sent = node.client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "hello" }));
+        assert_eq!(sent.status, 202, "{}", sent.text);
+    }
+    let mut seen: Vec<(u64, Value)> = Vec::new();
+    let mut finished = 0;
+    while finished < 2 {
+        let (seq, event) = at_third.next_event(Duration::from_secs(10)).expect("the third node streams both runs");
+        finished += usize::from(event_type(&event) == "run.finished");
+        seen.push((seq, event));
+    }
+    assert!(seen.windows(2).all(|pair| pair[0].0 < pair[1].0), "seqs rise at the third node");
+    for id in &ids {
+        let of_session: Vec<&str> =
+            seen.iter().filter(|(_, e)| e["event"]["sessionId"] == id.as_str()).map(|(_, e)| event_type(e)).collect();
+        for kind in ["session.created", "run.started", "message.completed", "run.finished"] {
+            assert!(of_session.contains(&kind), "{kind} of {id} at the third node: {of_session:?}");
+        }
+    }
+    // Reconnecting at another node after any event replays every logged event after it, in
+    // the same order, with no gap and no duplicate (and that node's own deltas from its
+    // memory; another node's deltas are not logged).
+    let (cut, _) = seen[seen.len() / 3];
+    let logged = |events: &[(u64, Value)]| -> Vec<u64> {
+        events.iter().filter(|(seq, e)| *seq > cut && event_type(e) != "message.delta").map(|(seq, _)| *seq).collect()
+    };
+    let expected = logged(&seen);
+    let mut at_second = global_stream(&cluster[1], Some(cut));
+    let mut replayed: Vec<(u64, Value)> = Vec::new();
+    while replayed.last().map(|(seq, _)| *seq) != expected.last().copied() {
+        replayed.push(at_second.next_event(Duration::from_secs(10)).expect("the replay"));
+    }
+    assert!(replayed.windows(2).all(|pair| pair[0].0 < pair[1].0), "seqs rise in the replay");
+    assert_eq!(logged(&replayed), expected);
+}

@@ -16,6 +16,7 @@ macro_rules! rfc3339 {
 
 pub(super) struct PgMembership {
     pub(super) pool: Arc<Pool>,
+    pub(super) url: Arc<str>,
 }
 
 impl Membership for PgMembership {
@@ -117,6 +118,10 @@ impl Membership for PgMembership {
             )?;
             Ok(rows.iter().map(|row| row.get(0)).collect())
         })
+    }
+
+    fn follow_log(&self, on_commit: super::listen::OnCommit) -> Result<super::listen::Listener, StoreError> {
+        super::listen::Listener::start(&self.url, on_commit)
     }
 
     fn agree(&self, name: &str, proposed: &str) -> Result<String, StoreError> {

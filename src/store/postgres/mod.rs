@@ -19,6 +19,7 @@ mod checkpoints;
 mod cluster;
 mod conn;
 mod import;
+pub mod listen;
 mod migrate;
 mod policy;
 mod reads;
@@ -44,6 +45,8 @@ const WRITER_INBOX: usize = 8192;
 pub struct Postgres {
     writer_tx: Sender<WriterMsg>,
     pool: Arc<conn::Pool>,
+    /// Where it connects, for the connections the pool does not lend (`listen.rs`).
+    url: Arc<str>,
 }
 
 impl Postgres {
@@ -62,7 +65,7 @@ impl Postgres {
         let (writer_tx, inbox) = bounded(WRITER_INBOX);
         let writer = writer::Writer::open(url, conn::Conn::new(client), fence)?;
         let handle = writer.spawn(inbox, writer_tx.clone(), lock)?;
-        Ok((Postgres { writer_tx, pool: Arc::new(conn::Pool::new(url, pool)) }, handle))
+        Ok((Postgres { writer_tx, pool: Arc::new(conn::Pool::new(url, pool)), url: Arc::from(url) }, handle))
     }
 
     /// Where checkpoint contents go: the `blobs` table, through this backend's pool.
@@ -72,7 +75,7 @@ impl Postgres {
 
     /// Membership and leases (`store/cluster.rs`), through this backend's pool.
     pub(super) fn membership(&self) -> Arc<dyn super::cluster::Membership> {
-        Arc::new(cluster::PgMembership { pool: Arc::clone(&self.pool) })
+        Arc::new(cluster::PgMembership { pool: Arc::clone(&self.pool), url: Arc::clone(&self.url) })
     }
 
     fn with<T>(&self, read: impl Fn(&mut conn::Conn) -> Result<T, StoreError>) -> Result<T, StoreError> {

@@ -186,6 +186,14 @@ impl LogReads for Postgres {
         })
     }
 
+    fn events_between(&self, after: u64, upto: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
+        self.with(|conn| {
+            let sql = format!("SELECT {EVENT_COLUMNS} FROM events WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3");
+            let rows = conn.query(&sql, &[&(after as i64), &(upto as i64), &(limit as i64)])?;
+            decode(rows, rows::logged_event)
+        })
+    }
+
     fn bae_events(
         &self,
         session_id: &str,

@@ -148,6 +148,13 @@ impl Writer {
                 committed.push(Committed { first_seq });
             }
             appends.flush(&mut tx)?;
+            // Other nodes read what this commit logged once they hear of it (`listen.rs`).
+            if fence.is_some() && messages.iter().any(|ops| ops.iter().any(logs_an_event)) {
+                tx.exec(
+                    "SELECT pg_notify($1, (SELECT value::text FROM meta WHERE key = 'seq_last'))",
+                    &[&super::listen::CHANNEL],
+                )?;
+            }
             trim_step(&mut tx, &mut trim, TRIM_STEP_COMMIT)?;
             due.map(|older| prune_moves(&mut tx, older)).transpose()
         })();
@@ -167,6 +174,11 @@ impl Writer {
         self.trim = trim;
         Outcome::Committed(committed)
     }
+}
+
+/// Whether the op keeps an event in the log (a batch of deltas alone keeps none).
+fn logs_an_event(op: &WriteOp) -> bool {
+    matches!(op, WriteOp::AppendLog { entries, .. } if entries.iter().any(Option::is_some))
 }
 
 /// A step of dropping the oldest events (`Trim`), never a BAE session's.

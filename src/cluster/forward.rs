@@ -20,7 +20,9 @@
 use std::io::Read;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, select, Receiver};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, select, Receiver, Sender};
 
 use super::{Node, SECRET_HEADER};
 use crate::http::{BodyError, Frames, Framing, Reply, Request, Stream, StreamBody};
@@ -157,31 +159,107 @@ impl Node {
         }
     }
 
-    /// Sends `request` to the node at `url` and relays its answer.
-    pub fn forward(&self, request: &mut Request, url: &str) -> Result<Reply, ForwardError> {
+    /// Sends `request` to the node at `url` and relays its answer. A session's event stream
+    /// outlives its holder: when the holder's stream ends, the relay opens it again at the
+    /// session's holder then (`Resume`).
+    pub fn forward(self: &Arc<Self>, request: &mut Request, url: &str) -> Result<Reply, ForwardError> {
         let body = match request.method() {
             "GET" | "HEAD" => Vec::new(),
             _ => request.read_body().map_err(ForwardError::Body)?,
         };
-        let mut call = self.agent.request(request.method(), &format!("{url}{}", request.url()));
-        for (name, value) in request.headers() {
-            if !NOT_SENT_ON.iter().any(|skipped| name.eq_ignore_ascii_case(skipped)) {
-                call = call.set(name, value);
+        let headers: Vec<(String, String)> = request
+            .headers()
+            .filter(|(name, _)| !NOT_SENT_ON.iter().any(|skipped| name.eq_ignore_ascii_case(skipped)))
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        let call = Call { method: request.method().to_string(), target: request.url().to_string(), headers };
+        let resumable = match (call.method.as_str(), session_of(request.path())) {
+            ("GET", Some(session)) if request.path().trim_end_matches('/').ends_with("/events") => Some(session),
+            _ => None,
+        };
+        // Where the log is before the stream opens: a stream that ends before it passed on
+        // any event is opened again after it.
+        let position = match resumable {
+            Some(_) if request.header("Last-Event-ID").or_else(|| request.query("lastEventId")).is_none() => {
+                self.membership.log_position().ok()
+            }
+            _ => None,
+        };
+        let answer = self.send(&call, url, &body)?;
+        let resume =
+            resumable.map(|session| Resume { node: Arc::clone(self), session: session.to_string(), call, position });
+        relay(answer, resume)
+            .map_err(|error| ForwardError::Unavailable(format!("the answer of {url} was cut: {error}")))
+    }
+
+    /// One call to the node at `url`, with the cluster's secret.
+    fn send(&self, call: &Call, url: &str, body: &[u8]) -> Result<ureq::Response, ForwardError> {
+        let mut request = self.agent.request(&call.method, &format!("{url}{}", call.target));
+        for (name, value) in &call.headers {
+            request = request.set(name, value);
+        }
+        request = request.set(SECRET_HEADER, &self.secret).set(FORWARDED_BY, &self.id);
+        match request.send_bytes(body) {
+            Ok(answer) | Err(ureq::Error::Status(_, answer)) => Ok(answer),
+            Err(ureq::Error::Transport(error)) => {
+                Err(ForwardError::Unavailable(format!("the node at {url} did not answer: {error}")))
             }
         }
-        call = call.set(SECRET_HEADER, &self.secret).set(FORWARDED_BY, &self.id);
-        let answer = match call.send_bytes(&body) {
-            Ok(answer) | Err(ureq::Error::Status(_, answer)) => answer,
-            Err(ureq::Error::Transport(error)) => {
-                return Err(ForwardError::Unavailable(format!("the node at {url} did not answer: {error}")))
+    }
+}
+
+/// A request as it is sent on: its method, path and query, and the client's headers.
+struct Call {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+}
+
+/// What opens a relayed session stream again after its holder's stream ended: the session's
+/// holder is found (or the lease claimed) as for any stream, and the stream asked for again
+/// with `Last-Event-ID` set to the last id relayed, so the client misses no logged event.
+struct Resume {
+    node: Arc<Node>,
+    session: String,
+    call: Call,
+    /// The log's last seq before the stream first opened, when the client named none.
+    position: Option<u64>,
+}
+
+/// How long a relay tries to open a stream again: past a dead holder's lease, with room.
+const RESUME_FOR: Duration = Duration::from_secs(60);
+
+impl Resume {
+    /// The stream again, after `last_id`; `None` when it cannot be had (the session is gone,
+    /// the client's token no longer admitted, the client left, or `RESUME_FOR` passed).
+    fn reopen(&mut self, last_id: Option<u64>, still_wanted: &dyn Fn() -> bool) -> Option<ureq::Response> {
+        if let Some(id) = last_id.or(self.position) {
+            self.call.headers.retain(|(name, _)| !name.eq_ignore_ascii_case("last-event-id"));
+            self.call.headers.push(("Last-Event-ID".into(), id.to_string()));
+        }
+        let deadline = std::time::Instant::now() + RESUME_FOR;
+        let mut pause = Duration::from_millis(50);
+        while std::time::Instant::now() < deadline && still_wanted() {
+            let url = match self.node.lease_holder(&self.session, true) {
+                Ok(Route::Here) => Some(self.node.advertise_url().to_string()),
+                Ok(Route::There(url)) => Some(url),
+                Err(_) => None,
+            };
+            match url.map(|url| self.node.send(&self.call, &url, &[])) {
+                Some(Ok(answer)) if answer.status() == 200 => return Some(answer),
+                // Refused for good (404, 401, 403): the client hears the stream end.
+                Some(Ok(answer)) if answer.status() != 503 => return None,
+                _ => {}
             }
-        };
-        relay(answer).map_err(|error| ForwardError::Unavailable(format!("the answer of {url} was cut: {error}")))
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+        None
     }
 }
 
 /// The holder's answer as this node's: a stream stays a stream.
-fn relay(answer: ureq::Response) -> std::io::Result<Reply> {
+fn relay(answer: ureq::Response, resume: Option<Resume>) -> std::io::Result<Reply> {
     let status = answer.status();
     let content_type = answer.header("content-type").unwrap_or("application/json").to_string();
     let headers: Vec<(&'static str, String)> =
@@ -194,11 +272,63 @@ fn relay(answer: ureq::Response) -> std::io::Result<Reply> {
         _ => None,
     };
     if let Some(framing) = framing {
-        return Ok(Reply::Stream(Stream::new(framing, RelayedStream::start(answer.into_reader())?)));
+        let resume = resume.filter(|_| framing == Framing::EventStream);
+        return Ok(Reply::Stream(Stream::new(framing, RelayedStream::start(answer.into_reader(), resume)?)));
     }
     let mut body = Vec::new();
     answer.into_reader().take(MAX_RELAYED_BODY).read_to_end(&mut body)?;
     Ok(Reply::Relayed { status, content_type, body, headers })
+}
+
+/// Hands the holder's stream on until it ends or the client leaves; a session's stream is
+/// opened again where the session is held then, after the last id passed on.
+fn pass_on(mut reader: Box<dyn Read + Send>, mut resume: Option<Resume>, sender: &Sender<Vec<u8>>) {
+    let mut buffer = vec![0u8; RELAY_READ_BYTES];
+    let mut ids = LastId::default();
+    loop {
+        while let Ok(read @ 1..) = reader.read(&mut buffer) {
+            ids.feed(&buffer[..read]);
+            if sender.send(buffer[..read].to_vec()).is_err() {
+                return;
+            }
+        }
+        // An empty burst asks nothing of the client's stream; it fails once the client left.
+        let still_wanted = || sender.send(Vec::new()).is_ok();
+        match resume.as_mut().and_then(|resume| resume.reopen(ids.last, &still_wanted)) {
+            Some(answer) => {
+                ids.partial.clear();
+                reader = Box::new(answer.into_reader());
+            }
+            None => return,
+        }
+    }
+}
+
+/// The last `id:` of the SSE frames seen, read line by line across reads.
+#[derive(Default)]
+struct LastId {
+    last: Option<u64>,
+    /// The start of a line not ended yet.
+    partial: Vec<u8>,
+}
+
+impl LastId {
+    fn feed(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            if byte != b'\n' {
+                if self.partial.len() < 64 {
+                    self.partial.push(byte);
+                }
+                continue;
+            }
+            if let Some(id) = self.partial.strip_prefix(b"id:") {
+                if let Some(id) = std::str::from_utf8(id).ok().and_then(|id| id.trim().parse().ok()) {
+                    self.last = Some(id);
+                }
+            }
+            self.partial.clear();
+        }
+    }
 }
 
 /// The holder's stream, read on a `kestrel-relay` thread and handed over in bursts. When
@@ -211,16 +341,12 @@ struct RelayedStream {
 }
 
 impl RelayedStream {
-    fn start(mut reader: impl Read + Send + 'static) -> std::io::Result<RelayedStream> {
+    fn start(reader: impl Read + Send + 'static, resume: Option<Resume>) -> std::io::Result<RelayedStream> {
         let (sender, chunks) = bounded(16);
-        std::thread::Builder::new().name("kestrel-relay".into()).stack_size(64 * 1024).spawn(move || {
-            let mut buffer = vec![0u8; RELAY_READ_BYTES];
-            while let Ok(read @ 1..) = reader.read(&mut buffer) {
-                if sender.send(buffer[..read].to_vec()).is_err() {
-                    break;
-                }
-            }
-        })?;
+        std::thread::Builder::new()
+            .name("kestrel-relay".into())
+            .stack_size(128 * 1024)
+            .spawn(move || pass_on(Box::new(reader), resume, &sender))?;
         Ok(RelayedStream { chunks, pending: Vec::new() })
     }
 
@@ -286,6 +412,17 @@ mod tests {
         assert!(claims("GET", "/api/v1/sessions/s/events/"));
         assert!(!claims("GET", "/api/sessions/s"));
         assert!(!claims("HEAD", "/api/v1/sessions/s/participants"));
+    }
+
+    #[test]
+    fn the_last_sse_id_is_read_across_reads() {
+        let mut ids = LastId::default();
+        ids.feed(b"retry: 3000\n\n: ping\n\nid: 4");
+        assert_eq!(ids.last, None, "an id line not ended yet");
+        ids.feed(b"2\ndata: {\"seq\":42}\n\nid:43\ndata: {}\n\n");
+        assert_eq!(ids.last, Some(43));
+        ids.feed(b"id: not-a-seq\ndata: x\n\n");
+        assert_eq!(ids.last, Some(43), "an id that is no seq changes nothing");
     }
 
     #[test]

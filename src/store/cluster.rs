@@ -73,6 +73,8 @@ pub trait Membership: Send + Sync {
         &self,
         on_commit: super::postgres::listen::OnCommit,
     ) -> Result<super::postgres::listen::Listener, StoreError>;
+    /// The log's last seq now, whichever node took it.
+    fn log_position(&self) -> Result<u64, StoreError>;
     /// The value of `name` every node uses: `proposed` if no node set one before (the first
     /// node to start sets it), the one set before otherwise.
     fn agree(&self, name: &str, proposed: &str) -> Result<String, StoreError>;

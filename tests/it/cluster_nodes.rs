@@ -369,3 +369,46 @@ fn the_global_stream_at_any_node_carries_every_nodes_events_in_seq_order_and_rep
     assert!(replayed.windows(2).all(|pair| pair[0].0 < pair[1].0), "seqs rise in the replay");
     assert_eq!(logged(&replayed), expected);
 }
+
+#[test]
+fn a_stream_relayed_from_a_holder_that_dies_goes_on_from_the_next_holder_losing_nothing() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    let mut cluster = nodes(&database.url, workspace.path(), 3, "");
+    let id = create_session(&cluster[0]);
+    // The first node holds the session (its stream claimed it) and runs a turn.
+    let mut at_first = cluster[0].events(&id);
+    let sent = cluster[0].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "one" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    at_first.collect_until(is_run_end);
+    // The second node relays the first's stream; then the first dies.
+    let mut at_second = cluster[1].events(&id);
+    cluster[0].kill_9();
+    // A message at the third node: refused as retryable until the dead node's lease runs out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let run = loop {
+        let sent = cluster[2].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "two" }));
+        match sent.status {
+            202 => break sent.json["runId"].as_str().unwrap().to_string(),
+            503 => assert!(sent.header("Retry-After").is_some(), "{}", sent.text),
+            other => panic!("{other}: {}", sent.text),
+        }
+        assert!(Instant::now() < deadline, "the session was never taken over");
+        std::thread::yield_now();
+    };
+    // The stream at the second node went on from the new holder.
+    let events = at_second.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
+    assert_eq!(events.last().unwrap()["event"]["type"], "run.finished", "{events:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "seqs rise across the change of holder: {seqs:?}");
+    // Every logged event of the session after the stream opened reached it: a replay from
+    // the log at the third node has no other.
+    let first = seqs[0];
+    let mut replay = SseClient::open(&cluster[2].base, &format!("/api/sessions/{id}/events"), Some(TOKEN), Some(first));
+    let logged = |events: &[Value]| -> Vec<u64> {
+        let logged = events.iter().filter(|e| event_type(e) != "message.delta" && e["seq"].as_u64() > Some(first));
+        logged.map(|e| e["seq"].as_u64().unwrap()).collect()
+    };
+    let replayed = replay.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
+    assert_eq!(logged(&events), logged(&replayed));
+}

@@ -124,6 +124,11 @@ impl Membership for PgMembership {
         super::listen::Listener::start(&self.url, on_commit)
     }
 
+    fn log_position(&self) -> Result<u64, StoreError> {
+        self.pool
+            .with(|conn| Ok(conn.one("SELECT value FROM meta WHERE key = 'seq_last'", &[])?.get::<_, i64>(0) as u64))
+    }
+
     fn agree(&self, name: &str, proposed: &str) -> Result<String, StoreError> {
         self.pool.with(|conn| {
             conn.exec(

@@ -139,6 +139,8 @@ pub struct SessionActor {
     pub(super) door: Option<Box<dyn SessionDoor>>,
     /// Told to stop because another node holds the lease (`Op::Evict`).
     evicted: bool,
+    /// Turns asked for once the running one had stored its end: started when it has ended.
+    after_turn: Vec<Op>,
 }
 
 impl SessionActor {
@@ -162,6 +164,7 @@ impl SessionActor {
             changing_files: 0,
             door: None,
             evicted: false,
+            after_turn: Vec::new(),
         }
     }
 
@@ -193,6 +196,10 @@ impl SessionActor {
     }
 
     fn handle(&mut self, op: Op) {
+        if matches!(op, Op::Send { .. } | Op::Resume { .. }) && self.turn_has_ended() {
+            self.after_turn.push(op);
+            return;
+        }
         match op {
             Op::Send { message, idempotent, plan, reply } => {
                 let _ = reply.send(self.start_turn(Some(*message), idempotent.map(|i| *i), plan));
@@ -282,8 +289,18 @@ impl SessionActor {
                     door.turn_ended(self, &run_id, handoff);
                     self.door.get_or_insert(door);
                 }
+                for op in std::mem::take(&mut self.after_turn) {
+                    self.handle(op);
+                }
             }
         }
+    }
+
+    /// Whether the running turn has stored its end already (its `run.finished` may be out):
+    /// a new turn asked for now waits for it to end, instead of finding the session busy.
+    fn turn_has_ended(&self) -> bool {
+        self.turn.is_some()
+            && matches!(self.shared.store.readers().session(&self.id), Ok(Some(r)) if r.summary.status != SessionStatus::Running)
     }
 
     fn done(&mut self, done: Done) {

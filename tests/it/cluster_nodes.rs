@@ -23,6 +23,10 @@ struct NodeProcess {
     /// Its admin API (BAE's `/admin/v1`).
     admin: String,
     data: tempfile::TempDir,
+    /// What it was started with, to start it again.
+    config: String,
+    database: String,
+    workspace: std::path::PathBuf,
 }
 
 impl NodeProcess {
@@ -37,7 +41,18 @@ impl NodeProcess {
         // The cluster's database, whatever store the rest of the run uses.
         let (child, base, admin) =
             spawn_binary_with(data.path(), workspace, &config, &[("KESTREL_DATABASE_URL", database)]);
-        NodeProcess { child, base, admin, data }
+        let (database, workspace) = (database.to_string(), workspace.to_path_buf());
+        NodeProcess { child, base, admin, data, config, database, workspace }
+    }
+
+    /// Stops it as an operator would (SIGTERM: a clean shutdown), then starts it again on the
+    /// same data dir, as the same node.
+    fn restart(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().unwrap();
+        let env = [("KESTREL_DATABASE_URL", self.database.as_str())];
+        let (child, base, admin) = spawn_binary_with(self.data.path(), &self.workspace, &self.config, &env);
+        (self.child, self.base, self.admin) = (child, base, admin);
     }
 
     fn client(&self) -> Client {
@@ -411,4 +426,208 @@ fn a_stream_relayed_from_a_holder_that_dies_goes_on_from_the_next_holder_losing_
     };
     let replayed = replay.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
     assert_eq!(logged(&events), logged(&replayed));
+}
+
+/// Per-request node choice, as a round-robin load balancer makes it: each request goes to the
+/// next node, and a node that does not answer (being restarted) is passed over for the next,
+/// as a balancer's passive health check does.
+struct RoundRobin {
+    bases: std::sync::Arc<std::sync::RwLock<Vec<String>>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// An answer: status, body, and whether it says to retry (`Retry-After`).
+struct Answered {
+    status: u16,
+    json: Value,
+    retry_after: bool,
+}
+
+impl RoundRobin {
+    fn new(cluster: &[NodeProcess]) -> RoundRobin {
+        let bases = cluster.iter().map(|node| node.base.clone()).collect();
+        RoundRobin { bases: std::sync::Arc::new(std::sync::RwLock::new(bases)), next: Default::default() }
+    }
+
+    fn next_base(&self) -> String {
+        let bases = self.bases.read().unwrap();
+        bases[self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % bases.len()].clone()
+    }
+
+    fn send(&self, method: &str, path: &str, body: Option<Value>, key: Option<&str>) -> Answered {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let base = self.next_base();
+            let mut request = ureq::request(method, &format!("{base}{path}"))
+                .timeout(Duration::from_secs(20))
+                .set("Authorization", &format!("Bearer {TOKEN}"));
+            if let Some(key) = key {
+                request = request.set("Idempotency-Key", key);
+            }
+            let sent = match &body {
+                Some(body) => request.send_json(body.clone()),
+                None => request.call(),
+            };
+            match sent {
+                Ok(answer) | Err(ureq::Error::Status(_, answer)) => {
+                    let (status, retry_after) = (answer.status(), answer.header("Retry-After").is_some());
+                    let json = answer.into_json().unwrap_or(Value::Null);
+                    return Answered { status, json, retry_after };
+                }
+                Err(ureq::Error::Transport(_)) => {
+                    assert!(Instant::now() < deadline, "no node answered {method} {path}");
+                }
+            }
+        }
+    }
+
+    /// `send`, again while the answer is a retryable 503 (counted in `retried`).
+    fn send_retrying(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        key: Option<&str>,
+        retried: &Counter,
+    ) -> Answered {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let answer = self.send(method, path, body.clone(), key);
+            if answer.status != 503 {
+                return answer;
+            }
+            assert!(answer.retry_after, "a 503 says when to retry: {}", answer.json);
+            retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            assert!(Instant::now() < deadline, "{method} {path} stayed unavailable");
+            std::thread::yield_now();
+        }
+    }
+}
+
+type Counter = std::sync::atomic::AtomicUsize;
+
+#[test]
+fn three_nodes_behind_round_robin_serve_the_walkthrough() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    let cluster = nodes(&database.url, workspace.path(), 3, "");
+    let balancer = RoundRobin::new(&cluster);
+    let retried = Counter::default();
+    let created =
+        balancer.send_retrying("POST", "/api/sessions", Some(json!({ "title": "walkthrough" })), None, &retried);
+    assert_eq!(created.status, 201, "{}", created.json);
+    let id = created.json["session"]["id"].as_str().unwrap().to_string();
+    let path = format!("/api/sessions/{id}/events");
+    let mut stream = SseClient::open(&balancer.next_base(), &path, Some(TOKEN), None);
+    let body = json!({ "content": "hello walkthrough" });
+    let sent = balancer.send_retrying("POST", &format!("/api/sessions/{id}/messages"), Some(body), None, &retried);
+    assert_eq!(sent.status, 202, "{}", sent.json);
+    let events = stream.collect_until(is_run_end);
+    assert!(events.iter().any(|e| e["event"]["delta"] == " walkthrough"), "a streamed delta: {events:?}");
+    assert_eq!(event_type(events.last().unwrap()), "run.finished");
+    let first = events[0]["seq"].as_u64().unwrap();
+    let mut replay = SseClient::open(&balancer.next_base(), &path, Some(TOKEN), Some(first));
+    let replayed = replay.collect_until(is_run_end);
+    let after = |events: &[Value]| -> Vec<u64> {
+        events.iter().filter_map(|e| e["seq"].as_u64()).filter(|seq| *seq > first).collect()
+    };
+    assert_eq!(after(&replayed), after(&events), "the replay at another node");
+    for _ in 0..3 {
+        let read = balancer.send("GET", &format!("/api/sessions/{id}"), None, None);
+        assert_eq!(read.json["session"]["messages"][1]["content"], "Echo: hello walkthrough", "{}", read.json);
+    }
+    assert_eq!(retried.load(std::sync::atomic::Ordering::Relaxed), 0, "nothing to retry with every node up");
+}
+
+/// One client of the rolling restart: its own session, a message at a time (each with an
+/// Idempotency-Key, so a retry never sends it twice), each turn waited for and resumed if a
+/// node's shutdown interrupted it. What it was told was accepted, in order.
+fn keep_talking(
+    balancer: &RoundRobin,
+    stop: &std::sync::atomic::AtomicBool,
+    retried: &Counter,
+    done: &Counter,
+) -> (String, Vec<String>) {
+    let created = balancer.send_retrying(
+        "POST",
+        "/api/sessions",
+        Some(json!({})),
+        Some(&uuid::Uuid::new_v4().to_string()),
+        retried,
+    );
+    assert_eq!(created.status, 201, "{}", created.json);
+    let id = created.json["session"]["id"].as_str().unwrap().to_string();
+    let mut accepted = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let content = format!("message {}", accepted.len());
+        let key = uuid::Uuid::new_v4().to_string();
+        let path = format!("/api/sessions/{id}/messages");
+        let body = json!({ "content": content.clone() });
+        let sent = balancer.send_retrying("POST", &path, Some(body), Some(&key), retried);
+        assert_eq!(sent.status, 202, "{}", sent.json);
+        accepted.push(content.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let read = balancer.send_retrying("GET", &format!("/api/sessions/{id}"), None, None, retried);
+            match read.json["session"]["status"].as_str() {
+                Some("idle") => break,
+                Some("interrupted") => {
+                    let resumed = balancer.send_retrying(
+                        "POST",
+                        &format!("/api/sessions/{id}/resume"),
+                        Some(json!({})),
+                        None,
+                        retried,
+                    );
+                    assert!(matches!(resumed.status, 202 | 409), "{} {}", resumed.status, resumed.json);
+                }
+                Some("running") => {}
+                other => panic!("session {id} is {other:?}: {}", read.json),
+            }
+            assert!(Instant::now() < deadline, "the turn of {content} never ended");
+            std::thread::yield_now();
+        }
+        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    (id, accepted)
+}
+
+#[test]
+fn a_rolling_restart_of_every_node_under_load_fails_no_request_and_loses_nothing() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    let mut cluster = nodes(&database.url, workspace.path(), 3, "");
+    let balancer = std::sync::Arc::new(RoundRobin::new(&cluster));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (retried, done) = (std::sync::Arc::new(Counter::default()), std::sync::Arc::new(Counter::default()));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (balancer, stop, retried, done) = (balancer.clone(), stop.clone(), retried.clone(), done.clone());
+            std::thread::spawn(move || keep_talking(&balancer, &stop, &retried, &done))
+        })
+        .collect();
+    let progressed = |at_least: usize| {
+        wait_until("the clients to get turns done", || done.load(std::sync::atomic::Ordering::Relaxed) >= at_least)
+    };
+    progressed(6);
+    for (at, node) in cluster.iter_mut().enumerate() {
+        node.restart();
+        balancer.bases.write().unwrap()[at] = node.base.clone();
+        let now = done.load(std::sync::atomic::Ordering::Relaxed);
+        progressed(now + 6);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in clients {
+        let (id, accepted) = client.join().expect("a client met an answer that was neither success nor retryable");
+        let read = balancer.send("GET", &format!("/api/sessions/{id}"), None, None);
+        let said: Vec<&str> = read.json["session"]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .filter_map(|m| m["content"].as_str())
+            .collect();
+        assert_eq!(said, accepted, "every accepted message once, in order");
+    }
+    println!("retryable 503s during the rolling restart: {}", retried.load(std::sync::atomic::Ordering::Relaxed));
 }

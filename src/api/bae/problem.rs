@@ -134,7 +134,10 @@ impl From<BaeError> for Problem {
                 format!("the profile's primary provider {name:?} is not configured"),
             ),
             BaeError::Engine(EngineError::Store(StoreError::Closed)) | BaeError::Engine(EngineError::ShuttingDown) => {
-                Problem::new(503, "unavailable", "the server is shutting down")
+                Problem {
+                    retry_after: Some(crate::store::RETRY_AFTER_SECS),
+                    ..Problem::new(503, "unavailable", "the server is shutting down")
+                }
             }
             BaeError::Engine(EngineError::Store(StoreError::Unrepresentable(_))) => {
                 Problem::new(400, "bad_request", "the request holds a NUL character, which the database cannot keep")

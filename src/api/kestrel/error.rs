@@ -88,7 +88,11 @@ impl From<EngineError> for ApiError {
             EngineError::WorkspaceForbidden(_) => ApiError::new(403, "forbidden", message),
             EngineError::SessionBusy => ApiError::new(409, "session_busy", message),
             EngineError::NotResumable(_) => ApiError::new(409, "not_resumable", message),
-            EngineError::ShuttingDown | EngineError::Overloaded => ApiError::new(503, "unavailable", message),
+            // Another node (or this one once it is back) takes the request: worth retrying.
+            EngineError::ShuttingDown | EngineError::Overloaded => ApiError {
+                retry_after: Some(crate::store::RETRY_AFTER_SECS),
+                ..ApiError::new(503, "unavailable", message)
+            },
             EngineError::ApprovalNotFound => ApiError::new(404, "approval_not_found", message),
             EngineError::IdempotencyConflict => ApiError::new(409, "idempotency_conflict", message),
             EngineError::IdempotencyInFlight => ApiError::new(409, "idempotency_in_progress", message),

@@ -44,10 +44,7 @@ fn subscribe(api: &KestrelApi, filter: Filter, request: &Request) -> Result<Repl
 }
 
 fn bus_subscription(api: &KestrelApi, filter: Filter, after: Option<u64>) -> Result<Subscription, ApiError> {
-    api.engine
-        .bus()
-        .subscribe(filter, after)
-        .ok_or_else(|| ApiError::new(503, "unavailable", "the server is shutting down"))
+    api.engine.bus().subscribe(filter, after).ok_or_else(|| ApiError::from(crate::engine::EngineError::ShuttingDown))
 }
 
 /// `Last-Event-ID` or `?lastEventId=`; the header wins when both are sent.

@@ -3,6 +3,7 @@
 
 mod bae_crash;
 mod bae_fuzz;
+mod cluster_crash;
 mod crashloop;
 mod fuzz;
 #[allow(dead_code)]
@@ -18,6 +19,12 @@ use std::path::PathBuf;
 fn main() {
     // `--store postgres`: every server keeps its state in a private PostgreSQL cluster.
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // `--cluster N`: the crash loop kills nodes of a cluster of N on one database instead.
+    let cluster = args.iter().position(|arg| arg == "--cluster").map(|at| {
+        let nodes = args.get(at + 1).and_then(|n| n.parse::<usize>().ok()).unwrap_or(3).max(2);
+        args.drain(at..(at + 2).min(args.len()));
+        nodes
+    });
     if let Some(at) = args.iter().position(|arg| arg == "--store") {
         let store = args.get(at + 1).cloned().unwrap_or_default();
         args.drain(at..(at + 2).min(args.len()));
@@ -36,7 +43,7 @@ fn main() {
     }
     let mut args = args.into_iter();
     let (Some(mode), Some(count)) = (args.next(), args.next().and_then(|n| n.parse::<usize>().ok())) else {
-        eprintln!("usage: hammer crashloop|fuzz N [SEED] [--store sqlite|postgres]");
+        eprintln!("usage: hammer crashloop|fuzz N [SEED] [--store sqlite|postgres] [--cluster NODES]");
         std::process::exit(2);
     };
     let seed = args.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -46,8 +53,13 @@ fn main() {
     let binary =
         std::env::current_exe().expect("this program").parent().and_then(|p| p.parent()).map(|p| p.join("kestrel"));
     let binary: PathBuf = binary.filter(|p| p.exists()).expect("target/release/kestrel next to this program");
-    let failures = match mode.as_str() {
-        "crashloop" => {
+    let failures = match (mode.as_str(), cluster) {
+        ("crashloop", Some(nodes)) => {
+            let report = cluster_crash::run(&binary, nodes, count, seed);
+            report.print();
+            report.failures()
+        }
+        ("crashloop", None) => {
             let report = crashloop::run(&binary, count, seed);
             report.print();
             // The hostile surfaces, a round for every four of the crash loop's.
@@ -58,7 +70,7 @@ fn main() {
             bae.print();
             report.failures.len() + surfaces.failures.len() + bae.failures.len()
         }
-        "fuzz" => {
+        ("fuzz", _) => {
             let report = fuzz::run(&binary, count, seed);
             report.print();
             // The hostile surfaces, an operation for every 500 requests (each one is slow).

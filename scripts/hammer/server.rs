@@ -35,6 +35,11 @@ pub struct Kestrel {
 impl Kestrel {
     /// Starts `binary` with `config` (TOML) on `data`; returns once it listens.
     pub fn start(binary: &Path, data: &Path, workspace: &Path, config: &str) -> Kestrel {
+        Kestrel::start_with(binary, data, workspace, config, &[])
+    }
+
+    /// `start` with more environment, set after the defaults.
+    pub fn start_with(binary: &Path, data: &Path, workspace: &Path, config: &str, env: &[(&str, &str)]) -> Kestrel {
         let config_path = data.join("kestrel.toml");
         std::fs::create_dir_all(data).expect("the data dir");
         std::fs::write(&config_path, config).expect("the config file");
@@ -47,6 +52,7 @@ impl Kestrel {
             .env("KESTREL_WORKSPACE", workspace)
             .env("KESTREL_DATABASE_URL", database_url(data).unwrap_or_default())
             .env("RUST_LOG", "error")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

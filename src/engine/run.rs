@@ -332,8 +332,13 @@ impl Run {
                 status,
                 at: crate::time::now_rfc3339(),
             }]);
-            if let Err(error) = write {
-                log::error!("run {}: could not store the final status: {error}", self.run_id);
+            match write {
+                // Another node took the session over (its lease ran out here): it ended the turn.
+                Err(error @ crate::store::StoreError::Fenced(_)) => {
+                    log::warn!("run {}: its end was not stored: {error}", self.run_id)
+                }
+                Err(error) => log::error!("run {}: could not store the final status: {error}", self.run_id),
+                Ok(_) => {}
             }
         }
         let _ = self.publish_summary();

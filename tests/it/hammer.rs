@@ -5,6 +5,8 @@
 mod bae_crash;
 #[path = "../../scripts/hammer/bae_fuzz.rs"]
 mod bae_fuzz;
+#[path = "../../scripts/hammer/cluster_crash.rs"]
+mod cluster_crash;
 #[path = "../../scripts/hammer/crashloop.rs"]
 mod crashloop;
 #[path = "../../scripts/hammer/fuzz.rs"]
@@ -32,6 +34,19 @@ fn crashloop_keeps_every_promise_across_kill_9() {
     assert!(report.failures.is_empty(), "seed {seed}: {:#?}", report.failures);
     assert_eq!(report.integrity_checks, 4);
     assert!(report.acknowledged > 0);
+}
+
+#[test]
+fn crashloop_of_a_cluster_loses_doubles_and_skips_nothing_across_node_kills() {
+    if crate::pg_cluster::database().is_none() {
+        return;
+    }
+    let seed = seed();
+    let report = cluster_crash::run(Path::new(env!("CARGO_BIN_EXE_kestrel")), 3, 3, seed);
+    report.print();
+    assert_eq!(report.failures(), 0, "seed {seed}: {report:#?}");
+    assert_eq!(report.points, 3);
+    assert!(report.acknowledged > 0 && report.events_seen > 0, "{report:#?}");
 }
 
 #[test]

@@ -7,6 +7,7 @@
 
 mod bae;
 mod client;
+mod cluster;
 #[allow(dead_code)]
 #[path = "../../tests/it/pg_cluster.rs"]
 mod pg_cluster;
@@ -44,10 +45,12 @@ struct Args {
     compare: Option<String>,
     /// `--store postgres`: the store-bound rows on SQLite and on PostgreSQL, side by side.
     store: Option<String>,
+    /// `--cluster N`: the cluster's rows, with 1 to N nodes on one PostgreSQL database.
+    cluster: Option<usize>,
 }
 
 fn args() -> Args {
-    let mut args = Args { only: None, scale: false, save: None, compare: None, store: None };
+    let mut args = Args { only: None, scale: false, save: None, compare: None, store: None, cluster: None };
     let mut given = std::env::args().skip(1);
     while let Some(arg) = given.next() {
         match arg.as_str() {
@@ -56,8 +59,9 @@ fn args() -> Args {
             "--save" => args.save = given.next(),
             "--compare" => args.compare = given.next(),
             "--store" => args.store = given.next(),
+            "--cluster" => args.cluster = given.next().and_then(|n| n.parse().ok()).filter(|n| *n >= 1),
             other => {
-                eprintln!("usage: benchmark [bae | scale | relay | streams] [--scale] [--save FILE] [--compare FILE] ({other:?}?)");
+                eprintln!("usage: benchmark [bae | scale | relay | streams] [--scale] [--store postgres] [--cluster N] [--save FILE] [--compare FILE] ({other:?}?)");
                 std::process::exit(2);
             }
         }
@@ -81,7 +85,9 @@ fn main() {
     println!("kestrel benchmark ({}); medians of {ROUNDS} rounds where a round repeats", report::machine());
     println!();
     report::header();
-    if let Some(store) = &args.store {
+    if let Some(nodes) = args.cluster {
+        cluster::rows(nodes, quick);
+    } else if let Some(store) = &args.store {
         assert_eq!(store, "postgres", "--store postgres (SQLite is every other row's store)");
         stores::rows(quick);
     } else {

@@ -132,6 +132,14 @@ impl Writer {
         let applied = (|| {
             let mut appends = super::apply::Appends::default();
             if let Some(book) = &fence {
+                // Other nodes' writers take the log's counter and the session list's tick
+                // too, in whichever order their ops come: both rows, in one order, first,
+                // or two writers each holding one would wait for the other (a deadlock
+                // PostgreSQL breaks only after `deadlock_timeout`).
+                tx.query(
+                    "SELECT key FROM meta WHERE key IN ('seq_last', 'session_moves') ORDER BY key FOR UPDATE",
+                    &[],
+                )?;
                 super::cluster::fence(&mut tx, book, messages)?;
             }
             for ops in messages {

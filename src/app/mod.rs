@@ -279,18 +279,11 @@ impl Server {
         if let Err(error) = bae.provision_profiles() {
             log::error!("sandbox images were not queued for provisioning: {error:?}");
         }
-        // In the background: a data dir of many blobs must not hold up the start, and
-        // captures wait for a collection (and it for them), never race it.
-        let collector = engine.clone();
-        let collected = std::thread::Builder::new().name("kestrel-collect".into()).spawn(move || {
-            match collector.collect_checkpoint_garbage() {
-                Ok(0) => {}
-                Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),
-                Err(error) => log::warn!("checkpoint blobs were not collected: {error}"),
-            }
-        });
-        if let Err(error) = collected {
-            log::warn!("checkpoint blobs were not collected: {error}");
+        // In a cluster another node may be capturing meanwhile, its new blobs not yet named by
+        // a manifest, and its stat cache trusting blobs a collection would remove: blobs are
+        // not collected there (docs/cluster.md, limits).
+        if cluster_node.is_none() {
+            collect_blobs(&engine);
         }
         for problem in plugins.problems() {
             engine.bus().publish(None, Event::Notice { level: NoticeLevel::Warn, message: problem, session_id: None });
@@ -400,6 +393,22 @@ impl Server {
             writer.shutdown();
         }
         log::info!("stopped");
+    }
+}
+
+/// In the background: a data dir of many blobs must not hold up the start, and captures wait
+/// for a collection (and it for them), never race it.
+fn collect_blobs(engine: &Engine) {
+    let collector = engine.clone();
+    let collected = std::thread::Builder::new().name("kestrel-collect".into()).spawn(move || {
+        match collector.collect_checkpoint_garbage() {
+            Ok(0) => {}
+            Ok(removed) => log::info!("removed {removed} checkpoint blobs no checkpoint refers to"),
+            Err(error) => log::warn!("checkpoint blobs were not collected: {error}"),
+        }
+    });
+    if let Err(error) = collected {
+        log::warn!("checkpoint blobs were not collected: {error}");
     }
 }
 

@@ -223,11 +223,12 @@ fn store_sessions_and_events(data: &Path, size: Size) -> Vec<String> {
             entries: std::mem::take(&mut entries),
             floor: 0,
             keep: u64::MAX,
+            live: Vec::new(),
         })
     });
     write_all(&store, appends, 1);
     if !entries.is_empty() {
-        store.write(vec![WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX }]).unwrap();
+        store.write(vec![WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX, live: Vec::new() }]).unwrap();
     }
     writer.shutdown();
     big

@@ -199,7 +199,10 @@ impl Server {
         let listener = match store.cluster() {
             Some((membership, _)) => {
                 let hearing = bus.clone();
-                Some(membership.follow_log(Box::new(move |seq| hearing.heard(seq)))?)
+                Some(membership.follow_log(Box::new(move |heard| match heard {
+                    crate::store::postgres::listen::Heard::Logged(seq) => hearing.heard(seq),
+                    crate::store::postgres::listen::Heard::Live(events) => hearing.heard_live(events),
+                }))?)
             }
             None => None,
         };

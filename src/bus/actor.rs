@@ -74,6 +74,8 @@ pub(super) struct BusActor {
     clock: StampClock,
     /// The highest seq other processes are known to have logged (`BusConfig::shared_log`).
     remote: u64,
+    /// Deltas other nodes streamed, heard and not yet streamed here, in seq order.
+    remote_live: Vec<LoggedEvent>,
 }
 
 /// Events read back at a time when catching up with what other processes logged.
@@ -104,6 +106,7 @@ impl BusActor {
             subscriber_gauge,
             clock: StampClock::default(),
             remote: last_seq,
+            remote_live: Vec::new(),
         }
     }
 
@@ -146,7 +149,11 @@ impl BusActor {
                     self.subscribers.retain(|subscriber| subscriber.id != id);
                     self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
                 }
-                BusMsg::Remote { upto } => {
+                BusMsg::Remote { upto } | BusMsg::RemoteLive { upto, .. } => {
+                    if let BusMsg::RemoteLive { events, .. } = message {
+                        self.remote_live.extend(events.into_iter().filter(|event| event.seq > self.last_seq));
+                        self.remote_live.sort_by_key(|event| event.seq);
+                    }
                     self.remote = self.remote.max(upto);
                     // With a batch in flight, its commit catches up first (`complete`).
                     if in_flight.is_empty() {
@@ -214,22 +221,7 @@ impl BusActor {
         let at = self.clock.now();
         let logged = match !logged || event.is_transient() {
             true => None,
-            false => match serde_json::to_string(&*event) {
-                Ok(body) => Some(LoggedEvent {
-                    seq: 0,
-                    tenant: tenant.as_deref().map(str::to_string),
-                    session_id: event.session_id().map(str::to_string),
-                    actor: origin.actor.as_deref().map(str::to_string),
-                    kind: event.kind().to_string(),
-                    at: at.to_string(),
-                    body,
-                    form: crate::domain::STORED_FORM,
-                }),
-                Err(error) => {
-                    log::error!("an event could not be serialized: {error}");
-                    return None;
-                }
-            },
+            false => Some(logged_form(&tenant, &origin, &event, &at)?),
         };
         Some(Stamped { at, tenant, origin, event, logged })
     }
@@ -274,7 +266,17 @@ impl BusActor {
         let entries = batch.iter().map(|stamped| stamped.logged.clone()).collect();
         // Above whatever was numbered here, in flight ones included.
         let floor = self.last_seq + self.in_flight_len;
-        WriteOp::AppendLog { entries, floor, keep: self.config.log_capacity }
+        // With a shared log, the other nodes stream this node's deltas too.
+        let live = match self.config.shared_log {
+            true => batch
+                .iter()
+                .enumerate()
+                .filter(|(_, stamped)| stamped.event.is_transient())
+                .filter_map(|(place, s)| Some((place, logged_form(&s.tenant, &s.origin, &s.event, &s.at)?)))
+                .collect(),
+            false => Vec::new(),
+        };
+        WriteOp::AppendLog { entries, floor, keep: self.config.log_capacity, live }
     }
 
     /// Keeps an envelope for replays, dropping the oldest past the ring's count or its bytes
@@ -362,6 +364,11 @@ impl BusActor {
                 true => page.last().map_or(upto, |event| event.seq),
                 false => upto,
             };
+            // Other nodes' deltas in the same range, in their places.
+            let mut page = page;
+            let heard = self.remote_live.partition_point(|event| event.seq <= reached);
+            page.extend(self.remote_live.drain(..heard).filter(|event| event.seq > self.last_seq));
+            page.sort_by_key(|event| event.seq);
             let mut envelopes: Vec<Arc<Envelope>> =
                 Envelope::page_from_log(page, &self.store).into_iter().map(Arc::new).collect();
             for envelope in &envelopes {
@@ -511,6 +518,27 @@ impl BusActor {
         if reply.send(subscription).is_err() {
             self.subscribers.pop();
             self.subscriber_gauge.store(self.subscribers.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// How the log keeps an event, or how another node streams a delta (`None`: it could not be
+/// serialized, which is logged).
+fn logged_form(tenant: &Option<Arc<str>>, origin: &Origin, event: &Event, at: &str) -> Option<LoggedEvent> {
+    match serde_json::to_string(event) {
+        Ok(body) => Some(LoggedEvent {
+            seq: 0,
+            tenant: tenant.as_deref().map(str::to_string),
+            session_id: event.session_id().map(str::to_string),
+            actor: origin.actor.as_deref().map(str::to_string),
+            kind: event.kind().to_string(),
+            at: at.to_string(),
+            body,
+            form: crate::domain::STORED_FORM,
+        }),
+        Err(error) => {
+            log::error!("an event could not be serialized: {error}");
+            None
         }
     }
 }

@@ -383,6 +383,11 @@ enum BusMsg {
     Remote {
         upto: u64,
     },
+    /// Another node streamed these deltas, the last at `upto`.
+    RemoteLive {
+        upto: u64,
+        events: Vec<crate::store::LoggedEvent>,
+    },
     Unsubscribe {
         id: u64,
     },
@@ -509,7 +514,12 @@ impl Bus {
     /// Starts the bus thread, continuing the seq above what the store says was handed out.
     pub fn start(store: Store, config: BusConfig) -> Result<(Bus, BusHandle), StoreError> {
         // Past every seq a delta may have had before a crash: one entry allocated above them.
-        let skip = WriteOp::AppendLog { entries: vec![None], floor: store.last_seq()? + DELTA_RUN, keep: u64::MAX };
+        let skip = WriteOp::AppendLog {
+            entries: vec![None],
+            floor: store.last_seq()? + DELTA_RUN,
+            keep: u64::MAX,
+            live: Vec::new(),
+        };
         store.write(vec![skip])?;
         let last_seq = store.last_seq()?;
         let (bus_tx, inbox) = bounded(INBOX);
@@ -590,6 +600,14 @@ impl Bus {
     /// them back from the log and streams them in seq order with its own.
     pub fn heard(&self, seq: u64) {
         let _ = self.bus_tx.send(BusMsg::Remote { upto: seq });
+    }
+
+    /// Another node streamed these deltas (`store/postgres/listen.rs`): streamed here in seq
+    /// order with the logged events, unless this node has streamed a later event already.
+    pub fn heard_live(&self, mut events: Vec<crate::store::LoggedEvent>) {
+        events.sort_by_key(|event| event.seq);
+        let Some(upto) = events.last().map(|event| event.seq) else { return };
+        let _ = self.bus_tx.send(BusMsg::RemoteLive { upto, events });
     }
 
     /// Subscribes; `after` replays buffered envelopes with a greater seq first.

@@ -228,6 +228,10 @@ pub enum WriteOp {
         entries: Vec<Option<LoggedEvent>>,
         floor: u64,
         keep: u64,
+        /// Entries not kept (deltas) that the other nodes of a cluster stream live: each
+        /// one's place in `entries` and its form; the commit hands them, with their seqs, to
+        /// the other nodes (`postgres/listen.rs`) and keeps none. Empty alone.
+        live: Vec<(usize, LoggedEvent)>,
     },
     /// A change to the BAE client API's own tables.
     Bae(BaeWrite),
@@ -259,7 +263,7 @@ pub enum WriteOp {
 }
 
 /// An event as the log keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LoggedEvent {
     pub seq: u64,
     pub tenant: Option<String>,

@@ -292,7 +292,8 @@ fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCurs
                 .execute(params![session_id, call_id])?;
         }
         WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
-        WriteOp::AppendLog { entries, floor, keep } => {
+        // A single node has no other node to hand `live` events to.
+        WriteOp::AppendLog { entries, floor, keep, live: _ } => {
             if entries.is_empty() {
                 return Ok(None);
             }

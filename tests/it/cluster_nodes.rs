@@ -364,7 +364,8 @@ fn the_global_stream_at_any_node_carries_every_nodes_events_in_seq_order_and_rep
     for id in &ids {
         let of_session: Vec<&str> =
             seen.iter().filter(|(_, e)| e["event"]["sessionId"] == id.as_str()).map(|(_, e)| event_type(e)).collect();
-        for kind in ["session.created", "run.started", "message.completed", "run.finished"] {
+        // Deltas too, streamed live by the node that ran the turn.
+        for kind in ["session.created", "run.started", "message.delta", "message.completed", "run.finished"] {
             assert!(of_session.contains(&kind), "{kind} of {id} at the third node: {of_session:?}");
         }
     }

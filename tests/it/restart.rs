@@ -364,7 +364,7 @@ fn a_long_log(data: &std::path::Path) {
                 })
             })
             .collect();
-        store.write(vec![WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX }]).unwrap();
+        store.write(vec![WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX, live: Vec::new() }]).unwrap();
     }
     writer.shutdown();
 }

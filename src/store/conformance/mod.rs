@@ -85,7 +85,7 @@ fn event(session: &str, kind: &str) -> LoggedEvent {
 }
 
 fn append(entries: Vec<Option<LoggedEvent>>) -> WriteOp {
-    WriteOp::AppendLog { entries, floor: 0, keep: i64::MAX as u64 }
+    WriteOp::AppendLog { entries, floor: 0, keep: i64::MAX as u64, live: Vec::new() }
 }
 
 /// Every logged event, in seq order.
@@ -332,7 +332,7 @@ pub fn the_log_drops_its_oldest_past_capacity_but_never_bae_history(open: Open<'
     let (_dir, opened) = nodes(open, 1);
     let backend = &*opened[0].0;
     let bae = |n: usize| LoggedEvent { tenant: Some(super::BAE_TENANT.into()), ..event("b", &format!("bae.{n}")) };
-    let unbounded = |entries| WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX };
+    let unbounded = |entries| WriteOp::AppendLog { entries, floor: 0, keep: u64::MAX, live: Vec::new() };
     for chunk in 0..10 {
         let mut entries: Vec<_> = (0..1_000).map(|_| Some(event("s", "e"))).collect();
         entries[chunk] = Some(bae(chunk));
@@ -341,7 +341,7 @@ pub fn the_log_drops_its_oldest_past_capacity_but_never_bae_history(open: Open<'
     let query = |tenant| EventQuery { after: 0, before: i64::MAX as u64, tenant, session: None };
     let count = |tenant| backend.events(&query(tenant), 1_000_000).expect("the log reads").len();
     assert_eq!(count("t"), 9_990);
-    let kept = WriteOp::AppendLog { entries: vec![Some(event("s", "last"))], floor: 0, keep: 100 };
+    let kept = WriteOp::AppendLog { entries: vec![Some(event("s", "last"))], floor: 0, keep: 100, live: Vec::new() };
     write(backend, vec![kept]).expect("an append with a lower capacity commits at once");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while count("t") > 101 && std::time::Instant::now() < deadline {

@@ -94,11 +94,14 @@ pub(super) fn apply(tx: &mut Tx<'_>, op: &WriteOp, trim: &mut Trim) -> Result<Op
             )?;
         }
         WriteOp::RecordIdempotent(record) => record_idempotent(tx, record)?,
-        WriteOp::AppendLog { entries, floor, keep } => {
+        WriteOp::AppendLog { entries, floor, keep, live } => {
             if entries.is_empty() {
                 return Ok(None);
             }
             let first = take_seqs(tx, entries.len() as u64, *floor)?;
+            // Before the commit's pointer to what it logged (`writer.rs`): a node hears of
+            // these first, in seq order with the logged ones.
+            super::listen::notify_live(tx, first, live)?;
             append_events(tx, first, entries)?;
             super::webhooks::enqueue(tx, first, entries)?;
             trim.goal = trim.goal.max((first + entries.len() as u64 - 1).saturating_sub(*keep));

@@ -4,6 +4,12 @@
 //! hands each pointer on; the bus reads the rows back in seq order (`BusMsg::Remote`). The
 //! payload is only a pointer: the events table is the truth, so a notification lost while the
 //! connection was down costs nothing, and a reconnect hands on the log's last seq at once.
+//!
+//! Deltas are never stored: the transaction that takes their seqs notifies `LIVE_CHANNEL`
+//! with the deltas themselves (each payload under PostgreSQL's 8000 bytes; a delta too large
+//! for one is not sent), before its pointer, and the bus streams them in seq order with the
+//! logged events. A delta heard after its node has streamed a later event is dropped, never
+//! sent out of order.
 
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -11,18 +17,57 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use postgres::fallible_iterator::FallibleIterator;
 
-use super::super::StoreError;
+use super::super::{LoggedEvent, StoreError};
+use super::conn::Tx;
 
 /// The channel commits that log an event notify.
 pub const CHANNEL: &str = "kestrel_events";
+/// The channel of deltas, which are not logged.
+pub const LIVE_CHANNEL: &str = "kestrel_live";
+/// The most a notification's payload holds (PostgreSQL refuses 8000 bytes or more).
+const PAYLOAD_BYTES: usize = 7_800;
+
+/// What the thread hears.
+pub enum Heard {
+    /// Events were logged up to this seq.
+    Logged(u64),
+    /// Deltas another node streamed, with their seqs.
+    Live(Vec<LoggedEvent>),
+}
 
 /// How often the thread looks up from its connection to see whether it should stop.
 const POLL: Duration = Duration::from_millis(250);
 /// How long it waits before connecting again after losing its connection.
 const RECONNECT: Duration = Duration::from_secs(1);
 
-/// Called with the log's last seq each time another node commits events.
-pub type OnCommit = Box<dyn Fn(u64) + Send>;
+/// Called with what each commit of another node logged or streamed.
+pub type OnCommit = Box<dyn Fn(Heard) + Send>;
+
+/// Hands `live` (deltas at their places after `first`) to the other nodes at the commit.
+pub(super) fn notify_live(tx: &mut Tx<'_>, first: u64, live: &[(usize, LoggedEvent)]) -> Result<(), StoreError> {
+    let mut payload = String::from("[");
+    for (place, event) in live {
+        let event = LoggedEvent { seq: first + *place as u64, ..event.clone() };
+        let Ok(json) = serde_json::to_string(&event) else { continue };
+        if json.len() + 2 > PAYLOAD_BYTES {
+            continue;
+        }
+        if payload.len() + json.len() + 2 > PAYLOAD_BYTES {
+            payload.push(']');
+            tx.exec("SELECT pg_notify($1, $2)", &[&LIVE_CHANNEL, &payload])?;
+            payload = String::from("[");
+        }
+        if payload.len() > 1 {
+            payload.push(',');
+        }
+        payload.push_str(&json);
+    }
+    if payload.len() > 1 {
+        payload.push(']');
+        tx.exec("SELECT pg_notify($1, $2)", &[&LIVE_CHANNEL, &payload])?;
+    }
+    Ok(())
+}
 
 /// The running `kestrel-listen` thread.
 pub struct Listener {
@@ -64,12 +109,14 @@ fn run(url: &str, on_commit: &OnCommit, stopped: &Receiver<()>) {
 /// Listens until told to stop (`Ok`) or the connection fails.
 fn listen(url: &str, on_commit: &OnCommit, stopped: &Receiver<()>) -> Result<(), StoreError> {
     let mut client = super::connect(url).map_err(StoreError::Connect)?;
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}"))
+        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
     // Whatever was committed while this connection was not listening.
     let row = client
         .query_one("SELECT value FROM meta WHERE key = 'seq_last'", &[])
         .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    on_commit(row.get::<_, i64>(0) as u64);
+    on_commit(Heard::Logged(row.get::<_, i64>(0) as u64));
     loop {
         let mut notifications = client.notifications();
         let mut heard = notifications.timeout_iter(POLL);
@@ -78,11 +125,18 @@ fn listen(url: &str, on_commit: &OnCommit, stopped: &Receiver<()>) -> Result<(),
                 return Ok(());
             }
             match heard.next() {
-                Ok(Some(notification)) => {
-                    if let Ok(seq) = notification.payload().parse::<u64>() {
-                        on_commit(seq);
+                Ok(Some(notification)) => match notification.channel() {
+                    LIVE_CHANNEL => {
+                        if let Ok(live) = serde_json::from_str::<Vec<LoggedEvent>>(notification.payload()) {
+                            on_commit(Heard::Live(live));
+                        }
                     }
-                }
+                    _ => {
+                        if let Ok(seq) = notification.payload().parse::<u64>() {
+                            on_commit(Heard::Logged(seq));
+                        }
+                    }
+                },
                 // Quiet for `POLL`: look up, then listen again.
                 Ok(None) => break,
                 Err(error) => return Err(StoreError::Unavailable(error.to_string())),

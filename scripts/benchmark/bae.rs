@@ -96,18 +96,27 @@ pub fn client_key(admin: &str, data_dir: &std::path::Path) -> String {
     key["key"].as_str().unwrap().to_string()
 }
 
+/// A session opened with `key` on `connection`'s server and registered as a driver: its id and
+/// its session key.
+pub fn open_registered(connection: &mut Connection, key: &str) -> (String, String) {
+    let opened = connection.request_as("POST", "/api/v1/sessions", Some(key), b"{}").unwrap();
+    assert_eq!(opened.status, 201, "{}", String::from_utf8_lossy(&opened.body));
+    let opened: serde_json::Value = serde_json::from_slice(&opened.body).unwrap();
+    let (session, session_key) =
+        (opened["session_id"].as_str().unwrap().to_string(), opened["session_key"].as_str().unwrap().to_string());
+    let register = br#"{"jsonrpc":"2.0","id":1,"method":"session.registerDriver","params":{}}"#;
+    let registered =
+        connection.request_as("POST", &format!("/api/v1/sessions/{session}/rpc"), Some(&session_key), register);
+    assert!(String::from_utf8_lossy(&registered.unwrap().body).contains("\"registered\":true"));
+    (session, session_key)
+}
+
 /// One client's open + registerDriver, then one sendMessage turn to its terminal frame.
 pub fn one_turn(host: &str, key: &str) -> (Duration, Duration) {
     let started = Instant::now();
     let mut connection = Connection::open(host).unwrap();
-    let opened = connection.request_as("POST", "/api/v1/sessions", Some(key), b"{}").unwrap();
-    assert_eq!(opened.status, 201, "{}", String::from_utf8_lossy(&opened.body));
-    let opened: serde_json::Value = serde_json::from_slice(&opened.body).unwrap();
-    let (session, session_key) = (opened["session_id"].as_str().unwrap(), opened["session_key"].as_str().unwrap());
-    let rpc = format!("/api/v1/sessions/{session}/rpc");
-    let register = br#"{"jsonrpc":"2.0","id":1,"method":"session.registerDriver","params":{}}"#;
-    let registered = connection.request_as("POST", &rpc, Some(session_key), register).unwrap();
-    assert!(String::from_utf8_lossy(&registered.body).contains("\"registered\":true"));
+    let (session, session_key) = open_registered(&mut connection, key);
+    let (rpc, session_key) = (format!("/api/v1/sessions/{session}/rpc"), session_key.as_str());
     let open = started.elapsed();
     let send = br#"{"jsonrpc":"2.0","id":2,"method":"session.sendMessage","params":{"message":{"content":"What time is it?"}}}"#;
     let started = Instant::now();

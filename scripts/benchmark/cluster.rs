@@ -14,7 +14,7 @@ use std::io::BufRead;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::bae::{client_key, fake_provider_config, percentile};
+use super::bae::{client_key, fake_provider_config, open_registered, percentile};
 use super::client::{open_stream, read_chunk, Connection};
 use super::{report, Spawned};
 
@@ -87,14 +87,8 @@ fn spread(hosts: &[String], seconds: u64, client: impl Fn(&str) -> Box<dyn FnMut
 
 /// A BAE client: a session opened at `host` (so held there), then one turn per step.
 fn bae_turns(host: &str, key: &str) -> Box<dyn FnMut() + Send> {
-    let mut connection = Connection::open(host).unwrap();
-    let opened = connection.request_as("POST", "/api/v1/sessions", Some(key), b"{}").unwrap();
-    let opened: serde_json::Value = serde_json::from_slice(&opened.body).unwrap();
-    let (session, session_key) =
-        (opened["session_id"].as_str().unwrap().to_string(), opened["session_key"].as_str().unwrap().to_string());
+    let (session, session_key) = open_registered(&mut Connection::open(host).unwrap(), key);
     let rpc = format!("/api/v1/sessions/{session}/rpc");
-    let register = br#"{"jsonrpc":"2.0","id":1,"method":"session.registerDriver","params":{}}"#;
-    connection.request_as("POST", &rpc, Some(&session_key), register).unwrap();
     let host = host.to_string();
     Box::new(move || {
         let send = br#"{"jsonrpc":"2.0","id":2,"method":"session.sendMessage","params":{"message":{"content":"What time is it?"}}}"#;

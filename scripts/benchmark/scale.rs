@@ -265,14 +265,8 @@ fn bae_session(data: &Path, workspace: &Path, turns: usize) -> (String, String) 
     let mut kestrel = Spawned::kestrel_on(data, workspace, &config);
     let admin = kestrel.next_host();
     let key = super::bae::client_key(&admin, data);
-    let mut connection = Connection::open(&kestrel.host).unwrap();
-    let opened = connection.request_as("POST", "/api/v1/sessions", Some(&key), b"{}").unwrap();
-    let opened: serde_json::Value = serde_json::from_slice(&opened.body).unwrap();
-    let (session, session_key) =
-        (opened["session_id"].as_str().unwrap().to_string(), opened["session_key"].as_str().unwrap().to_string());
+    let (session, session_key) = super::bae::open_registered(&mut Connection::open(&kestrel.host).unwrap(), &key);
     let rpc = format!("/api/v1/sessions/{session}/rpc");
-    let register = br#"{"jsonrpc":"2.0","id":1,"method":"session.registerDriver","params":{}}"#;
-    connection.request_as("POST", &rpc, Some(&session_key), register).unwrap();
     let send = br#"{"jsonrpc":"2.0","id":2,"method":"session.sendMessage","params":{"message":{"content":"What time is it?"}}}"#;
     for _ in 0..turns {
         let mut turn = Connection::open(&kestrel.host).unwrap();

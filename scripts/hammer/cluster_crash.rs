@@ -202,12 +202,7 @@ fn drive(hosts: &Hosts, stop: &AtomicBool, ledger: &Mutex<Ledger>, counts: &Coun
             break;
         }
         let token = format!("tok-{index}-{n}");
-        let content = match random.next() % 3 {
-            0 => format!("plain {token}"),
-            1 => format!("/tool run_command {}", json!({ "command": format!("echo {token} >> commands.log") })),
-            _ => format!("/tool write_file {}", json!({ "path": format!("files/{token}.txt"), "content": token })),
-        };
-        let body = json!({ "content": content });
+        let body = json!({ "content": super::crashloop::message(&mut random, &token) });
         ledger
             .lock()
             .unwrap_or_else(|e| e.into_inner())

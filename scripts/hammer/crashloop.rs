@@ -155,15 +155,7 @@ fn drive(
             break;
         }
         let token = format!("tok-{round}-{index}-{n}");
-        let content = match random.next() % 3 {
-            0 => format!("plain {token}"),
-            1 => format!(
-                "/tool run_command {}",
-                json!({ "command": format!("sleep 0.0{}; echo {token} >> commands.log", random.next() % 10) })
-            ),
-            _ => format!("/tool write_file {}", json!({ "path": format!("files/{token}.txt"), "content": token })),
-        };
-        let body = json!({ "content": content });
+        let body = json!({ "content": message(&mut random, &token) });
         ledger
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -194,6 +186,19 @@ fn drive(
         }
     }
     approvals
+}
+
+/// One message of the load, carrying `token`: plain text, a `run_command` that appends the
+/// token to `commands.log` (asking for an approval), or a `write_file` of it.
+pub fn message(random: &mut Random, token: &str) -> String {
+    match random.next() % 3 {
+        0 => format!("plain {token}"),
+        1 => format!(
+            "/tool run_command {}",
+            json!({ "command": format!("sleep 0.0{}; echo {token} >> commands.log", random.next() % 10) })
+        ),
+        _ => format!("/tool write_file {}", json!({ "path": format!("files/{token}.txt"), "content": token })),
+    }
 }
 
 /// Watches a session's events until its run ends, approving whatever it asks; `None` when

@@ -452,42 +452,6 @@ pub struct Bus {
     followers: Arc<Followers>,
 }
 
-/// How many streams on this node follow each session: a cluster's node keeps the lease of a
-/// followed session, whose events its streams get from its bus.
-#[derive(Default)]
-struct Followers(std::sync::Mutex<std::collections::HashMap<String, usize>>);
-
-impl Followers {
-    fn counts(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// One stream following a session, for as long as it lives.
-struct Following {
-    followers: Arc<Followers>,
-    session: String,
-}
-
-impl Following {
-    fn new(followers: &Arc<Followers>, session: &str) -> Following {
-        *followers.counts().entry(session.to_string()).or_default() += 1;
-        Following { followers: Arc::clone(followers), session: session.to_string() }
-    }
-}
-
-impl Drop for Following {
-    fn drop(&mut self) {
-        let mut counts = self.followers.counts();
-        if let Some(count) = counts.get_mut(&self.session) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.session);
-            }
-        }
-    }
-}
-
 pub struct BusHandle {
     bus_tx: Sender<BusMsg>,
     thread: Option<JoinHandle<()>>,
@@ -648,6 +612,8 @@ impl BusHandle {
 }
 
 mod actor;
+mod followers;
 use actor::BusActor;
+use followers::{Followers, Following};
 #[cfg(test)]
 mod tests;

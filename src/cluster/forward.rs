@@ -423,6 +423,11 @@ mod tests {
         assert_eq!(ids.last, Some(43));
         ids.feed(b"id: not-a-seq\ndata: x\n\n");
         assert_eq!(ids.last, Some(43), "an id that is no seq changes nothing");
+        // A holder's endless line costs the relay 64 bytes, not the line.
+        ids.feed(&vec![b'x'; 1 << 20]);
+        assert!(ids.partial.len() <= 64);
+        ids.feed(b"\nid: 44\n");
+        assert_eq!(ids.last, Some(44));
     }
 
     #[test]

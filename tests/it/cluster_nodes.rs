@@ -347,10 +347,12 @@ fn the_global_stream_at_any_node_carries_every_nodes_events_in_seq_order_and_rep
     let workspace = tempfile::tempdir().unwrap();
     let cluster = nodes(&database.url, workspace.path(), 3, "");
     let mut at_third = global_stream(&cluster[2], None);
-    // A session runs at each of the first two nodes, at once.
+    // A session runs at each of the first two nodes, at once. The second echoes one word of
+    // 12,000 characters: a delta too large for one notification, sent in parts.
     let ids: Vec<String> = cluster[..2].iter().map(create_session).collect();
-    for (node, id) in cluster.iter().zip(&ids) {
-        let sent = node.client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "hello" }));
+    let long_word = "ü".repeat(6_000);
+    for ((node, id), content) in cluster.iter().zip(&ids).zip(["hello", long_word.as_str()]) {
+        let sent = node.client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": content }));
         assert_eq!(sent.status, 202, "{}", sent.text);
     }
     let mut seen: Vec<(u64, Value)> = Vec::new();
@@ -369,6 +371,12 @@ fn the_global_stream_at_any_node_carries_every_nodes_events_in_seq_order_and_rep
             assert!(of_session.contains(&kind), "{kind} of {id} at the third node: {of_session:?}");
         }
     }
+    let long_delta = format!(" {long_word}");
+    assert!(
+        seen.iter()
+            .any(|(_, e)| e["event"]["sessionId"] == ids[1].as_str() && e["event"]["delta"] == long_delta.as_str()),
+        "the large delta arrived whole at the third node"
+    );
     // Reconnecting at another node after any event replays every logged event after it, in
     // the same order, with no gap and no duplicate (and that node's own deltas from its
     // memory; another node's deltas are not logged).

@@ -6,8 +6,8 @@
 //! connection was down costs nothing, and a reconnect hands on the log's last seq at once.
 //!
 //! Deltas are never stored: the transaction that takes their seqs notifies `LIVE_CHANNEL`
-//! with the deltas themselves (each payload under PostgreSQL's 8000 bytes; a delta too large
-//! for one is not sent), before its pointer, and the bus streams them in seq order with the
+//! with the deltas themselves (`live.rs`: payloads under PostgreSQL's 8000 bytes, a larger
+//! delta in parts), before its pointer, and the bus streams them in seq order with the
 //! logged events. A delta heard after its node has streamed a later event is dropped, never
 //! sent out of order.
 
@@ -24,8 +24,6 @@ use super::conn::Tx;
 pub const CHANNEL: &str = "kestrel_events";
 /// The channel of deltas, which are not logged.
 pub const LIVE_CHANNEL: &str = "kestrel_live";
-/// The most a notification's payload holds (PostgreSQL refuses 8000 bytes or more).
-const PAYLOAD_BYTES: usize = 7_800;
 
 /// What the thread hears.
 pub enum Heard {
@@ -45,25 +43,7 @@ pub type OnCommit = Box<dyn Fn(Heard) + Send>;
 
 /// Hands `live` (deltas at their places after `first`) to the other nodes at the commit.
 pub(super) fn notify_live(tx: &mut Tx<'_>, first: u64, live: &[(usize, LoggedEvent)]) -> Result<(), StoreError> {
-    let mut payload = String::from("[");
-    for (place, event) in live {
-        let event = LoggedEvent { seq: first + *place as u64, ..event.clone() };
-        let Ok(json) = serde_json::to_string(&event) else { continue };
-        if json.len() + 2 > PAYLOAD_BYTES {
-            continue;
-        }
-        if payload.len() + json.len() + 2 > PAYLOAD_BYTES {
-            payload.push(']');
-            tx.exec("SELECT pg_notify($1, $2)", &[&LIVE_CHANNEL, &payload])?;
-            payload = String::from("[");
-        }
-        if payload.len() > 1 {
-            payload.push(',');
-        }
-        payload.push_str(&json);
-    }
-    if payload.len() > 1 {
-        payload.push(']');
+    for payload in super::live::payloads(first, live) {
         tx.exec("SELECT pg_notify($1, $2)", &[&LIVE_CHANNEL, &payload])?;
     }
     Ok(())
@@ -117,6 +97,7 @@ fn listen(url: &str, on_commit: &OnCommit, stopped: &Receiver<()>) -> Result<(),
         .query_one("SELECT value FROM meta WHERE key = 'seq_last'", &[])
         .map_err(|e| StoreError::Unavailable(e.to_string()))?;
     on_commit(Heard::Logged(row.get::<_, i64>(0) as u64));
+    let mut assembly = super::live::Assembly::default();
     loop {
         let mut notifications = client.notifications();
         let mut heard = notifications.timeout_iter(POLL);
@@ -127,7 +108,8 @@ fn listen(url: &str, on_commit: &OnCommit, stopped: &Receiver<()>) -> Result<(),
             match heard.next() {
                 Ok(Some(notification)) => match notification.channel() {
                     LIVE_CHANNEL => {
-                        if let Ok(live) = serde_json::from_str::<Vec<LoggedEvent>>(notification.payload()) {
+                        let live = assembly.hear(notification.payload());
+                        if !live.is_empty() {
                             on_commit(Heard::Live(live));
                         }
                     }

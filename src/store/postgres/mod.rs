@@ -20,6 +20,7 @@ mod cluster;
 mod conn;
 mod import;
 pub mod listen;
+mod live;
 mod migrate;
 mod policy;
 mod reads;

@@ -172,10 +172,15 @@ impl Node {
             .filter(|(name, _)| !NOT_SENT_ON.iter().any(|skipped| name.eq_ignore_ascii_case(skipped)))
             .map(|(name, value)| (name.to_string(), value.to_string()))
             .collect();
-        let call = Call { method: request.method().to_string(), target: request.url().to_string(), headers };
-        let resumable = match (call.method.as_str(), session_of(request.path())) {
+        let resumable = match (request.method(), session_of(request.path())) {
             ("GET", Some(session)) if request.path().trim_end_matches('/').ends_with("/events") => Some(session),
             _ => None,
+        };
+        let call = Call {
+            method: request.method().to_string(),
+            target: request.url().to_string(),
+            headers,
+            stream: resumable.is_some(),
         };
         // Where the log is before the stream opens: a stream that ends before it passed on
         // any event is opened again after it.
@@ -194,7 +199,8 @@ impl Node {
 
     /// One call to the node at `url`, with the cluster's secret.
     fn send(&self, call: &Call, url: &str, body: &[u8]) -> Result<ureq::Response, ForwardError> {
-        let mut request = self.agent.request(&call.method, &format!("{url}{}", call.target));
+        let agent = if call.stream { &self.stream_agent } else { &self.agent };
+        let mut request = agent.request(&call.method, &format!("{url}{}", call.target));
         for (name, value) in &call.headers {
             request = request.set(name, value);
         }
@@ -213,6 +219,8 @@ struct Call {
     method: String,
     target: String,
     headers: Vec<(String, String)>,
+    /// A session's event stream, read with the stream agent's shorter wait.
+    stream: bool,
 }
 
 /// What opens a relayed session stream again after its holder's stream ended: the session's

@@ -41,6 +41,10 @@ pub struct Node {
     book: Arc<LeaseBook>,
     /// The client of calls to other nodes (`forward.rs`), its connections kept for reuse.
     agent: ureq::Agent,
+    /// The client of session streams relayed from another node: the holder sends at least a
+    /// ping each SSE ping interval, so `STREAM_SILENCE` of them unheard means a holder paused
+    /// or cut off, and the relay opens the stream again where the session is held then.
+    stream_agent: ureq::Agent,
     /// The engine this node's leases are for: told what it takes over and what it loses.
     engine: OnceLock<WeakEngine>,
     /// Claims of sessions this node does not hold, one at a time per stripe, so a session is
@@ -58,6 +62,18 @@ const SWEEP_LIMIT: i64 = 64;
 /// answer may wait on a model for minutes; a stream sends at least a ping every 15 s.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const READ_TIMEOUT: Duration = Duration::from_secs(600);
+/// How many SSE ping intervals a relayed session stream may stay silent.
+const STREAM_SILENCE: u32 = 3;
+
+/// A client of other nodes that waits `read_timeout` at most for their next bytes.
+fn agent(read_timeout: Duration) -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout_connect(CONNECT_TIMEOUT)
+        .timeout_read(read_timeout)
+        .redirects(0)
+        .user_agent(concat!("kestrel-cluster/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
 
 /// The default node id: the host's name and the data dir's marker, so two nodes on one host
 /// (each with its own data dir) differ, and one node keeps its id across restarts.
@@ -72,9 +88,11 @@ pub fn default_node_id(marker: &str) -> String {
 }
 
 impl Node {
+    /// `ping_interval` is the SSE streams' (every node's, as their configs should agree).
     pub fn new(
         config: &ClusterConfig,
         secret: &str,
+        ping_interval: Duration,
         membership: Arc<dyn Membership>,
         book: Arc<LeaseBook>,
     ) -> Arc<Node> {
@@ -89,12 +107,8 @@ impl Node {
             lease_ms: config.lease_ms.clamp(MIN_LEASE_MS, MAX_LEASE_MS),
             membership,
             book,
-            agent: ureq::AgentBuilder::new()
-                .timeout_connect(CONNECT_TIMEOUT)
-                .timeout_read(READ_TIMEOUT)
-                .redirects(0)
-                .user_agent(concat!("kestrel-cluster/", env!("CARGO_PKG_VERSION")))
-                .build(),
+            agent: agent(READ_TIMEOUT),
+            stream_agent: agent((ping_interval * STREAM_SILENCE).max(Duration::from_secs(1))),
             engine: OnceLock::new(),
             taking: Default::default(),
             idle: Mutex::default(),

@@ -394,32 +394,45 @@ fn the_global_stream_at_any_node_carries_every_nodes_events_in_seq_order_and_rep
     assert_eq!(logged(&replayed), expected);
 }
 
-#[test]
-fn a_stream_relayed_from_a_holder_that_dies_goes_on_from_the_next_holder_losing_nothing() {
-    let Some(database) = pg_cluster::database() else { return };
+/// Three nodes; a session the first holds (its stream claimed it) after a turn there, and the
+/// session's stream at the second node, relayed from the first.
+fn relayed_at_second(database: &str, extra: &str) -> (tempfile::TempDir, Vec<NodeProcess>, String, SseClient) {
     let workspace = tempfile::tempdir().unwrap();
-    let mut cluster = nodes(&database.url, workspace.path(), 3, "");
+    let cluster = nodes(database, workspace.path(), 3, extra);
     let id = create_session(&cluster[0]);
-    // The first node holds the session (its stream claimed it) and runs a turn.
     let mut at_first = cluster[0].events(&id);
     let sent = cluster[0].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "one" }));
     assert_eq!(sent.status, 202, "{}", sent.text);
     at_first.collect_until(is_run_end);
-    // The second node relays the first's stream; then the first dies.
-    let mut at_second = cluster[1].events(&id);
-    cluster[0].kill_9();
-    // A message at the third node: refused as retryable until the dead node's lease runs out.
+    let at_second = cluster[1].events(&id);
+    (workspace, cluster, id, at_second)
+}
+
+/// Sends a message to `session` at `node` until it is accepted (202), through the retryable
+/// 503s (each with `Retry-After`) of a holder whose lease has not run out yet or a writer
+/// connecting again; its run id.
+fn message_when_served(node: &NodeProcess, session: &str, content: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let run = loop {
-        let sent = cluster[2].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "two" }));
+    loop {
+        let sent = node.client().post(&format!("/api/sessions/{session}/messages"), json!({ "content": content }));
         match sent.status {
-            202 => break sent.json["runId"].as_str().unwrap().to_string(),
+            202 => return sent.json["runId"].as_str().unwrap().to_string(),
             503 => assert!(sent.header("Retry-After").is_some(), "{}", sent.text),
             other => panic!("{other}: {}", sent.text),
         }
-        assert!(Instant::now() < deadline, "the session was never taken over");
+        assert!(Instant::now() < deadline, "the message was never served");
         std::thread::yield_now();
-    };
+    }
+}
+
+#[test]
+fn a_stream_relayed_from_a_holder_that_dies_goes_on_from_the_next_holder_losing_nothing() {
+    let Some(database) = pg_cluster::database() else { return };
+    let (_workspace, mut cluster, id, mut at_second) = relayed_at_second(&database.url, "");
+    // Then the first node dies.
+    cluster[0].kill_9();
+    // A message at the third node: refused as retryable until the dead node's lease runs out.
+    let run = message_when_served(&cluster[2], &id, "two");
     // The stream at the second node went on from the new holder.
     let events = at_second.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
     assert_eq!(events.last().unwrap()["event"]["type"], "run.finished", "{events:?}");
@@ -435,6 +448,38 @@ fn a_stream_relayed_from_a_holder_that_dies_goes_on_from_the_next_holder_losing_
     };
     let replayed = replay.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
     assert_eq!(logged(&events), logged(&replayed));
+}
+
+#[test]
+fn a_stream_relayed_from_a_paused_holder_goes_on_from_the_next_holder_within_a_few_pings() {
+    let Some(database) = pg_cluster::database() else { return };
+    let (_workspace, cluster, id, mut at_second) =
+        relayed_at_second(&database.url, "[server]\nsse_ping_interval_ms = 200\n");
+    // Then the first node is paused, its sockets open.
+    cluster[0].signal(nix::sys::signal::Signal::SIGSTOP);
+    // Its lease runs out and another node holds the session (the relay's reopen or a sweep
+    // claims it): a message at the third node is then served by that holder.
+    wait_until("the paused node's session to be taken over", || {
+        cluster[2].holders().iter().any(|(node, live)| node != "n1" && *live == 1)
+    });
+    let sent = cluster[2].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "two" }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    let run = sent.json["runId"].as_str().unwrap().to_string();
+    // The relay stopped waiting on the silent holder after three pings' time and went on
+    // from the new one: the run reaches the second node's stream (within `WAIT`, where the
+    // paused holder's stream would have kept it for the 600 s a forwarded answer may take).
+    let events = at_second.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
+    assert_eq!(events.last().unwrap()["event"]["type"], "run.finished", "{events:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "no event twice, none out of order: {seqs:?}");
+    // The paused node wakes to a lost lease (and a database connection cut while it slept
+    // in a transaction: a retryable 503 until its writer has connected again); a message
+    // sent there is served by the holder, and the stream goes on.
+    cluster[0].signal(nix::sys::signal::Signal::SIGCONT);
+    let run = message_when_served(&cluster[0], &id, "three");
+    let after = at_second.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
+    assert_eq!(after.last().unwrap()["event"]["type"], "run.finished", "{after:?}");
+    assert!(after[0]["seq"].as_u64() > seqs.last().copied(), "the stream goes on after what it passed on");
 }
 
 /// Per-request node choice, as a round-robin load balancer makes it: each request goes to the

@@ -190,16 +190,34 @@ impl Node {
             }
             _ => None,
         };
-        let answer = self.send(&call, url, &body)?;
-        let resume =
-            resumable.map(|session| Resume { node: Arc::clone(self), session: session.to_string(), call, position });
+        let (answer, resume) = match (resumable, session_of(request.path())) {
+            (Some(session), _) => {
+                let answer = self.send(&call, url, &body)?;
+                (answer, Some(Resume { node: Arc::clone(self), session: session.to_string(), call, position }))
+            }
+            (None, Some(session)) if matches!(call.method.as_str(), "GET" | "HEAD") => {
+                (self.read_watching(&call, url, session)?, None)
+            }
+            (None, Some(session)) => (self.send_watching(call, url, body, session)?, None),
+            (None, None) => (self.send(&call, url, &body)?, None),
+        };
         relay(answer, resume)
             .map_err(|error| ForwardError::Unavailable(format!("the answer of {url} was cut: {error}")))
     }
 
     /// One call to the node at `url`, with the cluster's secret.
-    fn send(&self, call: &Call, url: &str, body: &[u8]) -> Result<ureq::Response, ForwardError> {
+    pub(super) fn send(&self, call: &Call, url: &str, body: &[u8]) -> Result<ureq::Response, ForwardError> {
         let agent = if call.stream { &self.stream_agent } else { &self.agent };
+        self.call_with(agent, call, url, body).map_err(|error| unanswered(url, &error))
+    }
+
+    pub(super) fn call_with(
+        &self,
+        agent: &ureq::Agent,
+        call: &Call,
+        url: &str,
+        body: &[u8],
+    ) -> Result<ureq::Response, Box<ureq::Transport>> {
         let mut request = agent.request(&call.method, &format!("{url}{}", call.target));
         for (name, value) in &call.headers {
             request = request.set(name, value);
@@ -207,20 +225,22 @@ impl Node {
         request = request.set(SECRET_HEADER, &self.secret).set(FORWARDED_BY, &self.id);
         match request.send_bytes(body) {
             Ok(answer) | Err(ureq::Error::Status(_, answer)) => Ok(answer),
-            Err(ureq::Error::Transport(error)) => {
-                Err(ForwardError::Unavailable(format!("the node at {url} did not answer: {error}")))
-            }
+            Err(ureq::Error::Transport(error)) => Err(Box::new(error)),
         }
     }
 }
 
+pub(super) fn unanswered(url: &str, error: &ureq::Transport) -> ForwardError {
+    ForwardError::Unavailable(format!("the node at {url} did not answer: {error}"))
+}
+
 /// A request as it is sent on: its method, path and query, and the client's headers.
-struct Call {
-    method: String,
-    target: String,
-    headers: Vec<(String, String)>,
+pub(super) struct Call {
+    pub(super) method: String,
+    pub(super) target: String,
+    pub(super) headers: Vec<(String, String)>,
     /// A session's event stream, read with the stream agent's shorter wait.
-    stream: bool,
+    pub(super) stream: bool,
 }
 
 /// What opens a relayed session stream again after its holder's stream ended: the session's

@@ -9,6 +9,7 @@
 //! them to expire.
 
 pub mod forward;
+mod watch;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -45,6 +46,9 @@ pub struct Node {
     /// ping each SSE ping interval, so `STREAM_SILENCE` of them unheard means a holder paused
     /// or cut off, and the relay opens the stream again where the session is held then.
     stream_agent: ureq::Agent,
+    /// The client of reads of a session, which wait a lease at most for the holder's next
+    /// bytes before the holder's lease is looked at again (`forward.rs`).
+    watch_agent: ureq::Agent,
     /// The engine this node's leases are for: told what it takes over and what it loses.
     engine: OnceLock<WeakEngine>,
     /// Claims of sessions this node does not hold, one at a time per stripe, so a session is
@@ -96,6 +100,7 @@ impl Node {
         membership: Arc<dyn Membership>,
         book: Arc<LeaseBook>,
     ) -> Arc<Node> {
+        let lease_ms = config.lease_ms.clamp(MIN_LEASE_MS, MAX_LEASE_MS);
         let advertise_url = OnceLock::new();
         if let Some(url) = config.advertise_url.as_deref().filter(|url| !url.is_empty()) {
             let _ = advertise_url.set(url.trim_end_matches('/').to_string());
@@ -104,11 +109,12 @@ impl Node {
             id: book.node().to_string(),
             advertise_url,
             secret: secret.to_string(),
-            lease_ms: config.lease_ms.clamp(MIN_LEASE_MS, MAX_LEASE_MS),
+            lease_ms,
             membership,
             book,
             agent: agent(READ_TIMEOUT),
             stream_agent: agent((ping_interval * STREAM_SILENCE).max(Duration::from_secs(1))),
+            watch_agent: agent(Duration::from_millis(lease_ms)),
             engine: OnceLock::new(),
             taking: Default::default(),
             idle: Mutex::default(),

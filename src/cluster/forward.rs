@@ -419,7 +419,35 @@ impl StreamBody for RelayedStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{call, holder, node};
     use super::*;
+
+    #[test]
+    fn a_relayed_stream_is_opened_again_after_the_last_id_through_a_503_but_not_after_a_refusal() {
+        let (answer, answers) = crossbeam_channel::unbounded();
+        let (url, heard) = holder(answers);
+        let (node, _) = node(&url, false);
+        let call = Call { stream: true, ..call("GET", "/api/sessions/s/events") };
+        let mut resume = Resume { node, session: "s".into(), call, position: Some(7) };
+        // The holder is not ready (503), then serves the stream, from after the last id passed on.
+        answer.send(Some("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")).unwrap();
+        answer.send(Some("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n")).unwrap();
+        let reopened = resume.reopen(Some(41), &|| true).expect("opened again after the 503");
+        assert_eq!(reopened.status(), 200);
+        let calls: Vec<String> = heard.try_iter().collect();
+        assert_eq!(calls.len(), 2);
+        assert!(calls.iter().all(|head| head.to_ascii_lowercase().contains("last-event-id: 41\r\n")), "{calls:?}");
+        // With no id passed on yet, the log's position when the stream first opened.
+        answer.send(Some("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")).unwrap();
+        resume.reopen(None, &|| true).expect("opened again");
+        assert!(heard.recv().unwrap().to_ascii_lowercase().contains("last-event-id: 7\r\n"));
+        // Refused for good (the client's token no longer admitted there): the stream ends.
+        answer.send(Some("HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")).unwrap();
+        assert!(resume.reopen(Some(41), &|| true).is_none());
+        // The client left: not tried at all.
+        assert!(resume.reopen(Some(41), &|| false).is_none());
+        assert_eq!(heard.try_iter().count(), 1, "the refused call only");
+    }
 
     #[test]
     fn sessions_are_found_in_either_doors_paths() {

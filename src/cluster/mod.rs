@@ -9,6 +9,8 @@
 //! them to expire.
 
 pub mod forward;
+#[cfg(test)]
+mod testing;
 mod watch;
 
 use std::collections::HashSet;

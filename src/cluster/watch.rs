@@ -85,133 +85,45 @@ fn timed_out(error: &ureq::Transport) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use crossbeam_channel::{Receiver, Sender};
-
+    use super::super::testing::{call, holder, node, OK};
     use super::*;
-    use crate::config::ClusterConfig;
-    use crate::store::cluster::{Claim, LeaseBook, Membership, NodeRow, Owner};
-    use crate::store::postgres::listen::{Listener, OnCommit};
-    use crate::store::StoreError;
-
-    /// A session's lease as the database shows it: held by the node at `url` unless
-    /// `expired`; each look at it is told on `looked`.
-    struct Lease {
-        url: String,
-        expired: AtomicBool,
-        looked: Sender<()>,
-    }
-
-    fn unused<T>() -> Result<T, StoreError> {
-        Err(StoreError::Unavailable("not used by forwarding".into()))
-    }
-
-    impl Membership for Lease {
-        fn owner(&self, _session_id: &str) -> Result<Option<Owner>, StoreError> {
-            let _ = self.looked.try_send(());
-            let expired = self.expired.load(Ordering::SeqCst);
-            Ok(Some(Owner { node_id: "holder".into(), advertise_url: Some(self.url.clone()), epoch: 1, expired }))
-        }
-        fn heartbeat(&self, _node: &str, _advertise_url: &str) -> Result<(), StoreError> {
-            unused()
-        }
-        fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
-            unused()
-        }
-        fn claim(&self, _session_id: &str, _node: &str, _lease_ms: u64) -> Result<Claim, StoreError> {
-            unused()
-        }
-        fn renew(&self, _node: &str, _lease_ms: u64) -> Result<Vec<(String, i64)>, StoreError> {
-            unused()
-        }
-        fn release(&self, _session_id: &str, _node: &str, _epoch: i64) -> Result<bool, StoreError> {
-            unused()
-        }
-        fn orphans(&self, _node: &str, _limit: i64) -> Result<Vec<String>, StoreError> {
-            unused()
-        }
-        fn follow_log(&self, _on_commit: OnCommit) -> Result<Listener, StoreError> {
-            unused()
-        }
-        fn log_position(&self) -> Result<u64, StoreError> {
-            unused()
-        }
-        fn agree(&self, _name: &str, _proposed: &str) -> Result<String, StoreError> {
-            unused()
-        }
-    }
-
-    /// A holder that takes calls and answers none (paused, its sockets open), except the
-    /// ones `answer` lets through: the n-th call is answered once `answer` yields its n-th.
-    fn holder(answer: Receiver<bool>) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        std::thread::spawn(move || {
-            let mut silent: Vec<TcpStream> = Vec::new();
-            for mut call in listener.incoming().flatten() {
-                let mut request = [0u8; 4096];
-                let _ = call.read(&mut request);
-                match answer.recv() {
-                    Ok(true) => {
-                        let _ = call.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-                    }
-                    Ok(false) => silent.push(call),
-                    Err(_) => return,
-                }
-            }
-        });
-        url
-    }
-
-    fn node(url: &str, expired: bool) -> (Arc<Node>, Receiver<()>) {
-        let (looked, looks) = crossbeam_channel::unbounded();
-        let lease = Lease { url: url.to_string(), expired: AtomicBool::new(expired), looked };
-        let config = ClusterConfig { lease_ms: 300, ..ClusterConfig::default() };
-        let ping = Duration::from_secs(15);
-        (Node::new(&config, "secret", ping, Arc::new(lease), LeaseBook::new("here")), looks)
-    }
-
-    fn call(method: &str) -> Call {
-        Call { method: method.into(), target: "/api/sessions/s".into(), headers: Vec::new(), stream: false }
-    }
 
     #[test]
     fn a_read_a_slow_holder_still_holds_is_asked_again_and_one_that_lost_it_is_not_waited_for() {
         let (answer, answers) = crossbeam_channel::unbounded();
-        let url = holder(answers);
+        let (url, _) = holder(answers);
+        let read = call("GET", "/api/sessions/s");
         // Silent at first, then answered: the holder still holds the lease.
-        answer.send(false).unwrap();
-        answer.send(true).unwrap();
+        answer.send(None).unwrap();
+        answer.send(OK).unwrap();
         let (held, looks) = node(&url, false);
-        let read = held.read_watching(&call("GET"), &url, "s").expect("asked again");
-        assert_eq!(read.status(), 200);
+        let answered = held.read_watching(&read, &url, "s").expect("asked again");
+        assert_eq!(answered.status(), 200);
         assert_eq!(looks.try_iter().count(), 1, "the lease was looked at once, after the first wait");
         // Silent, and the lease ran out: a retryable refusal, not a wait.
-        answer.send(false).unwrap();
+        answer.send(None).unwrap();
         let (lost, _) = node(&url, true);
-        assert!(matches!(lost.read_watching(&call("GET"), &url, "s"), Err(ForwardError::Unavailable(_))));
+        assert!(matches!(lost.read_watching(&read, &url, "s"), Err(ForwardError::Unavailable(_))));
     }
 
     #[test]
     fn a_write_is_waited_for_while_its_holder_holds_the_lease_and_given_up_once_it_does_not() {
         let (answer, answers) = crossbeam_channel::unbounded();
-        let url = holder(answers);
+        let (url, _) = holder(answers);
+        let write = || call("POST", "/api/sessions/s/messages");
         // Answered only after the forwarding node has looked at the lease and waited on.
         let (held, looks) = node(&url, false);
         std::thread::spawn(move || {
             if looks.recv().is_ok() {
-                let _ = answer.send(true);
-                let _ = answer.send(false);
+                let _ = answer.send(OK);
+                let _ = answer.send(None);
             }
         });
-        let sent = held.send_watching(call("POST"), &url, b"{}".to_vec(), "s").expect("waited for");
+        let sent = held.send_watching(write(), &url, b"{}".to_vec(), "s").expect("waited for");
         assert_eq!(sent.status(), 200);
         // The holder stays silent and its lease ran out: given up.
         let (lost, _) = node(&url, true);
-        let given_up = lost.send_watching(call("POST"), &url, b"{}".to_vec(), "s");
+        let given_up = lost.send_watching(write(), &url, b"{}".to_vec(), "s");
         assert!(matches!(given_up, Err(ForwardError::Unavailable(_))));
     }
 }

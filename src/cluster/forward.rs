@@ -172,7 +172,8 @@ impl Node {
             .filter(|(name, _)| !NOT_SENT_ON.iter().any(|skipped| name.eq_ignore_ascii_case(skipped)))
             .map(|(name, value)| (name.to_string(), value.to_string()))
             .collect();
-        let resumable = match (request.method(), session_of(request.path())) {
+        let session = session_of(request.path());
+        let resumable = match (request.method(), session) {
             ("GET", Some(session)) if request.path().trim_end_matches('/').ends_with("/events") => Some(session),
             _ => None,
         };
@@ -190,7 +191,7 @@ impl Node {
             }
             _ => None,
         };
-        let (answer, resume) = match (resumable, session_of(request.path())) {
+        let (answer, resume) = match (resumable, session) {
             (Some(session), _) => {
                 let answer = self.send(&call, url, &body)?;
                 (answer, Some(Resume { node: Arc::clone(self), session: session.to_string(), call, position }))

@@ -49,7 +49,7 @@ pub struct Node {
     /// or cut off, and the relay opens the stream again where the session is held then.
     stream_agent: ureq::Agent,
     /// The client of reads of a session, which wait a lease at most for the holder's next
-    /// bytes before the holder's lease is looked at again (`forward.rs`).
+    /// bytes before the holder's lease is looked at again (`watch.rs`).
     watch_agent: ureq::Agent,
     /// The engine this node's leases are for: told what it takes over and what it loses.
     engine: OnceLock<WeakEngine>,

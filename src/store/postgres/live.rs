@@ -20,7 +20,7 @@ const PAYLOAD_BYTES: usize = 7_800;
 const PART_BYTES: usize = 5_600;
 /// The largest delta (its JSON) sent to other nodes: 1 MiB, 188 parts. A provider's streamed
 /// piece is far smaller; a larger one is streamed at its own node only.
-pub const MAX_DELTA_BYTES: usize = 1 << 20;
+const MAX_DELTA_BYTES: usize = 1 << 20;
 /// The most parts a listener puts together, whatever a payload claims.
 const MAX_PARTS: usize = MAX_DELTA_BYTES.div_ceil(PART_BYTES);
 

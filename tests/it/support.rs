@@ -592,6 +592,14 @@ pub fn spawn_binary_with(
 pub fn npm_package(dir: &str, package: &str, entry: &str) -> PathBuf {
     let prefix = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join(dir);
     let path = prefix.join("node_modules").join(entry);
+    if path.exists() {
+        return path;
+    }
+    // Two tests (or two test processes) installing into one prefix at once break each other's
+    // install: the first to come installs under an exclusive lock, the others wait and find it.
+    std::fs::create_dir_all(&prefix).expect("the npm prefix can be made");
+    let lock = std::fs::File::create(prefix.with_extension("lock")).expect("the npm lock file opens");
+    lock.lock().expect("the npm lock is taken");
     if !path.exists() {
         let status = std::process::Command::new("npm")
             .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])

@@ -129,18 +129,20 @@ impl Run {
                 return Ok(CallEnd::Done);
             }
             Outcome::Allow => (None, false),
-            Outcome::Ask => match self.ask(call, self.approval(call, verdict.rule.as_ref(), None), workspace.as_ref().ok()) {
-                Some(taken) if taken.approved => (taken.edited, true),
-                Some(taken) => {
-                    let mut content = "The user denied this tool call; it did not run.".to_string();
-                    if let Some(note) = taken.note.filter(|n| !n.trim().is_empty()) {
-                        content.push_str(&format!(" Their note: {note}"));
+            Outcome::Ask => {
+                match self.ask(call, self.approval(call, verdict.rule.as_ref(), None), workspace.as_ref().ok()) {
+                    Some(taken) if taken.approved => (taken.edited, true),
+                    Some(taken) => {
+                        let mut content = "The user denied this tool call; it did not run.".to_string();
+                        if let Some(note) = taken.note.filter(|n| !n.trim().is_empty()) {
+                            content.push_str(&format!(" Their note: {note}"));
+                        }
+                        self.finish_noted(failed_result(call, content, "denied"), meta)?;
+                        return Ok(CallEnd::Done);
                     }
-                    self.finish_noted(failed_result(call, content, "denied"), meta)?;
-                    return Ok(CallEnd::Done);
+                    None => return Ok(CallEnd::Cancelled),
                 }
-                None => return Ok(CallEnd::Cancelled),
-            },
+            }
         };
         if let Some(edited) = &edited {
             meta.insert("editedArguments".into(), Value::Object(edited.arguments.clone()));
@@ -155,8 +157,9 @@ impl Run {
         self.mark_started(call)?;
         let mut result = match workspace {
             Ok(workspace) => {
-                let paths = self.shared.path_judge(call, &judged, answered, Some(workspace));
-                self.execute_judged(call, workspace, paths)
+                let paths = Arc::new(self.shared.path_judge(call, &judged, answered, Some(workspace)));
+                let first = self.execute_tool(call, workspace, &paths);
+                self.settle_withheld(call, workspace, &paths, first)
             }
             Err(error) => failed_result(call, format!("The session's workspace is unavailable: {error}"), "workspace"),
         };
@@ -171,13 +174,17 @@ impl Run {
         Ok(CallEnd::Done)
     }
 
-    /// Runs a tool under its judge of paths. When the judge withheld paths an ask rule covers,
-    /// a person is asked about exactly those, and the tool (which changes no files: only
-    /// walking tools have a judge that withholds) runs again with them allowed; the result
-    /// says what stayed withheld, and why.
-    fn execute_judged(&self, call: &ToolCall, workspace: &Workspace, paths: PathJudge) -> ToolResult {
-        let paths = Arc::new(paths);
-        let mut result = self.execute_tool(call, workspace, &paths);
+    /// Settles what a tool's judge of paths withheld from its `result`. When the judge withheld
+    /// paths an ask rule covers, a person is asked about exactly those, and the tool (which
+    /// changes no files: only walking tools have a judge that withholds) runs again with them
+    /// allowed; the result says what stayed withheld, and why.
+    fn settle_withheld(
+        &self,
+        call: &ToolCall,
+        workspace: &Workspace,
+        paths: &PathJudge,
+        mut result: ToolResult,
+    ) -> ToolResult {
         let tally = paths.tally();
         let mut withheld = Withheld { denied: tally.denied, refused: 0, unasked: tally.over };
         if !tally.asked.is_empty() && self.cancel.is_cancelled() {
@@ -190,7 +197,8 @@ impl Run {
                     let again = Arc::new(paths.allowing(tally.asked.clone()));
                     result = self.execute_tool(call, workspace, &again);
                     let second = again.tally();
-                    withheld = Withheld { denied: second.denied, refused: 0, unasked: second.over + second.asked.len() };
+                    withheld =
+                        Withheld { denied: second.denied, refused: 0, unasked: second.over + second.asked.len() };
                 }
                 // Refused, or the run was cancelled before anyone answered: the first run's
                 // result stands, without them.

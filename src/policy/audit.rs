@@ -165,6 +165,9 @@ mod tests {
         assert_eq!(kept["blob"]["bytes"], 5, "a value that is not text: its JSON");
         assert_eq!((kept["path"].as_str(), kept["count"].as_u64()), (Some("a.txt"), Some(3)));
         assert!(kept.get("absent").is_none());
-        assert_eq!(audited_arguments(arguments.as_object().unwrap(), &[]), super::super::canonical_arguments(arguments.as_object().unwrap()));
+        assert_eq!(
+            audited_arguments(arguments.as_object().unwrap(), &[]),
+            super::super::canonical_arguments(arguments.as_object().unwrap())
+        );
     }
 }

@@ -119,8 +119,21 @@ pub(super) const PROGRAMS: &[Program] = &[
     Program {
         name: "systemctl",
         takes_value: &[
-            "-H", "--host", "-M", "--machine", "-t", "--type", "-p", "--property", "-s", "--signal", "--root", "-n",
-            "--lines", "-o", "--output",
+            "-H",
+            "--host",
+            "-M",
+            "--machine",
+            "-t",
+            "--type",
+            "-p",
+            "--property",
+            "-s",
+            "--signal",
+            "--root",
+            "-n",
+            "--lines",
+            "-o",
+            "--output",
         ],
     },
 ];

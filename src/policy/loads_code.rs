@@ -42,7 +42,7 @@ pub enum Place {
 }
 
 /// One option that loads code or config.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct LoadsCode {
     /// Base names of the programs it belongs to.
     pub programs: &'static [&'static str],
@@ -71,18 +71,33 @@ use Place::*;
 
 /// Every option that voids an allow. Keep one row per option, and a test per row in the
 /// tests below.
-pub static TABLE: &[LoadsCode] = &[
-    row(GIT, Short('c'), Global, "sets any config for this run: core.fsmonitor, core.pager, core.sshCommand and alias.x=!… run programs"),
+pub const TABLE: &[LoadsCode] = &[
+    row(
+        GIT,
+        Short('c'),
+        Global,
+        "sets any config for this run: core.fsmonitor, core.pager, core.sshCommand and alias.x=!… run programs",
+    ),
     row(GIT, Long("--config-env"), Global, "sets config from an environment variable, as -c does"),
     row(GIT, Long("--exec-path"), Global, "runs git's own subcommands from another directory"),
     row(GIT, Long("--git-dir"), Global, "uses another repository, its config and its hooks"),
     row(GIT, Word("-C"), Global, "runs in another directory, under that repository's config and hooks"),
     row(GIT, Prefix("--upload-pack"), Anywhere, "runs this program as the remote side of a fetch or clone"),
     row(GIT, Prefix("--receive-pack"), Anywhere, "runs this program as the remote side of a push"),
-    row(GIT, Prefix("--exec"), Anywhere, "push/fetch --exec names the remote program; rebase --exec runs a command after each commit"),
+    row(
+        GIT,
+        Prefix("--exec"),
+        Anywhere,
+        "push/fetch --exec names the remote program; rebase --exec runs a command after each commit",
+    ),
     row(GIT, Prefix("--config"), Anywhere, "clone --config writes config the new repository keeps"),
     row(GIT, Prefix("--template"), Anywhere, "copies hooks from a directory; they run at the next commit or checkout"),
-    row(GIT, Setting("core."), Anywhere, "a core.* setting as an argument (core.fsmonitor, core.pager, core.hooksPath, core.sshCommand)"),
+    row(
+        GIT,
+        Setting("core."),
+        Anywhere,
+        "a core.* setting as an argument (core.fsmonitor, core.pager, core.hooksPath, core.sshCommand)",
+    ),
     row(GIT, Subcommand("config"), Anywhere, "writes config that every later git command loads"),
     row(SSH, Short('o'), Anywhere, "ProxyCommand, LocalCommand, KnownHostsCommand run programs"),
     row(SSH, Short('F'), Anywhere, "a config file, which can name those programs"),
@@ -143,7 +158,12 @@ pub static TABLE: &[LoadsCode] = &[
     row(NPM, Word("-c"), Anywhere, "exec -c runs its argument as a shell command"),
     row(NPM, Prefix("--call"), Anywhere, "exec --call runs its argument as a shell command"),
     row(&["cargo"], Prefix("--config"), Anywhere, "sets config: target runners and rustc wrappers run programs"),
-    row(&["docker", "podman"], Prefix("--config"), Anywhere, "another client config: its credential helpers run programs"),
+    row(
+        &["docker", "podman"],
+        Prefix("--config"),
+        Anywhere,
+        "another client config: its credential helpers run programs",
+    ),
     row(KUBE, Prefix("--kubeconfig"), Anywhere, "another kubeconfig: its exec credential plugins run programs"),
     row(&["helm"], Prefix("--post-renderer"), Anywhere, "runs a program over the rendered manifests"),
     row(&["zip"], Word("-TT"), Anywhere, "the program run to test the archive"),
@@ -178,7 +198,8 @@ fn carries(form: Form, word: &str) -> bool {
             // `-xc`, `-cvalue`: a cluster of letters, up to a value attached after one (`-r./x`,
             // `-oName=value`); not `--long`.
             word.strip_prefix('-').is_some_and(|cluster| {
-                !cluster.starts_with('-') && cluster.chars().take_while(char::is_ascii_alphanumeric).any(|c| c == letter)
+                !cluster.starts_with('-')
+                    && cluster.chars().take_while(char::is_ascii_alphanumeric).any(|c| c == letter)
             })
         }
         Long(name) => word == name || word.strip_prefix(name).is_some_and(|rest| rest.starts_with('=')),
@@ -187,9 +208,7 @@ fn carries(form: Form, word: &str) -> bool {
         Setting(prefix) => {
             word.contains('=') && word.get(..prefix.len()).is_some_and(|start| start.eq_ignore_ascii_case(prefix))
         }
-        Assignment => {
-            word.split_once('=').is_some_and(|(name, _)| !name.is_empty() && !name.starts_with('-'))
-        }
+        Assignment => word.split_once('=').is_some_and(|(name, _)| !name.is_empty() && !name.starts_with('-')),
         Subcommand(_) => false,
     }
 }
@@ -289,9 +308,12 @@ mod tests {
             "vim +!sh file",
         ];
         assert_eq!(examples.len(), TABLE.len(), "an example per row");
+        for (index, row) in TABLE.iter().enumerate() {
+            assert!(!TABLE[..index].contains(row), "row {index} is written twice");
+        }
         for (index, (example, expected)) in examples.iter().zip(TABLE).enumerate() {
             let found = row_of(example).unwrap_or_else(|| panic!("row {index} misses {example:?}"));
-            assert!(std::ptr::eq(found, expected), "{example:?}: row {index} expected, got {found:?}");
+            assert_eq!(found, expected, "{example:?}: row {index}");
         }
     }
 

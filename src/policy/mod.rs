@@ -34,8 +34,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use audit::{
-    audited_arguments, digested_arguments, truncated, AuditEntry, DecidedBy, Decision as AuditDecision,
-    ARGUMENTS_CHARS,
+    audited_arguments, digested_arguments, truncated, AuditEntry, DecidedBy, Decision as AuditDecision, ARGUMENTS_CHARS,
 };
 pub use book::Rulebook;
 pub use budget::{periods, Bucket, Budget, BudgetError, Spent};

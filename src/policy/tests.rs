@@ -3,7 +3,8 @@ use serde_json::{json, Value};
 use super::*;
 use crate::tools::workspace::{Protected, Workspace};
 
-fn rule(tool: &str, pattern: Option<&str>, outcome: Outcome) -> Rule {
+/// A server rule from the config, as the unit tests of `policy` build them.
+pub(super) fn rule(tool: &str, pattern: Option<&str>, outcome: Outcome) -> Rule {
     Rule {
         id: format!("rule:{tool}:{pattern:?}:{}", outcome.as_str()),
         tenant: None,
@@ -285,7 +286,8 @@ fn remembering_this_exact_call_escapes_the_glob_characters_it_holds() {
     let rule = Compiled::new(rule("write_file", Some(&pattern), Outcome::Allow), Matching::default()).unwrap();
     assert_eq!(decide(&call, Outcome::Ask, std::slice::from_ref(&rule)).outcome, Outcome::Allow);
     let sibling = json!({ "path": "src/d.md", "content": "" });
-    let sibling = Call::read("write_file", sibling.as_object().unwrap(), MatchOn::Path("path", "."), &[], Some(&workspace));
+    let sibling =
+        Call::read("write_file", sibling.as_object().unwrap(), MatchOn::Path("path", "."), &[], Some(&workspace));
     assert_eq!(decide(&sibling, Outcome::Ask, &[rule]).outcome, Outcome::Ask);
 }
 

@@ -121,12 +121,11 @@ impl PathJudge {
             named || (by_contents && names.names.iter().any(|n| covers_contents(rule, n)))
         };
         // Deny over ask; the first of the strictest, as `decide` does.
-        let strictest = self.rules.iter().filter(|rule| applies(rule)).fold(None::<&Compiled>, |best, rule| {
-            match best {
+        let strictest =
+            self.rules.iter().filter(|rule| applies(rule)).fold(None::<&Compiled>, |best, rule| match best {
                 Some(best) if best.rule.outcome >= rule.rule.outcome => Some(best),
                 _ => Some(rule),
-            }
-        });
+            });
         let Some(rule) = strictest else { return true };
         let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         match rule.rule.outcome {
@@ -220,24 +219,13 @@ impl Withheld {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Matching, Source};
+    use super::super::tests::rule;
+    use super::super::Matching;
     use super::*;
     use crate::tools::workspace::Protected;
 
     fn compiled(tool: &str, pattern: Option<&str>, outcome: Outcome, matching: Matching) -> Compiled {
-        let rule = Rule {
-            id: format!("{tool}:{pattern:?}:{}", outcome.as_str()),
-            tenant: None,
-            session_id: None,
-            tool: tool.into(),
-            pattern: pattern.map(str::to_string),
-            arguments: None,
-            outcome,
-            source: Source::Config,
-            created_at: String::new(),
-            created_by: None,
-        };
-        Compiled::new(rule, matching).unwrap()
+        Compiled::new(rule(tool, pattern, outcome), matching).unwrap()
     }
 
     fn workspace() -> (tempfile::TempDir, Workspace) {
@@ -272,7 +260,7 @@ mod tests {
         assert!(judge.file("readme.md"), "another tool's rule, an allow and a rule with no pattern judge nothing");
         let tally = judge.tally();
         assert_eq!((tally.denied, tally.asked, tally.over), (2, vec!["a/b/secret.txt".to_string()], 0));
-        assert_eq!(tally.rule.map(|r| r.id.clone()).as_deref(), Some("search_text:Some(\"**/secret*\"):ask"));
+        assert_eq!(tally.rule.map(|r| r.id.clone()).as_deref(), Some("rule:search_text:Some(\"**/secret*\"):ask"));
     }
 
     #[test]

@@ -146,3 +146,31 @@ fn an_ask_rule_withholds_files_until_a_person_allows_exactly_those() {
         assert!(note.contains("private/") && note.contains("sub/secret.txt"), "{note}");
     }
 }
+
+/// The console's card of a withheld-paths approval: the paths listed, no remember or edit,
+/// and "Allow these paths" runs the search again with them.
+#[test]
+fn the_console_lists_withheld_paths_and_allows_them() {
+    use crate::browser::browser;
+    use crate::console::{create_session_in_page, send_in_page};
+    let Some(browser) = browser() else { return };
+    let server = TestServer::start_with(|config| {
+        config.builtin.delay_ms = 0;
+        config.agent.rules = vec![spec("search_text", Some("**/secret*"), Ask)];
+    });
+    populate(&server.workspace);
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+    create_session_in_page(&browser, "Withheld");
+    send_in_page(&browser, "/tool search_text {\"pattern\":\"value\"}");
+    browser.wait_for("the approval card", "document.querySelector('.approval ul.withheld')");
+    assert_eq!(browser.text(".approval ul.withheld"), "sub/secret.txt");
+    let buttons = browser.eval(
+        "return [...document.querySelectorAll('.approval:not([hidden]) button')].map(b => b.className);",
+        json!([]),
+    );
+    assert_eq!(buttons, json!(["primary approve", "danger deny"]), "no remember, no edit");
+    browser.click(".approval button.approve");
+    browser.wait_for("the run's end", "document.querySelectorAll('.run-end.completed').length >= 1");
+    assert!(browser.text(".tool .tool-output").contains("sub/secret.txt:1: s3cret-value"));
+}

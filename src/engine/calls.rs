@@ -27,7 +27,7 @@ use super::tools::ToolContext;
 use super::EngineError;
 use crate::cancel::CancelReason;
 use crate::domain::{new_id, ApprovalRequest, Block, Event, Message, Role, SessionRecord, ToolCall, ToolResult};
-use crate::policy::{self, AuditDecision, Outcome, PathJudge, Rule, Withheld};
+use crate::policy::{self, AuditDecision, Outcome, PathJudge, Rule, Verdict, Withheld};
 use crate::store::WriteOp;
 use crate::tools::workspace::Workspace;
 
@@ -46,7 +46,8 @@ const TOOL_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(50
 /// What the model is told for calls the user cancelled before they ran.
 const CANCELLED_TOOL_RESULT: &str = "The user cancelled the run before this tool call ran; it did not run.";
 
-/// How a second approval, of paths a walking tool withheld, reads to the model and the log.
+/// Paths an audit entry's note names, at most, of those a walk withheld (the approval itself
+/// lists them all).
 const WITHHELD_NOTE_PATHS: usize = 20;
 
 /// A person's answer to an approval request.
@@ -190,7 +191,7 @@ impl Run {
         if !tally.asked.is_empty() && self.cancel.is_cancelled() {
             withheld.unasked += tally.asked.len();
         } else if !tally.asked.is_empty() {
-            self.audit_withheld(call, &tally.asked, tally.over, tally.rule.as_ref().map(|rule| rule.id.clone()));
+            self.audit_withheld(call, &tally.asked, tally.over, tally.rule.as_ref());
             let approval = self.approval(call, tally.rule.as_ref(), Some(tally.asked.clone()));
             match self.ask(call, approval, Some(workspace)) {
                 Some(taken) if taken.approved => {
@@ -219,10 +220,9 @@ impl Run {
     }
 
     /// Audits the ask rules' verdict on the paths a walk withheld, before a person is asked.
-    fn audit_withheld(&self, call: &ToolCall, asked: &[String], over: usize, rule_id: Option<String>) {
-        let mut entry = self.audit_entry(call, AuditDecision::Asked, None);
-        entry.decided_by = policy::DecidedBy::Rule.as_str().to_string();
-        entry.rule_id = rule_id;
+    fn audit_withheld(&self, call: &ToolCall, asked: &[String], over: usize, rule: Option<&Arc<Rule>>) {
+        let verdict = Verdict { outcome: Outcome::Ask, rule: rule.cloned() };
+        let mut entry = self.audit_entry(call, AuditDecision::Asked, Some(&verdict));
         let mut listed = asked.iter().take(WITHHELD_NOTE_PATHS).cloned().collect::<Vec<_>>().join(", ");
         if asked.len() > WITHHELD_NOTE_PATHS {
             listed.push_str(&format!(" and {} more", asked.len() - WITHHELD_NOTE_PATHS));

@@ -72,6 +72,15 @@ fn walking_tools_skip_and_count_what_deny_rules_cover() {
     // Nothing was asked, and nothing to ask about: every call was allowed.
     let audit = audit_of(&server, &session);
     assert!(audit.iter().all(|e| e["decision"] == "allowed"), "{audit:#?}");
+
+    // A session's own rule withholds as the server's do: plain.txt, secret.txt and private/.
+    let rule = json!({ "tool": "find_files", "match": "**/plain.txt", "outcome": "deny" });
+    assert_eq!(server.post(&format!("/api/sessions/{session}/rules"), rule).status, 201);
+    let result = run_tool(&server, &session, "find_files", &json!({ "pattern": "**/*.txt" }));
+    assert_eq!(
+        result["content"].as_str().unwrap(),
+        "No files match.\n[3 withheld: a permission rule denies them; not opened or shown]"
+    );
 }
 
 /// Sends `/tool search_text …` and waits for its approval of withheld files.

@@ -183,3 +183,25 @@ fn the_console_lists_withheld_paths_and_allows_them() {
     browser.wait_for("the run's end", "document.querySelectorAll('.run-end.completed').length >= 1");
     assert!(browser.text(".tool .tool-output").contains("sub/secret.txt:1: s3cret-value"));
 }
+
+/// `kestrel chat` shows the withheld paths; `[a]lways` is refused for them (said, and asked
+/// again), and `y` runs the search again with them.
+#[test]
+fn the_chat_shows_withheld_paths_and_allows_them_once() {
+    use crate::terminal::{chat, stderr, stdout};
+    let server = TestServer::start_with(|config| {
+        config.agent.rules = vec![spec("search_text", Some("**/secret*"), Ask)];
+    });
+    populate(&server.workspace);
+    let workspace = server.workspace.to_string_lossy().into_owned();
+    let input = "/tool search_text {\"pattern\":\"value\"}\na\n\ny\n\n";
+    let output = chat(&server, &["--workspace", &workspace], input);
+    let (printed, errors) = (stdout(&output), stderr(&output));
+    assert_eq!(output.status.code(), Some(0), "{printed}\n{errors}");
+    assert!(
+        printed.contains("? search_text withheld paths a rule asks about; run it again with sub/secret.txt"),
+        "{printed}"
+    );
+    assert!(errors.contains("`approved` and `note` only"), "{errors}");
+    assert!(printed.contains("✓ search_text: sub/secret.txt:1: s3cret-value words"), "{printed}");
+}

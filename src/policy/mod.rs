@@ -39,7 +39,7 @@ pub use audit::{
 pub use book::Rulebook;
 pub use budget::{periods, Bucket, Budget, BudgetError, Spent};
 pub use command::CommandLine;
-pub use loads_code::{LoadsCode, TABLE as LOADS_CODE};
+pub use loads_code::LoadsCode;
 pub use paths::PathNames;
 pub use walk::{PathJudge, Withheld};
 

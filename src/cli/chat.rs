@@ -437,7 +437,19 @@ impl Chat {
             }
             "approval.requested" => {
                 let approval = &event["approval"];
-                self.line(&format!("? {} wants to run with {}", text(&approval["toolName"]), approval["arguments"]));
+                match approval["withheld"].as_array() {
+                    // Paths the call's walk withheld: y runs it again with them (no a, no e).
+                    Some(paths) => self.line(&format!(
+                        "? {} withheld paths a rule asks about; run it again with {}",
+                        text(&approval["toolName"]),
+                        paths.iter().map(text).collect::<Vec<_>>().join(", ")
+                    )),
+                    None => self.line(&format!(
+                        "? {} wants to run with {}",
+                        text(&approval["toolName"]),
+                        approval["arguments"]
+                    )),
+                }
                 return Some(text(&approval["id"]));
             }
             "run.finished" => {

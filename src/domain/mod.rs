@@ -232,6 +232,10 @@ pub struct ApprovalRequest {
     /// What made the call wait: a rule, or (`None`) the tool's own permission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<RuleView>,
+    /// Set for the approval of paths a walking tool withheld (an ask rule covers them): the
+    /// workspace-relative paths, a directory ending in `/`, that the call runs again with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withheld: Option<Vec<String>>,
 }
 
 /// A permission rule as clients see it (`crate::policy::Rule`).

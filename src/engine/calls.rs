@@ -6,6 +6,12 @@
 //! trusts: a call with a mark and no result may have had side effects, so the model is told
 //! to verify; a call without one provably never ran, so it is dispatched again (and an `ask`
 //! tool is asked again) instead of being failed.
+//!
+//! A walking tool (`Tool::walks`) is given a judge of the paths it reaches, built from the
+//! rules the call was judged by. What a deny covers is skipped and counted; what an ask covers
+//! is withheld, and once the tool is done a person is asked about exactly those paths (a
+//! second approval of the same call, `withheld` listing them): allowed, the read-only tool runs
+//! again with them; refused, its result says a person withheld them.
 
 use std::collections::HashSet;
 
@@ -21,7 +27,7 @@ use super::tools::ToolContext;
 use super::EngineError;
 use crate::cancel::CancelReason;
 use crate::domain::{new_id, ApprovalRequest, Block, Event, Message, Role, SessionRecord, ToolCall, ToolResult};
-use crate::policy::{self, AuditDecision, Outcome, Verdict};
+use crate::policy::{self, AuditDecision, Outcome, PathJudge, Rule, Verdict, Withheld};
 use crate::store::WriteOp;
 use crate::tools::workspace::Workspace;
 
@@ -39,6 +45,10 @@ const TOOL_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(50
 
 /// What the model is told for calls the user cancelled before they ran.
 const CANCELLED_TOOL_RESULT: &str = "The user cancelled the run before this tool call ran; it did not run.";
+
+/// Paths an audit entry's note names, at most, of those a walk withheld (the approval itself
+/// lists them all).
+const WITHHELD_NOTE_PATHS: usize = 20;
 
 /// A person's answer to an approval request.
 #[derive(Debug, Clone, Default)]
@@ -101,40 +111,45 @@ impl Run {
         call: &ToolCall,
         workspace: &Result<Workspace, crate::tools::workspace::PathError>,
     ) -> Result<CallEnd, EngineError> {
-        let verdict = self.shared.judge(&self.tenant, &self.session_id, call, workspace.as_ref().ok());
-        let note = permissions::note_of(&verdict);
+        let judged = self.shared.judge_call(&self.tenant, &self.session_id, call, workspace.as_ref().ok());
+        let verdict = &judged.verdict;
+        let note = permissions::note_of(verdict);
         let mut meta = Map::new();
         meta.insert("permission".into(), serde_json::to_value(&*note).unwrap_or_default());
         let permission = Some(note);
         self.publish(Event::ToolStarted { session_id: self.session_id.clone(), call: call.clone(), permission });
         let (decision, by) = match verdict.outcome {
-            Outcome::Deny => (AuditDecision::Denied, Some(&verdict)),
-            Outcome::Allow => (AuditDecision::Allowed, Some(&verdict)),
-            Outcome::Ask => (AuditDecision::Asked, Some(&verdict)),
+            Outcome::Deny => (AuditDecision::Denied, Some(verdict)),
+            Outcome::Allow => (AuditDecision::Allowed, Some(verdict)),
+            Outcome::Ask => (AuditDecision::Asked, Some(verdict)),
         };
         self.shared.audit(self.audit_entry(call, decision, by));
-        let edited = match verdict.outcome {
+        let (edited, approved) = match verdict.outcome {
             Outcome::Deny => {
-                self.finish_noted(failed_result(call, permissions::denied_text(&verdict), "denied"), meta)?;
+                self.finish_noted(failed_result(call, permissions::denied_text(verdict), "denied"), meta)?;
                 return Ok(CallEnd::Done);
             }
-            Outcome::Allow => None,
-            Outcome::Ask => match self.ask(call, &verdict, workspace.as_ref().ok()) {
-                Some(taken) if taken.approved => taken.edited,
-                Some(taken) => {
-                    let mut content = "The user denied this tool call; it did not run.".to_string();
-                    if let Some(note) = taken.note.filter(|n| !n.trim().is_empty()) {
-                        content.push_str(&format!(" Their note: {note}"));
+            Outcome::Allow => (None, false),
+            Outcome::Ask => {
+                match self.ask(call, self.approval(call, verdict.rule.as_ref(), None), workspace.as_ref().ok()) {
+                    Some(taken) if taken.approved => (taken.edited, true),
+                    Some(taken) => {
+                        let mut content = "The user denied this tool call; it did not run.".to_string();
+                        if let Some(note) = taken.note.filter(|n| !n.trim().is_empty()) {
+                            content.push_str(&format!(" Their note: {note}"));
+                        }
+                        self.finish_noted(failed_result(call, content, "denied"), meta)?;
+                        return Ok(CallEnd::Done);
                     }
-                    self.finish_noted(failed_result(call, content, "denied"), meta)?;
-                    return Ok(CallEnd::Done);
+                    None => return Ok(CallEnd::Cancelled),
                 }
-                None => return Ok(CallEnd::Cancelled),
-            },
+            }
         };
         if let Some(edited) = &edited {
             meta.insert("editedArguments".into(), Value::Object(edited.arguments.clone()));
         }
+        // The asks a person answered were about the model's call, not about an edit of theirs.
+        let answered = approved && edited.is_none();
         let call = edited.as_ref().unwrap_or(call);
         if self.shared.tools.changes_files(&call.name) {
             self.checkpoint_before_changes();
@@ -142,7 +157,11 @@ impl Run {
         // Durable before the tool runs: see the module doc.
         self.mark_started(call)?;
         let mut result = match workspace {
-            Ok(workspace) => self.execute_tool(call, workspace),
+            Ok(workspace) => {
+                let paths = Arc::new(self.shared.path_judge(call, &judged, answered, Some(workspace)));
+                let first = self.execute_tool(call, workspace, &paths);
+                self.settle_withheld(call, workspace, &paths, first)
+            }
             Err(error) => failed_result(call, format!("The session's workspace is unavailable: {error}"), "workspace"),
         };
         if edited.is_some() {
@@ -154,6 +173,63 @@ impl Run {
         }
         self.finish_noted(result, meta)?;
         Ok(CallEnd::Done)
+    }
+
+    /// Settles what a tool's judge of paths withheld from its `result`. When the judge withheld
+    /// paths an ask rule covers, a person is asked about exactly those, and the tool (which
+    /// changes no files: only walking tools have a judge that withholds) runs again with them
+    /// allowed; the result says what stayed withheld, and why.
+    fn settle_withheld(
+        &self,
+        call: &ToolCall,
+        workspace: &Workspace,
+        paths: &PathJudge,
+        mut result: ToolResult,
+    ) -> ToolResult {
+        let tally = paths.tally();
+        let mut withheld = Withheld { denied: tally.denied, refused: 0, unasked: tally.over };
+        if !tally.asked.is_empty() && self.cancel.is_cancelled() {
+            withheld.unasked += tally.asked.len();
+        } else if !tally.asked.is_empty() {
+            self.audit_withheld(call, &tally.asked, tally.over, tally.rule.as_ref());
+            let approval = self.approval(call, tally.rule.as_ref(), Some(tally.asked.clone()));
+            match self.ask(call, approval, Some(workspace)) {
+                Some(taken) if taken.approved => {
+                    let again = Arc::new(paths.allowing(tally.asked.clone()));
+                    result = self.execute_tool(call, workspace, &again);
+                    let second = again.tally();
+                    withheld =
+                        Withheld { denied: second.denied, refused: 0, unasked: second.over + second.asked.len() };
+                }
+                // Refused, or the run was cancelled before anyone answered: the first run's
+                // result stands, without them.
+                Some(_) | None => withheld.refused = tally.asked.len(),
+            }
+        }
+        if !withheld.is_empty() {
+            result.content = format!("{}\n{}", result.content, withheld.note());
+            let mut data = match result.data.take() {
+                Some(Value::Object(data)) => data,
+                Some(other) => Map::from_iter([("value".to_string(), other)]),
+                None => Map::new(),
+            };
+            data.insert("withheld".into(), withheld.data());
+            result.data = Some(Value::Object(data));
+        }
+        result
+    }
+
+    /// Audits the ask rules' verdict on the paths a walk withheld, before a person is asked.
+    fn audit_withheld(&self, call: &ToolCall, asked: &[String], over: usize, rule: Option<&Arc<Rule>>) {
+        let verdict = Verdict { outcome: Outcome::Ask, rule: rule.cloned() };
+        let mut entry = self.audit_entry(call, AuditDecision::Asked, Some(&verdict));
+        let mut listed = asked.iter().take(WITHHELD_NOTE_PATHS).cloned().collect::<Vec<_>>().join(", ");
+        if asked.len() > WITHHELD_NOTE_PATHS {
+            listed.push_str(&format!(" and {} more", asked.len() - WITHHELD_NOTE_PATHS));
+        }
+        let past = if over > 0 { format!(" ({over} more withheld without asking)") } else { String::new() };
+        entry.note = Some(policy::truncated(&format!("paths an ask rule withholds: {listed}{past}")));
+        self.shared.audit(entry);
     }
 
     /// Commits the call's start mark; the tool may run once this returns.
@@ -172,14 +248,16 @@ impl Run {
     /// (a network filesystem, a device). A tool that does not stop within `TOOL_STOP_GRACE` of
     /// the cancel is abandoned: its thread is left to finish on its own, and its result says
     /// it may still have had effects.
-    fn execute_tool(&self, call: &ToolCall, workspace: &Workspace) -> ToolResult {
+    fn execute_tool(&self, call: &ToolCall, workspace: &Workspace, paths: &Arc<PathJudge>) -> ToolResult {
         let (done_tx, done) = bounded(1);
         let (shared, owned_call, owned_workspace, cancel) =
             (Arc::clone(&self.shared), call.clone(), workspace.clone(), self.cancel.clone());
+        let owned_paths = Arc::clone(paths);
         let (session_id, tenant) = (self.session_id.clone(), Arc::clone(&self.tenant));
         let spawned = std::thread::Builder::new().name("kestrel-tool".into()).spawn(move || {
             let context = ToolContext {
                 workspace: &owned_workspace,
+                paths: &owned_paths,
                 tenant: &tenant,
                 cancel: &cancel,
                 session_id: &session_id,
@@ -191,6 +269,7 @@ impl Run {
             log::warn!("cannot start a tool thread ({error}); running {} on the run's thread", call.name);
             let context = ToolContext {
                 workspace,
+                paths,
                 tenant: &self.tenant,
                 cancel: &self.cancel,
                 session_id: &self.session_id,
@@ -213,19 +292,26 @@ impl Run {
         }
     }
 
-    /// Asks a person; `None` when the run was cancelled while waiting. A decision this run
-    /// cannot take (an edit the schema or the rules refuse, a bad pattern to remember) is
-    /// answered with the error and the call waits on.
-    fn ask(&self, call: &ToolCall, verdict: &Verdict, workspace: Option<&Workspace>) -> Option<Taken> {
-        let approval = ApprovalRequest {
+    /// The approval request for `call`: for the call itself, or (`withheld`) for the paths a
+    /// walk of it withheld.
+    fn approval(&self, call: &ToolCall, rule: Option<&Arc<Rule>>, withheld: Option<Vec<String>>) -> ApprovalRequest {
+        ApprovalRequest {
             id: new_id("apr"),
             call_id: call.id.clone(),
             tool_name: call.name.clone(),
             arguments: call.arguments.clone(),
             created_at: crate::time::now_rfc3339(),
-            rule: verdict.rule.as_ref().map(|rule| rule.view()),
-        };
+            rule: rule.map(|rule| rule.view()),
+            withheld,
+        }
+    }
+
+    /// Asks a person; `None` when the run was cancelled while waiting. A decision this run
+    /// cannot take (an edit the schema or the rules refuse, a bad pattern to remember, a
+    /// remember or an edit of withheld paths) is answered with the error and the call waits on.
+    fn ask(&self, call: &ToolCall, approval: ApprovalRequest, workspace: Option<&Workspace>) -> Option<Taken> {
         let approval_id = approval.id.clone();
+        let about_paths = approval.withheld.is_some();
         // Registered with the session's actor before anyone can see the request, so a decision
         // can never arrive before the actor knows where to send it.
         let mut decisions = self.await_decision(&approval_id);
@@ -237,7 +323,7 @@ impl Run {
             };
             let Some(mut decision) = decision else { break None };
             let reply = decision.taken.take();
-            match self.take_decision(call, decision, workspace) {
+            match self.take_decision(call, decision, workspace, about_paths) {
                 Ok(taken) => {
                     reply.map(|r| r.send(Ok(())));
                     break Some(taken);
@@ -273,7 +359,15 @@ impl Run {
         call: &ToolCall,
         decision: Decision,
         workspace: Option<&Workspace>,
+        about_paths: bool,
     ) -> Result<Taken, EngineError> {
+        if about_paths && (decision.remember.is_some() || decision.arguments.is_some()) {
+            // A rule cannot stand for this decision (no allow weakens an ask rule), and the
+            // call has already run with the arguments the person saw.
+            return Err(EngineError::InvalidDecision(
+                "an approval of withheld paths takes `approved` and `note` only: no `remember`, no `arguments`".into(),
+            ));
+        }
         let edited = match (&decision.arguments, decision.approved) {
             (Some(arguments), true) => Some(self.check_edit(call, arguments, &decision, workspace)?),
             _ => None,
@@ -296,7 +390,7 @@ impl Run {
         entry.actor = decision.actor.clone();
         entry.note = decision.note.clone().map(|n| policy::truncated(&n));
         entry.rule_id = remembered.clone();
-        entry.edited = edited.as_ref().map(|c| policy::truncated(&policy::canonical_arguments(&c.arguments)));
+        entry.edited = edited.as_ref().map(|c| self.shared.audited_arguments(&c.name, &c.arguments));
         self.shared.audit_now(entry);
         Ok(Taken { approved: decision.approved, edited, remembered, note: decision.note })
     }
@@ -316,7 +410,7 @@ impl Run {
         if verdict.outcome == Outcome::Deny {
             let mut entry = self.audit_entry(call, AuditDecision::Denied, Some(&verdict));
             entry.actor = decision.actor.clone();
-            entry.edited = Some(policy::truncated(&policy::canonical_arguments(arguments)));
+            entry.edited = Some(self.shared.audited_arguments(&call.name, arguments));
             self.shared.audit_now(entry);
             return Err(EngineError::EditDenied(permissions::denied_text(&verdict)));
         }

@@ -47,6 +47,8 @@ pub enum EngineError {
     InvalidEdit(String),
     /// An approval's edited arguments are denied by a rule: what the model would be told.
     EditDenied(String),
+    /// A decision this approval cannot take (a `remember` on withheld paths): why.
+    InvalidDecision(String),
     /// A new run would pass its scope's budget (or its runs at once): why.
     BudgetExceeded(String),
     /// A message's `responseFormat` cannot be used.
@@ -93,6 +95,7 @@ impl std::fmt::Display for EngineError {
             EngineError::ConfigRule => write!(f, "rules from the config file are changed in the config file"),
             EngineError::InvalidEdit(why) => write!(f, "the edited arguments do not fit the tool's schema: {why}"),
             EngineError::EditDenied(why) => write!(f, "the edited call is denied: {why}"),
+            EngineError::InvalidDecision(why) => write!(f, "{why}"),
             EngineError::BudgetExceeded(why) => write!(f, "budget exceeded: {why}"),
             EngineError::InvalidResponseFormat(why) => write!(f, "{why}"),
             EngineError::StructuredOutputInvalid(errors) => write!(

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::run::Run;
 use super::{EngineError, Shared};
 use crate::domain::{new_id, RuleView, ToolCall};
-use crate::policy::{self, AuditDecision, AuditEntry, Call, DecidedBy, Outcome, Rule, Source, Verdict};
+use crate::policy::{self, AuditDecision, AuditEntry, Call, DecidedBy, Outcome, PathJudge, Rule, Source, Verdict};
 use crate::store::{AuditQuery, PolicyWrite, WriteOp};
 use crate::tools::workspace::Workspace;
 
@@ -19,6 +19,15 @@ pub const MAX_STORED_RULES: usize = 1_000;
 
 /// What a budget's audit entries name as their tool: the model call it refused.
 pub const BUDGET_SUBJECT: &str = "(model call)";
+
+/// A call's verdict and what judging the paths it reaches needs.
+pub(crate) struct Judged {
+    pub verdict: Verdict,
+    /// Every rule that holds for the call; `None` when they could not be read.
+    rules: Option<Vec<policy::Compiled>>,
+    /// The ask rules that apply to the call itself, for a walking tool's call that asks.
+    asking: Vec<String>,
+}
 
 /// How far a remembered decision reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,21 +65,72 @@ impl Shared {
         call: &ToolCall,
         workspace: Option<&Workspace>,
     ) -> Verdict {
+        self.judge_call(tenant, session_id, call, workspace).verdict
+    }
+
+    /// The verdict on `call`, with the rules it was judged by, for the paths a walking tool
+    /// reaches (`path_judge`).
+    pub(crate) fn judge_call(
+        &self,
+        tenant: &str,
+        session_id: &str,
+        call: &ToolCall,
+        workspace: Option<&Workspace>,
+    ) -> Judged {
         let Some(permission) = self.tools.permission(&call.name) else {
             // Nobody registered it: it runs nothing and is answered so.
-            return Verdict { outcome: Outcome::Allow, rule: None };
+            let verdict = Verdict { outcome: Outcome::Allow, rule: None };
+            return Judged { verdict, rules: Some(Vec::new()), asking: Vec::new() };
         };
-        let read = Call::read(&call.name, &call.arguments, self.tools.matches_on(&call.name), workspace);
+        let content = self.tools.content_arguments(&call.name);
+        let read = Call::read(&call.name, &call.arguments, self.tools.matches_on(&call.name), content, workspace);
         match self.rules_for(tenant, session_id) {
-            Ok(rules) => policy::decide(&read, permission.outcome(), &rules),
+            Ok(rules) => {
+                let verdict = policy::decide(&read, permission.outcome(), &rules);
+                let asking = match verdict.outcome == Outcome::Ask && self.tools.walks(&call.name) {
+                    true => policy::asking_rules(&read, &rules),
+                    false => Vec::new(),
+                };
+                Judged { verdict, rules: Some(rules), asking }
+            }
             Err(error) => {
                 log::error!(
                     "the permission rules of session {session_id} cannot be read ({error}); denying {}",
                     call.name
                 );
-                Verdict { outcome: Outcome::Deny, rule: None }
+                Judged { verdict: Verdict { outcome: Outcome::Deny, rule: None }, rules: None, asking: Vec::new() }
             }
         }
+    }
+
+    /// The judge of the paths a call of a walking tool reaches, from the rules the call was
+    /// judged by; `answered`: a person approved the call itself, so the ask rules that asked
+    /// about its own path are not asked again for what is under it. Other tools get a judge
+    /// that withholds nothing.
+    pub(crate) fn path_judge(
+        &self,
+        call: &ToolCall,
+        judged: &Judged,
+        answered: bool,
+        workspace: Option<&Workspace>,
+    ) -> PathJudge {
+        if !self.tools.walks(&call.name) {
+            return PathJudge::open();
+        }
+        match &judged.rules {
+            Some(rules) => {
+                let answered: &[String] = if answered { &judged.asking } else { &[] };
+                PathJudge::new(&call.name, rules, answered, workspace.cloned())
+            }
+            None => PathJudge::closed(),
+        }
+    }
+
+    /// A call's arguments as the audit log keeps them: its tool's content arguments as their
+    /// size and SHA-256 (`policy::audited_arguments`). Every audit entry's `arguments` and
+    /// `edited` are built with this.
+    pub(crate) fn audited_arguments(&self, tool: &str, arguments: &Map<String, Value>) -> String {
+        policy::audited_arguments(arguments, self.tools.content_arguments(tool))
     }
 
     /// Queues `entry` on the store; the next batch queued after it commits after it. Entries
@@ -194,8 +254,10 @@ impl super::Engine {
 }
 
 impl Run {
-    /// An audit entry for `call` of this run.
-    pub(super) fn audit_entry(
+    /// An audit entry for `call` of this run: `verdict` is the rules' (`None`: a person
+    /// decided). Its `arguments` keep the tool's content arguments as digests; the caller fills
+    /// in `actor`, `note` and `edited` (with `Shared::audited_arguments`) when it has them.
+    pub(crate) fn audit_entry(
         &self,
         call: &ToolCall,
         decision: AuditDecision,
@@ -211,7 +273,7 @@ impl Run {
             run_id: Some(self.run_id.clone()),
             call_id: Some(call.id.clone()),
             rule_id,
-            arguments: policy::truncated(&policy::canonical_arguments(&call.arguments)),
+            arguments: self.shared.audited_arguments(&call.name, &call.arguments),
             ..AuditEntry::now(&self.tenant, &call.name, decision, decided_by)
         }
     }
@@ -227,13 +289,15 @@ impl Run {
         actor: Option<String>,
     ) -> Result<Rule, EngineError> {
         let shared = &self.shared;
-        let read = Call::read(&call.name, &call.arguments, shared.tools.matches_on(&call.name), workspace);
+        let content = shared.tools.content_arguments(&call.name);
+        let read = Call::read(&call.name, &call.arguments, shared.tools.matches_on(&call.name), content, workspace);
         let exact = match &pattern {
             Some(_) => None,
             None => read.exact_pattern(),
         };
+        // The exact call, as `Call::read` writes it: content as its digest.
         let arguments = match (&pattern, &exact) {
-            (None, None) => Some(policy::canonical_arguments(&call.arguments)),
+            (None, None) => Some(read.canonical.clone()),
             _ => None,
         };
         let rule = Rule {

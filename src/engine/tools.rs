@@ -50,6 +50,9 @@ impl Permission {
 /// What a tool may use while it runs.
 pub struct ToolContext<'a> {
     pub workspace: &'a Workspace,
+    /// Judges each path a walking tool reaches (`Tool::walks`) by the call's rules; it
+    /// withholds nothing for other tools.
+    pub paths: &'a crate::policy::PathJudge,
     /// The session's tenant (an MCP server scoped by tenant keys its connection by it).
     pub tenant: &'a str,
     pub cancel: &'a CancelToken,
@@ -129,6 +132,19 @@ pub trait Tool: Send + Sync {
     /// tool says so.
     fn matches_on(&self) -> crate::policy::MatchOn {
         crate::policy::MatchOn::Nothing
+    }
+    /// Whether the tool walks the workspace, asking `ToolContext::paths` of each file it would
+    /// open or return and each directory it would enter: the engine then judges those paths by
+    /// the call's rules. It must not change files: a person's approval of withheld paths runs
+    /// it again.
+    fn walks(&self) -> bool {
+        false
+    }
+    /// The arguments that carry content (what a file would hold) rather than say what the call
+    /// does: the audit log and remembered rules keep only their size and SHA-256
+    /// (`policy::digested_arguments`).
+    fn content_arguments(&self) -> &'static [&'static str] {
+        &[]
     }
 }
 
@@ -214,6 +230,17 @@ impl ToolRegistry {
     /// Which argument of `name`'s calls the rules' patterns read.
     pub fn matches_on(&self, name: &str) -> crate::policy::MatchOn {
         self.find(name).map_or(crate::policy::MatchOn::Nothing, |t| t.tool.matches_on())
+    }
+
+    /// Whether `name` walks the workspace (`Tool::walks`).
+    pub fn walks(&self, name: &str) -> bool {
+        self.find(name).is_some_and(|t| t.tool.walks() && !t.tool.changes_files())
+    }
+
+    /// The content arguments of `name`'s calls (`Tool::content_arguments`); none for a name
+    /// nobody registered.
+    pub fn content_arguments(&self, name: &str) -> &'static [&'static str] {
+        self.find(name).map_or(&[], |t| t.tool.content_arguments())
     }
 
     /// Whether a call of `name` may change files (an unknown tool runs nothing, so no).

@@ -6,8 +6,11 @@
 //! pattern never allows it. For `deny` and `ask`, the line is cut at every control character
 //! (inside quotes too: cutting too often can only find more to deny), each part is read as
 //! words the way the shell would (quotes and escapes removed), and a rule is tried against
-//! every tail of every part, with the first word also by its base name. `env rm -rf x`,
-//! `sudo /bin/rm -rf x`, `bash -c 'rm -rf x'` and `echo ok; rm -rf x` all meet `rm *`.
+//! every tail of every part, with the first word also by its base name, and, for a program
+//! whose subcommand follows options of its own, without those (`global_options.rs`). `env rm
+//! -rf x`, `sudo /bin/rm -rf x`, `bash -c 'rm -rf x'` and `echo ok; rm -rf x` all meet `rm *`,
+//! and `git -C . push` meets `git push*`. A line whose program is given an option that loads
+//! code or config (`loads_code.rs`) is never allowed by a pattern either.
 
 /// Characters that chain, substitute, redirect or background a command.
 const CONTROL: &[char] = &[';', '&', '|', '`', '>', '<', '\n', '\r', '(', ')'];
@@ -16,34 +19,50 @@ const CONTROL: &[char] = &[';', '&', '|', '`', '>', '<', '\n', '\r', '(', ')'];
 /// that a pattern cannot see through (escapes, quotes are handled by the word reader).
 const EXPANDING: &[char] = &['$', '*', '?', '[', ']', '{', '}', '~', '\\', '!'];
 
+use super::global_options::without_global_options;
+use super::loads_code::{loads_code, LoadsCode};
+
 /// A command line, read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CommandLine {
     /// The line as one simple command in normal form (words joined by one space), when it is
     /// one that a pattern may allow.
     pub simple: Option<String>,
     /// Every text a `deny` or `ask` pattern is tried against.
     pub candidates: Vec<String>,
+    /// The first option found, in any part, that makes its program load code or config: no
+    /// pattern allows the line then.
+    pub loads_code: Option<&'static LoadsCode>,
 }
 
 impl CommandLine {
     pub fn read(line: &str) -> CommandLine {
         let simple = simple_form(line);
         let mut candidates = Vec::new();
+        let mut found = None;
         for part in line.split(|c: char| CONTROL.contains(&c) || c == '$') {
             let words = words_of(part);
             for start in 0..words.len() {
                 let tail = &words[start..];
-                push_unique(&mut candidates, tail.join(" "));
+                found = found.or_else(|| loads_code(tail));
+                let mut forms = vec![tail.to_vec()];
                 if let Some(base) = tail[0].rsplit('/').next().filter(|base| *base != tail[0]) {
                     let mut renamed = vec![base.to_string()];
                     renamed.extend(tail[1..].iter().cloned());
-                    push_unique(&mut candidates, renamed.join(" "));
+                    forms.push(renamed);
+                }
+                // `git -C . push`: the program and its subcommand, as a deny names them.
+                let stripped: Vec<Vec<String>> = forms.iter().filter_map(|form| without_global_options(form)).collect();
+                forms.extend(stripped);
+                for form in forms {
+                    push_unique(&mut candidates, form.join(" "));
                 }
                 // `bash -c 'rm -rf x'`: a quoted script is itself a command line.
                 if tail[0].contains(' ') && start > 0 {
-                    for inner in CommandLine::read(&tail[0]).candidates {
-                        push_unique(&mut candidates, inner);
+                    let inner = CommandLine::read(&tail[0]);
+                    found = found.or(inner.loads_code);
+                    for candidate in inner.candidates {
+                        push_unique(&mut candidates, candidate);
                     }
                 }
             }
@@ -51,8 +70,15 @@ impl CommandLine {
         if let Some(simple) = &simple {
             push_unique(&mut candidates, simple.clone());
         }
-        CommandLine { simple, candidates }
+        CommandLine { simple, candidates, loads_code: found }
     }
+}
+
+/// Whether `word` runs `program`: its base name is the name, or the name and a version
+/// (`python3.12`, `perl5.36`).
+pub(super) fn is_program(word: &str, program: &str) -> bool {
+    let base = word.rsplit('/').next().unwrap_or(word);
+    base.strip_prefix(program).is_some_and(|version| version.chars().all(|c| c.is_ascii_digit() || c == '.'))
 }
 
 /// The line in normal form if a pattern may allow it (see the module doc).
@@ -122,6 +148,46 @@ mod tests {
         ] {
             assert_eq!(CommandLine::read(line).simple, None, "{line:?}");
         }
+    }
+
+    /// The bypasses of issue 35: each meets the deny rule it was written to get past.
+    #[test]
+    fn global_options_are_removed_for_deny_rules() {
+        for (line, expected) in [
+            ("git -C . push", "git push"),
+            ("git --no-pager push origin", "git push origin"),
+            ("git -c a.b=c push", "git push"),
+            ("git --git-dir .git --work-tree=. push", "git push"),
+            ("sudo -u root /usr/bin/git -C . push", "git push"),
+            ("ls; git -p push", "git push"),
+            ("bash -c 'git -C . push'", "git push"),
+            ("kubectl -n prod delete pod x", "kubectl delete pod x"),
+        ] {
+            let line = CommandLine::read(line);
+            assert!(line.candidates.contains(&expected.to_string()), "{expected:?} in {:?}", line.candidates);
+        }
+    }
+
+    #[test]
+    fn an_option_that_loads_code_is_found_in_any_part_or_tail() {
+        for line in [
+            "git -c core.fsmonitor=./evil.sh status",
+            "sudo git -c x=y status",
+            "ls && find . -exec rm {} ;",
+            "bash -c 'git -c x=y status'",
+            "env -S 'rm -rf x'",
+        ] {
+            assert!(CommandLine::read(line).loads_code.is_some(), "{line}");
+        }
+        assert!(CommandLine::read("git status --short").loads_code.is_none());
+    }
+
+    #[test]
+    fn a_program_is_its_base_name_with_or_without_a_version() {
+        assert!(is_program("/usr/bin/python3.12", "python"));
+        assert!(is_program("git", "git"));
+        assert!(!is_program("gitk", "git"));
+        assert!(!is_program("shasum", "sh"));
     }
 
     #[test]

@@ -13,13 +13,19 @@
 //!   else;
 //! - when no rule applies, the tool's own permission (`[agent.permissions]`) decides;
 //! - a pattern never allows a command with shell control syntax or expansion (`command.rs`),
-//!   nor a path that leaves the workspace (`paths.rs`).
+//!   nor one carrying an option that loads code or config (`loads_code.rs`), nor a path that
+//!   leaves the workspace (`paths.rs`);
+//! - a tool that walks the workspace has each path it reaches judged by its deny and ask
+//!   rules (`walk.rs`).
 
 mod audit;
 mod book;
 mod budget;
 mod command;
+mod global_options;
+mod loads_code;
 mod paths;
+mod walk;
 
 use std::sync::Arc;
 
@@ -27,11 +33,15 @@ use globset::{Glob, GlobBuilder, GlobMatcher};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use audit::{truncated, AuditEntry, DecidedBy, Decision as AuditDecision, ARGUMENTS_CHARS};
+pub use audit::{
+    audited_arguments, digested_arguments, truncated, AuditEntry, DecidedBy, Decision as AuditDecision, ARGUMENTS_CHARS,
+};
 pub use book::Rulebook;
 pub use budget::{periods, Bucket, Budget, BudgetError, Spent};
 pub use command::CommandLine;
+pub use loads_code::LoadsCode;
 pub use paths::PathNames;
+pub use walk::{PathJudge, Withheld};
 
 /// What a rule says of the calls it applies to; ordered from the loosest to the strictest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -192,7 +202,8 @@ impl Compiled {
     }
 
     /// Whether the rule applies to `call`, for its own outcome: an `allow` needs every name of
-    /// the call to match its pattern (and a simple command), a `deny` or `ask` any one.
+    /// the call to match its pattern (and a simple command that loads no code or config), a
+    /// `deny` or `ask` any one.
     fn applies(&self, call: &Call<'_>) -> bool {
         if !self.tool.is_match(call.tool) {
             return false;
@@ -204,7 +215,9 @@ impl Compiled {
         match (&call.subject, &self.command, &self.path) {
             (_, None, _) => true,
             (Subject::Command(line), Some(pattern), _) => match allow {
-                true => line.simple.as_deref().is_some_and(|simple| pattern.is_match(simple)),
+                true => {
+                    line.loads_code.is_none() && line.simple.as_deref().is_some_and(|simple| pattern.is_match(simple))
+                }
                 false => line.candidates.iter().any(|c| pattern.is_match(c)),
             },
             (Subject::Path(path), _, Some(pattern)) => match allow {
@@ -215,6 +228,20 @@ impl Compiled {
             // holds for every call, an `allow` for none.
             _ => !allow,
         }
+    }
+
+    /// Whether the rule judges the paths a walk of `tool` reaches: a `deny` or `ask` with a
+    /// pattern (one without judges calls, not paths; an `allow` never withholds anything).
+    fn judges_paths_of(&self, tool: &str) -> bool {
+        self.rule.outcome != Outcome::Allow
+            && self.rule.arguments.is_none()
+            && self.path.is_some()
+            && self.tool.is_match(tool)
+    }
+
+    /// Whether the rule's path pattern matches `name` (a workspace-relative path).
+    fn path_matches(&self, name: &str) -> bool {
+        self.path.as_ref().is_some_and(|pattern| pattern.is_match(name))
     }
 }
 
@@ -252,15 +279,18 @@ pub enum MatchOn {
 pub struct Call<'a> {
     pub tool: &'a str,
     pub subject: Subject,
-    /// The arguments as `canonical_arguments` writes them.
+    /// The arguments as `canonical_arguments` writes them, with the tool's content arguments
+    /// as their digests (`digested_arguments`): what a remembered exact call holds.
     pub canonical: String,
 }
 
 impl<'a> Call<'a> {
+    /// `content`: the tool's content arguments (`Tool::content_arguments`).
     pub fn read(
         tool: &'a str,
         arguments: &Map<String, Value>,
         on: MatchOn,
+        content: &[&str],
         workspace: Option<&crate::tools::workspace::Workspace>,
     ) -> Call<'a> {
         let text = |name: &str| arguments.get(name).and_then(Value::as_str);
@@ -270,7 +300,7 @@ impl<'a> Call<'a> {
             MatchOn::Command(name) => Subject::Command(CommandLine::read(text(name).unwrap_or(""))),
             MatchOn::Path(name, default) => Subject::Path(PathNames::read(text(name).unwrap_or(default), workspace)),
         };
-        Call { tool, subject, canonical: canonical_arguments(arguments) }
+        Call { tool, subject, canonical: canonical_arguments(&digested_arguments(arguments, content)) }
     }
 
     /// The pattern `remember` adds when it is given none: this exact command or path (as a
@@ -327,6 +357,12 @@ pub fn decide(call: &Call<'_>, default: Outcome, rules: &[Compiled]) -> Verdict 
         Some(rule) => Verdict { outcome: rule.rule.outcome, rule: Some(Arc::clone(&rule.rule)) },
         None => Verdict { outcome: default, rule: None },
     }
+}
+
+/// The ids of the ask rules that apply to `call`: a person who approves the call answers each
+/// of them for it.
+pub fn asking_rules(call: &Call<'_>, rules: &[Compiled]) -> Vec<String> {
+    rules.iter().filter(|r| r.rule.outcome == Outcome::Ask && r.applies(call)).map(|r| r.rule.id.clone()).collect()
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@ use serde_json::{json, Value};
 use super::*;
 use crate::tools::workspace::{Protected, Workspace};
 
-fn rule(tool: &str, pattern: Option<&str>, outcome: Outcome) -> Rule {
+/// A server rule from the config, as the unit tests of `policy` build them.
+pub(super) fn rule(tool: &str, pattern: Option<&str>, outcome: Outcome) -> Rule {
     Rule {
         id: format!("rule:{tool}:{pattern:?}:{}", outcome.as_str()),
         tenant: None,
@@ -29,6 +30,9 @@ fn server_rules(matching: Matching) -> Vec<Compiled> {
         rule("run_command", Some("ls *"), Allow),
         rule("run_command", Some("cat *"), Allow),
         rule("run_command", Some("echo *"), Allow),
+        rule("run_command", Some("git *"), Allow),
+        rule("run_command", Some("git push*"), Deny),
+        rule("run_command", Some("find *"), Allow),
         rule("run_command", Some("rm *"), Deny),
         rule("run_command", Some("curl *"), Deny),
         rule("read_file", Some(".env"), Deny),
@@ -76,7 +80,7 @@ fn workspace() -> (tempfile::TempDir, Workspace) {
 
 fn verdict(tool: &str, arguments: Value, matching: Matching, workspace: &Workspace) -> Verdict {
     let arguments = arguments.as_object().unwrap().clone();
-    let call = Call::read(tool, &arguments, match_on(tool), Some(workspace));
+    let call = Call::read(tool, &arguments, match_on(tool), &[], Some(workspace));
     decide(&call, default_of(tool), &server_rules(matching))
 }
 
@@ -166,6 +170,23 @@ fn bypass_attempts_end_in_deny_or_ask() {
         (write("src/env"), Ask),
         (write("src/s/key"), Ask),
         (write("src/../../x"), Ask),
+        // A program's global options before a denied subcommand (issue 35, finding 4).
+        (command("git -C . push"), Deny),
+        (command("git --no-pager push"), Deny),
+        (command("git -c a.b=c push"), Deny),
+        (command("git --git-dir=.git --work-tree . push --force"), Deny),
+        (command("/usr/bin/git -p push"), Deny),
+        (command("sudo -u root git -C . push"), Deny),
+        (command("git status; git -C . push"), Deny),
+        // An allowed program given an option that loads code or config.
+        (command("git -c core.fsmonitor=./evil.sh status"), Ask),
+        (command("git --config-env=core.pager=X status"), Ask),
+        (command("git -C ../other status"), Ask),
+        (command("git --exec-path=./bin status"), Ask),
+        (command("git fetch --upload-pack=./evil.sh"), Ask),
+        (command("git config core.fsmonitor ./evil.sh"), Ask),
+        (command("find . -exec ./evil.sh"), Ask),
+        (command("find . -okdir ./evil.sh"), Ask),
         // MCP and plugin tools by name.
         (("mcp__fs__delete_file", json!({ "path": "x" })), Deny),
         (("mcp__other__deleteAll", json!({})), Deny),
@@ -187,6 +208,9 @@ fn what_the_rules_allow_is_allowed() {
         ("run_command", json!({ "command": "git status --short" })),
         ("run_command", json!({ "command": "ls  -la   src" })),
         ("run_command", json!({ "command": "cat 'README.md'" })),
+        ("run_command", json!({ "command": "git --no-pager log --oneline" })),
+        ("run_command", json!({ "command": "git commit -c HEAD" })),
+        ("run_command", json!({ "command": "find . -name x -print" })),
         ("write_file", json!({ "path": "src/main.rs", "content": "" })),
         ("write_file", json!({ "path": "./src/new/x.rs", "content": "" })),
         ("read_file", json!({ "path": "README.md" })),
@@ -213,7 +237,7 @@ fn case_blind_paths_meet_a_rule_in_another_case() {
 fn deny_beats_ask_beats_allow_in_any_order_and_a_denied_tool_stays_denied() {
     let call_args = json!({ "command": "git push" });
     let arguments = call_args.as_object().unwrap();
-    let call = Call::read("run_command", arguments, MatchOn::Command("command"), None);
+    let call = Call::read("run_command", arguments, MatchOn::Command("command"), &[], None);
     let compiled = |rules: Vec<Rule>| -> Vec<Compiled> {
         rules.into_iter().map(|r| Compiled::new(r, Matching::default()).unwrap()).collect()
     };
@@ -245,7 +269,7 @@ fn an_exact_call_rule_holds_those_arguments_only() {
     let rules = vec![Compiled::new(exact, Matching::default()).unwrap()];
     let same = json!({ "a": "x", "b": 1 });
     let other = json!({ "a": "y", "b": 1 });
-    let call = |args: &Value| Call::read("mcp__fs__write", args.as_object().unwrap(), MatchOn::Nothing, None);
+    let call = |args: &Value| Call::read("mcp__fs__write", args.as_object().unwrap(), MatchOn::Nothing, &[], None);
     assert_eq!(decide(&call(&same), Outcome::Ask, &rules).outcome, Outcome::Allow);
     assert_eq!(decide(&call(&other), Outcome::Ask, &rules).outcome, Outcome::Ask);
 }
@@ -253,16 +277,17 @@ fn an_exact_call_rule_holds_those_arguments_only() {
 #[test]
 fn remembering_this_exact_call_escapes_the_glob_characters_it_holds() {
     let args = json!({ "path": "src/[draft]*.md", "content": "" });
-    let call = Call::read("write_file", args.as_object().unwrap(), MatchOn::Path("path", "."), None);
+    let call = Call::read("write_file", args.as_object().unwrap(), MatchOn::Path("path", "."), &[], None);
     // No workspace: the link pass cannot be made, so there is nothing exact to remember.
     assert_eq!(call.exact_pattern(), None);
     let (_dir, workspace) = workspace();
-    let call = Call::read("write_file", args.as_object().unwrap(), MatchOn::Path("path", "."), Some(&workspace));
+    let call = Call::read("write_file", args.as_object().unwrap(), MatchOn::Path("path", "."), &[], Some(&workspace));
     let pattern = call.exact_pattern().unwrap();
     let rule = Compiled::new(rule("write_file", Some(&pattern), Outcome::Allow), Matching::default()).unwrap();
     assert_eq!(decide(&call, Outcome::Ask, std::slice::from_ref(&rule)).outcome, Outcome::Allow);
     let sibling = json!({ "path": "src/d.md", "content": "" });
-    let sibling = Call::read("write_file", sibling.as_object().unwrap(), MatchOn::Path("path", "."), Some(&workspace));
+    let sibling =
+        Call::read("write_file", sibling.as_object().unwrap(), MatchOn::Path("path", "."), &[], Some(&workspace));
     assert_eq!(decide(&sibling, Outcome::Ask, &[rule]).outcome, Outcome::Ask);
 }
 

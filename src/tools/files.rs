@@ -120,9 +120,23 @@ impl Tool for ListDirectory {
         MatchOn::Path("path", ".")
     }
 
+    fn walks(&self) -> bool {
+        true
+    }
+
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let path = Args::new(arguments).optional_string("path")?.unwrap_or(".");
-        let listing = context.workspace.list(path, LISTING_CAP)?;
+        let mut listing = context.workspace.list(path, LISTING_CAP)?;
+        // Its own name was judged with the call; each entry, and whether a rule covers
+        // everything in it, by the call's judge of paths (`ToolContext::paths`).
+        let before = listing.entries.len();
+        match context.paths.contents(&listing.path) {
+            true => listing.entries.retain(|entry| match entry.is_dir {
+                true => context.paths.directory(&entry.path),
+                false => context.paths.file(&entry.path),
+            }),
+            false => listing.entries.clear(),
+        }
         let mut lines: Vec<String> = listing
             .entries
             .iter()
@@ -133,7 +147,8 @@ impl Tool for ListDirectory {
             })
             .collect();
         if lines.is_empty() {
-            lines.push(format!("{} is empty.", listing.path));
+            let empty = if before == 0 { "is empty" } else { "has no entry that can be shown" };
+            lines.push(format!("{} {empty}.", listing.path));
         }
         if listing.truncated {
             lines.push(format!("[only the first {LISTING_CAP} entries are shown]"));
@@ -170,6 +185,10 @@ impl Tool for WriteFile {
 
     fn matches_on(&self) -> MatchOn {
         MatchOn::Path("path", ".")
+    }
+
+    fn content_arguments(&self) -> &'static [&'static str] {
+        &["content"]
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
@@ -224,6 +243,10 @@ impl Tool for EditFile {
 
     fn matches_on(&self) -> MatchOn {
         MatchOn::Path("path", ".")
+    }
+
+    fn content_arguments(&self) -> &'static [&'static str] {
+        &["oldString", "newString"]
     }
 
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {

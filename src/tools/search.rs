@@ -1,7 +1,9 @@
 //! The search tools: find_files (globs) and search_text (a regular expression over the tree).
 //!
 //! Both walk the workspace without following symlinked directories (a link could lead outside
-//! or into a loop) and skip the directories in `SKIPPED_DIRS`.
+//! or into a loop) and skip the directories in `SKIPPED_DIRS`. Each directory they would enter
+//! and each file they would open or return is put to the call's judge of paths first
+//! (`ToolContext::paths`): what it withholds is neither entered, opened nor shown.
 
 use std::fs;
 use std::io::Read;
@@ -40,8 +42,10 @@ impl Found<'_> {
 }
 
 /// Every file under `start` (a file or a directory), in sorted order, skipping ignored
-/// directories and symlinked directories. `visit` returns false to stop the walk, and the walk
-/// stops on cancel too.
+/// directories, symlinked directories and the directories the judge of paths withholds (the
+/// start included, when a rule covers everything in it; a start file was judged with the
+/// call). `visit` returns false to stop the walk, and the walk stops on cancel too. `visit`
+/// judges the files it would open or return.
 fn walk(context: &ToolContext<'_>, start: &Path, visit: &mut dyn FnMut(&Found<'_>) -> bool) {
     let mut visit = |path: &Path| {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -49,6 +53,9 @@ fn walk(context: &ToolContext<'_>, start: &Path, visit: &mut dyn FnMut(&Found<'_
     };
     if start.is_file() {
         visit(start);
+        return;
+    }
+    if !context.paths.contents(&context.workspace.relative(start)) {
         return;
     }
     let mut stack = vec![start.to_path_buf()];
@@ -64,7 +71,8 @@ fn walk(context: &ToolContext<'_>, start: &Path, visit: &mut dyn FnMut(&Found<'_
                 continue;
             }
             if kind.is_dir() {
-                if !SKIPPED_DIRS.contains(&name.as_str()) {
+                if !SKIPPED_DIRS.contains(&name.as_str()) && context.paths.directory(&context.workspace.relative(&path))
+                {
                     subdirectories.push(path);
                 }
             } else if kind.is_file() && !visit(&path) {
@@ -117,6 +125,10 @@ impl Tool for FindFiles {
         MatchOn::Path("path", ".")
     }
 
+    fn walks(&self) -> bool {
+        true
+    }
+
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (patterns, path) = (args.strings("pattern")?, args.optional_string("path")?);
@@ -131,7 +143,7 @@ impl Tool for FindFiles {
         let mut found = Vec::new();
         let mut more = false;
         walk(context, &start, &mut |file| {
-            if file.matches(|path| globs.is_match(path)) {
+            if file.matches(|path| globs.is_match(path)) && (file.path == start || context.paths.file(&file.relative)) {
                 if found.len() == MAX_FILES {
                     more = true;
                     return false;
@@ -181,6 +193,10 @@ impl Tool for SearchText {
         MatchOn::Path("path", ".")
     }
 
+    fn walks(&self) -> bool {
+        true
+    }
+
     fn run(&self, arguments: &Map<String, Value>, context: &ToolContext<'_>) -> Result<ToolOutput, ToolError> {
         let args = Args::new(arguments);
         let (pattern, path, glob) =
@@ -200,6 +216,9 @@ impl Tool for SearchText {
         let mut more = false;
         walk(context, &start, &mut |file| {
             if filter.as_ref().is_some_and(|f| !file.matches(|path| f.is_match(path))) {
+                return true;
+            }
+            if file.path != start && !context.paths.file(&file.relative) {
                 return true;
             }
             let Some(text) = read_text(file.path) else { return true };

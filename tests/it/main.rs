@@ -1,6 +1,7 @@
 //! The integration suite: every test starts a real server on 127.0.0.1:0 and talks HTTP.
 
 mod acp;
+mod audit_content;
 mod auth;
 mod bae;
 mod browser;
@@ -33,6 +34,7 @@ mod permissions;
 mod pg_cluster;
 mod plugins;
 mod postgres;
+mod program_rules;
 mod providers;
 mod restart;
 mod runs;
@@ -43,6 +45,7 @@ mod structured;
 mod support;
 mod terminal;
 mod tools;
+mod walk_rules;
 mod webhooks;
 mod workspace_races;
 mod workspaces;

@@ -8,7 +8,7 @@ use crate::support::{event_type, is_run_end, TestServer};
 use kestrel::config::TokenConfig;
 use kestrel::policy::{Outcome, RuleSpec};
 
-fn spec(tool: &str, pattern: Option<&str>, outcome: Outcome) -> RuleSpec {
+pub(crate) fn spec(tool: &str, pattern: Option<&str>, outcome: Outcome) -> RuleSpec {
     RuleSpec { tool: tool.into(), pattern: pattern.map(str::to_string), outcome }
 }
 
@@ -31,7 +31,7 @@ fn server_rules() -> Vec<RuleSpec> {
 
 /// What became of one call.
 #[derive(Debug, PartialEq, Eq)]
-enum Fate {
+pub(crate) enum Fate {
     /// Ran without a person.
     Ran,
     /// Waited for a person (who said no).
@@ -41,7 +41,7 @@ enum Fate {
 }
 
 /// Has the builtin model make one call in `session`; a person says no to any approval.
-fn attempt(server: &TestServer, session: &str, tool: &str, arguments: &Value) -> (Fate, Value) {
+pub(crate) fn attempt(server: &TestServer, session: &str, tool: &str, arguments: &Value) -> (Fate, Value) {
     let mut stream = server.events(&format!("/api/sessions/{session}/events"));
     let content = format!("/tool {tool} {arguments}");
     let sent = server.post(&format!("/api/sessions/{session}/messages"), json!({ "content": content }));
@@ -183,7 +183,7 @@ fn bypass_attempts_never_run_unapproved_and_every_decision_is_audited() {
 }
 
 /// Every audit entry of `session`, page by page.
-fn audit_of(server: &TestServer, session: &str) -> Vec<Value> {
+pub(crate) fn audit_of(server: &TestServer, session: &str) -> Vec<Value> {
     let mut entries = Vec::new();
     let mut after = 0;
     loop {
@@ -198,7 +198,12 @@ fn audit_of(server: &TestServer, session: &str) -> Vec<Value> {
 }
 
 /// Waits for the approval of a `/tool` call; its id.
-fn ask_for(server: &TestServer, session: &str, tool: &str, arguments: &Value) -> (crate::support::SseClient, String) {
+pub(crate) fn ask_for(
+    server: &TestServer,
+    session: &str,
+    tool: &str,
+    arguments: &Value,
+) -> (crate::support::SseClient, String) {
     let mut stream = server.events(&format!("/api/sessions/{session}/events"));
     let content = format!("/tool {tool} {arguments}");
     assert_eq!(server.post(&format!("/api/sessions/{session}/messages"), json!({ "content": content })).status, 202);

@@ -19,11 +19,11 @@ fn run(server: &TestServer, args: &[&str]) -> Output {
     kestrel(server).args(args).output().unwrap()
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn stderr(output: &Output) -> String {
+pub(crate) fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
@@ -158,7 +158,7 @@ fn exit_codes_tell_usage_denial_and_failure_apart() {
 }
 
 /// `chat` with `input` piped in; its output once it has left.
-fn chat(server: &TestServer, args: &[&str], input: &str) -> Output {
+pub(crate) fn chat(server: &TestServer, args: &[&str], input: &str) -> Output {
     let mut child = kestrel(server)
         .arg("chat")
         .args(args)

@@ -107,6 +107,7 @@ impl From<EngineError> for ApiError {
             EngineError::ConfigRule => ApiError::new(403, "forbidden", message),
             EngineError::InvalidEdit(_) => ApiError::bad_request("invalid_decision", message),
             EngineError::EditDenied(_) => ApiError::new(403, "forbidden", message),
+            EngineError::InvalidDecision(_) => ApiError::bad_request("invalid_decision", message),
             EngineError::BudgetExceeded(_) => ApiError::new(429, "budget_exceeded", message),
             EngineError::InvalidResponseFormat(_) => ApiError::bad_request("invalid_response_format", message),
             // A run's end, never a request's answer.

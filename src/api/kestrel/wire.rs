@@ -427,6 +427,9 @@ struct WireApproval<'a> {
     /// Kestrel's extension: the rule that made the call wait (none: the tool's permission).
     #[serde(skip_serializing_if = "Option::is_none")]
     rule: Option<&'a crate::domain::RuleView>,
+    /// Kestrel's extension: the paths a walking tool withheld, which this approval is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    withheld: Option<&'a Vec<String>>,
 }
 
 impl<'a> From<&'a ApprovalRequest> for WireApproval<'a> {
@@ -438,6 +441,7 @@ impl<'a> From<&'a ApprovalRequest> for WireApproval<'a> {
             arguments: &approval.arguments,
             created_at: &approval.created_at,
             rule: approval.rule.as_ref(),
+            withheld: approval.withheld.as_ref(),
         }
     }
 }

@@ -91,8 +91,13 @@ impl Turn<'_> {
             self.update(tool_call.clone());
         }
         tool_call.as_object_mut().map(|t| t.remove("sessionUpdate"));
-        let options: Vec<Value> =
-            OPTIONS.iter().map(|(id, name, kind)| json!({ "optionId": id, "name": name, "kind": kind })).collect();
+        // Paths a walk withheld are allowed for this call only: nothing to remember.
+        let once = approval.get("withheld").is_some_and(Value::is_array);
+        let options: Vec<Value> = OPTIONS
+            .iter()
+            .filter(|(id, ..)| !(once && *id == "allow_session"))
+            .map(|(id, name, kind)| json!({ "optionId": id, "name": name, "kind": kind }))
+            .collect();
         let params = json!({ "sessionId": self.session_id, "toolCall": tool_call, "options": options });
         let answer = self.peer.request("session/request_permission", params).recv();
         let chosen = match answer {

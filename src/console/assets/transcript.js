@@ -245,6 +245,18 @@ class ToolCard {
     };
     clear(this.approvalBox).hidden = false;
     const why = approval.rule ? `, as ${ruleText(approval.rule)} says` : "";
+    if (approval.withheld) {
+      // Paths the call's walk withheld: approving runs it again with exactly these; such an
+      // approval is neither remembered nor edited.
+      this.approvalBox.append(
+        h("p", {}, `${approval.toolName} withheld ${approval.withheld.length} path(s)${why}. Approve to run it again with them:`),
+        h("ul", { class: "withheld" }, ...approval.withheld.map((path) => h("li", {}, h("code", {}, path)))),
+        note,
+        h("div", { class: "row" },
+          h("button", { type: "button", class: "primary approve", onclick: () => decide(true) }, "Allow these paths"),
+          h("button", { type: "button", class: "danger deny", onclick: () => decide(false) }, "Keep them withheld")));
+      return;
+    }
     this.approvalBox.append(
       h("p", {}, `${approval.toolName} needs your approval${why}.`),
       note,

@@ -41,6 +41,9 @@ pub struct BaeConfig {
     pub subagent_timeout_secs: u64,
     /// Remote subagents one session may have running at once.
     pub max_subagents_per_session: usize,
+    /// Permission rules for BAE sessions only: the `@bae` tenant's, beside the server's
+    /// `[[agent.rules]]` (docs/permissions.md, "BAE sessions").
+    pub rules: Vec<crate::policy::RuleSpec>,
     /// `--rotate-admin-key`: revoke the admin key and mint a new one at start.
     #[serde(skip)]
     pub rotate_admin_key: bool,
@@ -64,6 +67,7 @@ impl Default for BaeConfig {
             docker_cli: PathBuf::from("docker"),
             subagent_timeout_secs: 600,
             max_subagents_per_session: 8,
+            rules: Vec::new(),
             rotate_admin_key: false,
             file: BaeFile::default(),
         }

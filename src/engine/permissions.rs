@@ -61,12 +61,20 @@ impl Shared {
             return Verdict { outcome: Outcome::Allow, rule: None };
         };
         let read = Call::read(&call.name, &call.arguments, self.tools.matches_on(&call.name), workspace);
+        self.judge_read(tenant, session_id, &read, permission.outcome())
+    }
+
+    /// The verdict on a call read for the rules, whose tool's own permission is `default`: what
+    /// `judge` asks for a registered tool, and what a door asks for a call it runs itself
+    /// (BAE's MCP, sandbox and subagent calls). Fails closed: when the rules cannot be read,
+    /// the call is denied.
+    pub(crate) fn judge_read(&self, tenant: &str, session_id: &str, read: &Call<'_>, default: Outcome) -> Verdict {
         match self.rules_for(tenant, session_id) {
-            Ok(rules) => policy::decide(&read, permission.outcome(), &rules),
+            Ok(rules) => policy::decide(read, default, &rules),
             Err(error) => {
                 log::error!(
                     "the permission rules of session {session_id} cannot be read ({error}); denying {}",
-                    call.name
+                    read.tool
                 );
                 Verdict { outcome: Outcome::Deny, rule: None }
             }
@@ -195,7 +203,7 @@ impl super::Engine {
 
 impl Run {
     /// An audit entry for `call` of this run.
-    pub(super) fn audit_entry(
+    pub(crate) fn audit_entry(
         &self,
         call: &ToolCall,
         decision: AuditDecision,
@@ -269,7 +277,7 @@ pub(crate) fn check_arguments(schema: &Value, arguments: &Map<String, Value>) ->
 }
 
 /// What the model is told of a call the rules denied.
-pub(super) fn denied_text(verdict: &Verdict) -> String {
+pub(crate) fn denied_text(verdict: &Verdict) -> String {
     match &verdict.rule {
         Some(rule) => format!(
             "This tool call is denied by a permission rule ({}); it did not run. Do not retry it in another form.",

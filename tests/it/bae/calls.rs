@@ -5,7 +5,7 @@
 //! sandbox command is killed at once, and a SIGTERM does not wait for an MCP call in flight.
 //! And the MCP client's cancel under it: `notifications/cancelled` over stdio and HTTP.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use kestrel::config::bae::McpServer;
@@ -129,6 +129,59 @@ fn sandboxed(bae: &Bae) -> Harness {
     harness
 }
 
+#[test]
+fn bae_rules_match_a_sandbox_command_and_an_ask_rule_is_a_denial_with_its_reason() {
+    let bae = Bae::start_with(|config| {
+        config.bae.rules = vec![rule("sandbox__*", Some("rm *"), Outcome::Deny)];
+        config.agent.rules = vec![rule("subagent__*", None, Outcome::Ask)];
+    });
+    let mut harness = sandboxed(&bae);
+    let calls = json!([
+        { "type": "tool_use", "id": "tu_rm", "name": "shell", "input": { "command": "touch made; rm -rf made" } },
+        { "type": "tool_use", "id": "tu_ok", "name": "shell", "input": { "command": "echo fine" } },
+        { "type": "tool_use", "id": "tu_sub", "name": "launch_subagent",
+          "input": { "harness": "cat", "model": "m", "prompt": "p" } },
+    ]);
+    bae.fake.script([anthropic::answer(calls, "tool_use", 10, 5), anthropic::text_answer("Done.")]);
+    let frames = harness.send_message(json!("go"));
+    let events = turn_events(&frames);
+
+    let rm = result_of(&events, "tu_rm");
+    assert_eq!(
+        (rm["payload"]["dispatch"].as_str(), rm["payload"]["is_error"].as_bool()),
+        (Some("sandbox"), Some(true))
+    );
+    assert!(text_of(rm).contains("denied by a permission rule (config:@bae:0)"), "{rm}");
+    let commands: Vec<&Value> =
+        events.iter().filter(|e| e["event_type"] == "sandbox.request").map(|e| &e["payload"]["command"]).collect();
+    assert_eq!(commands, [&json!("echo fine")], "only the allowed command ran");
+    assert_eq!(text_of(result_of(&events, "tu_ok")), "fine\n");
+    let asked = result_of(&events, "tu_sub");
+    assert_eq!(asked["payload"]["is_error"], true, "{asked}");
+    let why = text_of(asked);
+    assert!(why.contains("config:server:0") && why.contains("nobody to ask"), "{why}");
+    assert!(
+        !events.iter().any(|e| e["event_type"].as_str().unwrap().starts_with("session.subagent")),
+        "the subagent was launched: {events:?}"
+    );
+
+    let entries = bae_audit(&bae);
+    let denial = entry(&entries, "tu_rm");
+    assert_eq!((denial["tool"].as_str(), denial["decision"].as_str()), (Some("sandbox__shell"), Some("denied")));
+    assert_eq!(denial["ruleId"], "config:@bae:0");
+    let allowance = entry(&entries, "tu_ok");
+    assert_eq!((allowance["tool"].as_str(), allowance["decision"].as_str()), (Some("sandbox__shell"), Some("allowed")));
+    let ask = entry(&entries, "tu_sub");
+    assert_eq!((ask["tool"].as_str(), ask["decision"].as_str()), (Some("subagent__launch_subagent"), Some("denied")));
+    assert_eq!((ask["decidedBy"].as_str(), ask["ruleId"].as_str()), (Some("rule"), Some("config:server:0")));
+    assert!(ask["note"].as_str().unwrap().contains("nobody to ask"), "{ask}");
+
+    // `[bae] rules` are the `@bae` tenant's: no Kestrel tenant sees them.
+    let listed = bae.server.get("/api/rules");
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    assert!(!listed.text.contains("@bae") && !listed.text.contains("sandbox__"), "{}", listed.text);
+}
+
 /// Whether a live process runs `sleep <seconds>` (a length no other test uses).
 fn sleeping(seconds: &str) -> bool {
     let wanted = format!("sleep\0{seconds}");
@@ -143,7 +196,7 @@ fn sleeping(seconds: &str) -> bool {
 fn gone_within(seconds: &str, limit: Duration) -> Duration {
     let started = Instant::now();
     while sleeping(seconds) {
-        assert!(started.elapsed() < limit, "the command still runs {limit:?} after its turn was stopped");
+        assert!(started.elapsed() < limit, "the command still runs {limit:?} after it was stopped");
         std::thread::yield_now();
     }
     started.elapsed()
@@ -174,7 +227,8 @@ fn closing_a_bae_session_mid_exec_ends_the_exec_within_two_seconds() {
     for (n, (driver, adjust)) in drivers.into_iter().enumerate() {
         let bae = Bae::start_with(|config| adjust(config));
         let image = if driver == "docker" { "present:1" } else { "alpine:3.19" };
-        let body = json!({ "name": "exec", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": [image] });
+        let body =
+            json!({ "name": "exec", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": [image] });
         let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
         let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
         let shell = json!({ "name": "shell", "description": "Run a command",
@@ -198,14 +252,44 @@ fn closing_a_bae_session_mid_exec_ends_the_exec_within_two_seconds() {
 }
 
 #[test]
+fn closing_a_session_kills_its_exec_remote_sandbox_command_within_two_seconds() {
+    // A container CLI whose `stop` leaves the command running: only the exec's own kill
+    // ends it in time.
+    let dir = tempfile::tempdir().unwrap();
+    let program = super::sandbox::fake_docker(dir.path());
+    let bae = Bae::start_with(move |config| {
+        config.bae.sandbox_driver = "docker".into();
+        config.bae.docker_cli = program.clone();
+    });
+    let body =
+        json!({ "name": "rpc", "primary_provider": "fake", "allowed_tools": [], "available_sandboxes": ["present:1"] });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    let (_, key) = bae.client_key(profile.json["id"].as_str().unwrap());
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    let started = harness.call("session.startRemoteSandbox", json!({ "image": "present:1" }));
+    assert!(started.last().unwrap()["result"]["sandbox_id"].is_string(), "{started:?}");
+    let seconds = unique_sleep(7);
+    // The reply's head comes with its result, so the exec waits on a thread of its own.
+    let (base, session, session_key) = (harness.base.clone(), harness.session_id.clone(), harness.session_key.clone());
+    let command = format!("sleep {seconds}");
+    let exec = std::thread::spawn(move || {
+        let body = json!({ "jsonrpc": "2.0", "id": 9, "method": "session.execRemoteSandbox", "params": { "command": command } });
+        super::support::Frames::post(&base, &session, &session_key, &body.to_string()).until_terminal()
+    });
+    wait_until("the command to start", || sleeping(&seconds));
+    assert_eq!(harness.close().status, 200);
+    gone_within(&seconds, Duration::from_secs(2));
+    let answer = exec.join().unwrap();
+    assert_eq!(answer.last().unwrap()["result"]["exit_code"], -1, "killed: {answer:?}");
+}
+
+#[test]
 fn a_turn_whose_client_went_away_kills_its_sandbox_command() {
     let bae = Bae::start();
     let mut harness = sandboxed(&bae);
     let seconds = unique_sleep(5);
-    bae.fake.script([
-        anthropic::tool_answer("tu_1", "shell", json!({ "command": format!("sleep {seconds}") })),
-        anthropic::text_answer("Never."),
-    ]);
+    // No answer after the call: the cancelled turn never asks again.
+    bae.fake.script([anthropic::tool_answer("tu_1", "shell", json!({ "command": format!("sleep {seconds}") }))]);
     // The turn's request on a socket of its own, closed once the command runs.
     let body = json!({ "jsonrpc": "2.0", "id": 1, "method": "session.sendMessage",
         "params": { "message": { "role": "user", "content": "sleep" } } })
@@ -249,10 +333,8 @@ fn sigterm_mid_mcp_call_exits_within_the_shutdown_grace() {
     let profile = send(&admin, "POST", "/admin/v1/profiles", Some(&admin_key), Some(body));
     assert_eq!(profile.status, 201, "{}", profile.text);
     let body = json!({ "name": "hang", "profile_id": profile.json["id"] });
-    let key = send(&admin, "POST", "/admin/v1/keys", Some(&admin_key), Some(body)).json["key"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let key =
+        send(&admin, "POST", "/admin/v1/keys", Some(&admin_key), Some(body)).json["key"].as_str().unwrap().to_string();
     let mut harness = Harness::open(&base, &key, &[]);
     let turn = harness.start("session.sendMessage", json!({ "message": { "content": "/tool hang {}" } }));
     wait_until("the MCP call to hang", || std::fs::read_to_string(&log).unwrap_or_default().contains("hanging"));
@@ -285,4 +367,106 @@ fn sigterm_mid_mcp_call_exits_within_the_shutdown_grace() {
     assert_eq!(hung.matches("hanging").count(), 1, "run once: {hung}");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// `record` holds its answer `sleep` seconds after it recorded `token`; the test cancels in
+/// between. Returns the call's outcome and how long it took from the cancel.
+fn cancel_record_mid_call(client: &kestrel::mcp::McpClient, record: &std::path::Path) -> (bool, Duration) {
+    let (cancel, cancelled) = crossbeam_channel::bounded::<()>(0);
+    let path = record.to_path_buf();
+    let canceller = std::thread::spawn(move || {
+        wait_until("the call to start", || std::fs::read_to_string(&path).unwrap_or_default().contains("mid-call"));
+        let at = Instant::now();
+        drop(cancel);
+        at
+    });
+    let outcome =
+        client.call_until("record", json!({ "token": "mid-call", "sleep": 3 }), Duration::from_secs(60), &cancelled);
+    let at = canceller.join().unwrap();
+    (matches!(outcome, Err(kestrel::mcp::McpError::Cancelled)), at.elapsed())
+}
+
+#[test]
+fn a_cancelled_stdio_mcp_call_stops_waiting_and_tells_the_server() {
+    let (log, record) = (tempfile::NamedTempFile::new().unwrap(), tempfile::NamedTempFile::new().unwrap());
+    let mut server = McpServer::stdio("tiny", "python3", vec![TINY.into()]);
+    server.env.insert("TINY_LOG".into(), log.path().display().to_string());
+    server.env.insert("TINY_RECORD".into(), record.path().display().to_string());
+    let spawning = kestrel::mcp::Spawning { marker: "test".into(), ..Default::default() };
+    let env: kestrel::mcp::SharedEnv = std::sync::Arc::new(|_: &str| None);
+    let client = kestrel::mcp::McpClient::connect(&server, env, spawning).unwrap();
+    let (cancelled, waited) = cancel_record_mid_call(&client, record.path());
+    assert!(cancelled, "the call ended as cancelled");
+    assert!(waited < Duration::from_secs(2), "the caller waited {waited:?} past the cancel");
+    // Once its tool's delay is over the server reads the notification; the connection goes on.
+    wait_until("the server to hear of the cancel", || {
+        std::fs::read_to_string(log.path()).unwrap_or_default().starts_with("cancelled ")
+    });
+    let echoed = client.call("echo", json!({ "text": "after" }), Duration::from_secs(10)).unwrap();
+    assert!(!echoed.is_error);
+    // A call whose cancel came first is not sent.
+    let (cancel, cancelled) = crossbeam_channel::bounded::<()>(0);
+    drop(cancel);
+    let outcome = client.call_until("record", json!({ "token": "never-sent" }), WAIT, &cancelled);
+    assert_eq!(outcome.unwrap_err(), kestrel::mcp::McpError::Cancelled);
+    assert!(!std::fs::read_to_string(record.path()).unwrap().contains("never-sent"));
+}
+
+#[test]
+fn a_cancelled_streamable_http_mcp_call_stops_waiting_and_tells_the_server() {
+    // A server that answers `tools/call` only when the test says so, and reports every
+    // message it is sent.
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/mcp", server.server_addr().to_ip().unwrap());
+    let (seen_tx, seen) = crossbeam_channel::unbounded::<Value>();
+    let (release_tx, release) = crossbeam_channel::unbounded::<()>();
+    std::thread::spawn(move || {
+        for mut request in server.incoming_requests() {
+            let mut body = String::new();
+            let _ = request.as_reader().read_to_string(&mut body);
+            let message: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let _ = seen_tx.send(message.clone());
+            let release = release.clone();
+            std::thread::spawn(move || {
+                let id = message["id"].clone();
+                let json = |result: Value| {
+                    let text = json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string();
+                    let header = tiny_http::Header::from_bytes("Content-Type", "application/json").unwrap();
+                    tiny_http::Response::from_string(text).with_header(header)
+                };
+                let response = match message["method"].as_str().unwrap_or_default() {
+                    "initialize" => json(json!({ "protocolVersion": "2024-11-05", "capabilities": {} })),
+                    "tools/list" => json(json!({ "tools": [{ "name": "held" }] })),
+                    "tools/call" => {
+                        let _ = release.recv_timeout(WAIT);
+                        json(json!({ "content": [] }))
+                    }
+                    _ => tiny_http::Response::from_string("").with_status_code(202),
+                };
+                let _ = request.respond(response);
+            });
+        }
+    });
+    let env: kestrel::mcp::SharedEnv = std::sync::Arc::new(|_: &str| None);
+    let client = kestrel::mcp::McpClient::connect(&McpServer::http("remote", &url), env, Default::default()).unwrap();
+    let (cancel, cancelled) = crossbeam_channel::bounded::<()>(0);
+    let waiting = seen.clone();
+    let canceller = std::thread::spawn(move || {
+        while let Ok(message) = waiting.recv_timeout(WAIT) {
+            if message["method"] == "tools/call" {
+                let at = Instant::now();
+                drop(cancel);
+                return Some((at, message["id"].clone()));
+            }
+        }
+        None
+    });
+    let outcome = client.call_until("held", json!({}), Duration::from_secs(60), &cancelled);
+    let (at, id) = canceller.join().unwrap().expect("the call reached the server");
+    assert_eq!(outcome.unwrap_err(), kestrel::mcp::McpError::Cancelled);
+    assert!(at.elapsed() < Duration::from_secs(2), "the caller waited {:?} past the cancel", at.elapsed());
+    let told = seen.recv_timeout(WAIT).expect("a notification after the call");
+    assert_eq!(told["method"], "notifications/cancelled", "{told}");
+    assert_eq!(told["params"]["requestId"], id);
+    drop(release_tx);
 }

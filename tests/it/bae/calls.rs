@@ -5,7 +5,7 @@
 //! sandbox command is killed at once, and a SIGTERM does not wait for an MCP call in flight.
 //! And the MCP client's cancel under it: `notifications/cancelled` over stdio and HTTP.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kestrel::config::bae::McpServer;
@@ -208,13 +208,16 @@ fn unique_sleep(n: u32) -> String {
     format!("{}.{}", 90 + n, std::process::id())
 }
 
+/// A change to a test server's config.
+type Adjust = Box<dyn Fn(&mut kestrel::Config)>;
+
 #[test]
 fn closing_a_bae_session_mid_exec_ends_the_exec_within_two_seconds() {
     // With the local driver, and with a container CLI whose `stop` leaves a command running
     // (as `docker stop` does for its grace period): the exec itself is killed either way.
     let dir = tempfile::tempdir().unwrap();
     let program = super::sandbox::fake_docker(dir.path());
-    let drivers: [(&str, Box<dyn Fn(&mut kestrel::Config)>); 2] = [
+    let drivers: [(&str, Adjust); 2] = [
         ("local", Box::new(|_| {})),
         (
             "docker",

@@ -1,9 +1,9 @@
 //! The permission step of a BAE turn's server-run calls: an MCP tool, a sandbox tool's command,
 //! a subagent launch or status. Each is judged as a Kestrel call is (`Shared::judge_read`, the
 //! one rule engine) by the rules that hold for the `@bae` tenant: the server's
-//! `[[agent.rules]]` and `[bae] rules`. The decision is audited before the call's start mark,
-//! or its denial, is written, so no call runs and no denial reaches the model before its entry
-//! is durable. BAE's protocol has nobody to ask, so an `ask` is a denial that says so. A
+//! `[[agent.rules]]` and `[bae] rules`. The decision is audited before the call's start mark
+//! commits, or before its denial is written, so no call runs and no denial reaches the model
+//! before its entry is durable. BAE's protocol has nobody to ask, so an `ask` is a denial that says so. A
 //! denied call never runs: its `tool.result`, in BAE's shape, tells the model why.
 //!
 //! Rules name a call by what runs it, so that a client's choice of names cannot dodge them:
@@ -11,8 +11,6 @@
 //! sandbox tool as `sandbox__<tool>` (its `match` reads `input.command`), a subagent tool as
 //! `subagent__<tool>`. With no rule, `[agent.permissions]` under that name decides, else the
 //! call is allowed, as BAE allows it.
-
-use serde_json::json;
 
 use super::turn::BaeRun;
 use crate::domain::{Dispatch, Event, ToolCall, ToolResult};
@@ -43,11 +41,12 @@ fn matches_on(dispatch: &Dispatch) -> MatchOn {
 }
 
 impl BaeRun<'_> {
-    /// Judges `call` and audits the decision. `Ok`: it may run (its start mark comes next).
-    /// `Err`: it was denied (or asked, which is denied here); its result has been published
+    /// Judges `call` and audits the decision. `None`: it may run (its start mark comes next).
+    /// `Some`: it was denied (or asked, which is denied here); the result has been published
     /// and is what the model is told.
-    pub(crate) fn permit(&self, call: &ToolCall) -> Result<(), ToolResult> {
-        let Some(name) = rule_name(call) else { return Ok(()) };
+    pub(crate) fn refusal(&self, call: &ToolCall) -> Option<ToolResult> {
+        // A call nothing runs is not judged.
+        let name = rule_name(call)?;
         let shared = &self.shared;
         let read = Call::read(&name, &call.arguments, matches_on(&call.dispatch), None);
         let default = shared.tools.configured_permission(&name).map_or(Outcome::Allow, |p| p.outcome());
@@ -60,27 +59,24 @@ impl BaeRun<'_> {
         };
         let mut entry = self.audit_entry(&judged, decision, Some(&verdict));
         entry.note = note.map(str::to_string);
-        // Queued ahead of the start mark or the denial's result: it commits first.
-        shared.audit(entry);
         match verdict.outcome {
-            Outcome::Allow => Ok(()),
-            Outcome::Deny | Outcome::Ask => Err(self.refuse(call, &verdict)),
+            // Queued ahead of the start mark, whose commit the call waits for: it commits first.
+            Outcome::Allow => {
+                shared.audit(entry);
+                None
+            }
+            // The denial goes to the model in the turn's next round, which waits for no
+            // commit of its own: the entry is made durable here.
+            Outcome::Deny | Outcome::Ask => {
+                shared.audit_now(entry);
+                Some(self.refuse(call, &verdict))
+            }
         }
     }
 
     /// Publishes a refused call's error result (it has no start mark to settle).
     fn refuse(&self, call: &ToolCall, verdict: &Verdict) -> ToolResult {
-        let text = refusal_text(verdict);
-        let result = ToolResult {
-            call_id: call.id.clone(),
-            name: call.name.clone(),
-            ok: false,
-            content: text.clone(),
-            duration_ms: None,
-            error: Some(text.clone()),
-            data: None,
-            blocks: Some(vec![json!({ "type": "text", "text": text })]),
-        };
+        let result = super::turn::error_result(call, refusal_text(verdict));
         let dispatch = call.dispatch.clone();
         self.publish(Event::ToolFinished { session_id: self.session_id.clone(), result: result.clone(), dispatch });
         result

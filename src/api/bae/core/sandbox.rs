@@ -3,8 +3,10 @@
 //! The actor checks and keeps the state; the image pull, the container start and the stop run
 //! on `kestrel-slow` workers, so a slow registry or engine never holds up the session's other
 //! operations (a close cancels a start under way). An exec runs on the caller's thread with
-//! the handle the actor gave it, so a long command never holds the session up. Close stops the sandbox (`reason: session_close`). A turn's auto-mode sandbox
-//! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
+//! the handle the actor gave it, so a long command never holds the session up, and is killed
+//! when the sandbox stops (a token the stop cancels). Close stops the sandbox (`reason:
+//! session_close`). A turn's auto-mode sandbox tool asks the actor for the handle and runs
+//! its command the same way, killed by the turn's cancel (`call_sandbox`).
 
 use super::bae;
 use super::turn::BaeRun;

@@ -270,7 +270,7 @@ impl BaeRun<'_> {
                 return Ok(Some(Stop::Cancelled));
             }
             // Decided and audited first (`calls.rs`): a denial is the call's result.
-            if let Err(denied) = self.permit(call) {
+            if let Some(denied) = self.refusal(call) {
                 server_results.push(denied);
                 continue;
             }
@@ -471,7 +471,11 @@ fn answer_usage(answer: &Message) -> Option<Usage> {
 
 /// The result of a call no server tool can run.
 fn unroutable(call: &ToolCall) -> ToolResult {
-    let text = format!("no MCP server is configured for tool '{}'", call.name);
+    error_result(call, format!("no MCP server is configured for tool '{}'", call.name))
+}
+
+/// A server-run call's error result in BAE's shape: `text` as its one text block.
+pub(super) fn error_result(call: &ToolCall, text: String) -> ToolResult {
     ToolResult {
         call_id: call.id.clone(),
         name: call.name.clone(),

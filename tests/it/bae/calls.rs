@@ -61,6 +61,8 @@ fn a_server_rule_denying_an_mcp_tool_holds_for_a_bae_call_and_both_decisions_are
     let bae = Bae::start_with(move |config| {
         config.bae.file.mcp.servers.push(tiny);
         config.agent.rules = vec![rule("mcp__tiny__record", None, Outcome::Deny)];
+        // A tool's own permission under its judged name is the default where no rule applies.
+        config.agent.permissions.insert("mcp__tiny__counter".into(), kestrel::engine::tools::Permission::Ask);
     });
     let body = json!({ "name": "ruled", "primary_provider": "fake", "allowed_tools": [], "mcp_servers": ["tiny"] });
     let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
@@ -71,6 +73,7 @@ fn a_server_rule_denying_an_mcp_tool_holds_for_a_bae_call_and_both_decisions_are
     let calls = json!([
         { "type": "tool_use", "id": "tu_r", "name": "record", "input": { "token": "never-recorded" } },
         { "type": "tool_use", "id": "tu_e", "name": "echo", "input": { "text": "hi" } },
+        { "type": "tool_use", "id": "tu_c", "name": "counter", "input": {} },
     ]);
     bae.fake.script([anthropic::answer(calls, "tool_use", 10, 5), anthropic::text_answer("Done.")]);
     let frames = harness.send_message(json!("record it"));
@@ -85,9 +88,9 @@ fn a_server_rule_denying_an_mcp_tool_holds_for_a_bae_call_and_both_decisions_are
     assert_eq!(denied["payload"]["server_name"], "tiny");
     let why = text_of(denied);
     assert!(why.contains("denied by a permission rule (config:server:0)"), "{why}");
-    let asked: Vec<&Value> = events.iter().filter(|e| e["event_type"] == "mcp.request").collect();
-    assert_eq!(asked.len(), 1, "only the allowed call went to the server: {asked:?}");
-    assert_eq!(asked[0]["payload"]["tool"], "echo");
+    let requests: Vec<&Value> = events.iter().filter(|e| e["event_type"] == "mcp.request").collect();
+    let sent: Vec<&Value> = requests.iter().map(|e| &e["payload"]["tool"]).collect();
+    assert_eq!(sent, [&json!("echo")], "only the allowed call went to the server");
     assert_eq!(std::fs::read_to_string(record.path()).unwrap(), "", "the denied call ran");
     let allowed = result_of(&events, "tu_e");
     assert_eq!(allowed["payload"]["is_error"], false, "{allowed}");
@@ -109,6 +112,10 @@ fn a_server_rule_denying_an_mcp_tool_holds_for_a_bae_call_and_both_decisions_are
     assert_eq!(allowance["tool"], "mcp__tiny__echo");
     assert_eq!((allowance["decision"].as_str(), allowance["decidedBy"].as_str()), (Some("allowed"), Some("default")));
     assert!(allowance.get("ruleId").is_none(), "{allowance}");
+    let asked = entry(&entries, "tu_c");
+    assert_eq!((asked["tool"].as_str(), asked["decision"].as_str()), (Some("mcp__tiny__counter"), Some("denied")));
+    assert_eq!(asked["decidedBy"], "default");
+    assert!(text_of(result_of(&events, "tu_c")).contains("nobody to ask"), "{events:?}");
 }
 
 /// The sandbox tool `shell` and the subagent tool `launch_subagent` of the image

@@ -403,4 +403,18 @@ mod tests {
         assert!(bad.check().is_err());
         assert!(toml::from_str::<BaeFile>("[mcp]\nnope = 1\n").is_err());
     }
+
+    /// `[bae] rules` are the `@bae` tenant's config rules, listed for it alone; a bad pattern
+    /// fails the start like any rule's.
+    #[test]
+    fn bae_rules_are_the_bae_tenant_s_config_rules() {
+        let text = "[bae]\nrules = [{ tool = \"sandbox__*\", match = \"rm *\", outcome = \"deny\" }]\n";
+        let config: crate::config::Config = toml::from_str(text).unwrap();
+        let book = config.rulebook().unwrap();
+        let ids: Vec<String> = book.config_rules(crate::store::BAE_TENANT).map(|r| r.id.clone()).collect();
+        assert_eq!(ids, ["config:@bae:0"]);
+        assert_eq!(book.config_rules("acme").count(), 0, "no other tenant holds them");
+        let bad = "[bae]\nrules = [{ tool = \"[\", outcome = \"deny\" }]\n";
+        assert!(toml::from_str::<crate::config::Config>(bad).unwrap().rulebook().is_err());
+    }
 }

@@ -3,8 +3,9 @@
 //! one rule engine) by the rules that hold for the `@bae` tenant: the server's
 //! `[[agent.rules]]` and `[bae] rules`. The decision is audited before the call's start mark
 //! commits, or before its denial is written, so no call runs and no denial reaches the model
-//! before its entry is durable. BAE's protocol has nobody to ask, so an `ask` is a denial that says so. A
-//! denied call never runs: its `tool.result`, in BAE's shape, tells the model why.
+//! before its entry is durable. BAE's protocol has nobody to ask, so an `ask` is a denial
+//! that says so. A denied call never runs: its `tool.result`, in BAE's shape, tells the model
+//! why.
 //!
 //! Rules name a call by what runs it, so that a client's choice of names cannot dodge them:
 //! an MCP tool as Kestrel's sessions name that server's tool (`mcp__<server>__<tool>`), a

@@ -88,6 +88,12 @@ impl CancelToken {
     }
 }
 
+/// Whether a cancel channel has fired: a message sent on it, or its sender gone (a
+/// `CancelToken`'s receiver, a sandbox step's cancel). `crossbeam_channel::never()` never does.
+pub fn fired(cancel: &Receiver<()>) -> bool {
+    !matches!(cancel.try_recv(), Err(TryRecvError::Empty))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +114,18 @@ mod tests {
         assert!(cancelled);
         assert!(waited < Duration::from_secs(5));
         assert_eq!(reason, Some(CancelReason::User));
+    }
+
+    #[test]
+    fn a_channel_has_fired_once_sent_on_or_dropped_and_never_does_not() {
+        let canceller = Canceller::new();
+        assert!(!fired(canceller.token().receiver()));
+        canceller.cancel(CancelReason::Shutdown);
+        assert!(fired(canceller.token().receiver()));
+        let (sender, receiver) = bounded(1);
+        assert!(!fired(&receiver));
+        sender.send(()).unwrap();
+        assert!(fired(&receiver));
+        assert!(!fired(&crossbeam_channel::never()));
     }
 }

@@ -41,6 +41,9 @@ pub struct BaeConfig {
     pub subagent_timeout_secs: u64,
     /// Remote subagents one session may have running at once.
     pub max_subagents_per_session: usize,
+    /// Permission rules for BAE sessions only: the `@bae` tenant's, beside the server's
+    /// `[[agent.rules]]` (docs/permissions.md, "BAE sessions").
+    pub rules: Vec<crate::policy::RuleSpec>,
     /// `--rotate-admin-key`: revoke the admin key and mint a new one at start.
     #[serde(skip)]
     pub rotate_admin_key: bool,
@@ -64,6 +67,7 @@ impl Default for BaeConfig {
             docker_cli: PathBuf::from("docker"),
             subagent_timeout_secs: 600,
             max_subagents_per_session: 8,
+            rules: Vec::new(),
             rotate_admin_key: false,
             file: BaeFile::default(),
         }
@@ -398,5 +402,19 @@ mod tests {
         let bad: BaeFile = toml::from_str("[[mcp.servers]]\nname = \"x\"\ntransport = \"http\"\n").unwrap();
         assert!(bad.check().is_err());
         assert!(toml::from_str::<BaeFile>("[mcp]\nnope = 1\n").is_err());
+    }
+
+    /// `[bae] rules` are the `@bae` tenant's config rules, listed for it alone; a bad pattern
+    /// fails the start like any rule's.
+    #[test]
+    fn bae_rules_are_the_bae_tenant_s_config_rules() {
+        let text = "[bae]\nrules = [{ tool = \"sandbox__*\", match = \"rm *\", outcome = \"deny\" }]\n";
+        let config: crate::config::Config = toml::from_str(text).unwrap();
+        let book = config.rulebook().unwrap();
+        let ids: Vec<String> = book.config_rules(crate::store::BAE_TENANT).map(|r| r.id.clone()).collect();
+        assert_eq!(ids, ["config:@bae:0"]);
+        assert_eq!(book.config_rules("acme").count(), 0, "no other tenant holds them");
+        let bad = "[bae]\nrules = [{ tool = \"[\", outcome = \"deny\" }]\n";
+        assert!(toml::from_str::<crate::config::Config>(bad).unwrap().rulebook().is_err());
     }
 }

@@ -329,8 +329,10 @@ impl Config {
     /// an error at start.
     pub fn rulebook(&self) -> Result<crate::policy::Rulebook, ConfigError> {
         let matching = crate::policy::Matching { paths_ignore_case: self.agent.rules_ignore_case };
-        let tenants: Vec<(String, Vec<crate::policy::RuleSpec>)> =
+        let mut tenants: Vec<(String, Vec<crate::policy::RuleSpec>)> =
             self.auth.tokens.iter().map(|t| (t.tenant.clone(), t.rules.clone())).collect();
+        // BAE sessions' own rules, as their tenant's (no token can name it).
+        tenants.push((crate::store::BAE_TENANT.to_string(), self.bae.rules.clone()));
         crate::policy::Rulebook::new(matching, &self.agent.rules, &tenants)
             .map_err(|error| ConfigError::Invalid(format!("permission rule: {error}")))
     }

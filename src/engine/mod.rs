@@ -16,7 +16,7 @@ mod error;
 mod fork;
 pub mod idempotency;
 mod meter;
-mod permissions;
+pub(crate) mod permissions;
 pub mod plan;
 pub(crate) mod publish;
 mod registry;

@@ -84,21 +84,34 @@ impl Shared {
         };
         let content = self.tools.content_arguments(&call.name);
         let read = Call::read(&call.name, &call.arguments, self.tools.matches_on(&call.name), content, workspace);
+        let Some(rules) = self.rules_or_deny(tenant, session_id, read.tool) else {
+            return Judged { verdict: Verdict { outcome: Outcome::Deny, rule: None }, rules: None, asking: Vec::new() };
+        };
+        let verdict = policy::decide(&read, permission.outcome(), &rules);
+        let asking = match verdict.outcome == Outcome::Ask && self.tools.walks(&call.name) {
+            true => policy::asking_rules(&read, &rules),
+            false => Vec::new(),
+        };
+        Judged { verdict, rules: Some(rules), asking }
+    }
+
+    /// The verdict on a call read for the rules, whose tool's own permission is `default`: what
+    /// a door asks for a call it runs itself (BAE's MCP, sandbox and subagent calls). Fails
+    /// closed: when the rules cannot be read, the call is denied.
+    pub(crate) fn judge_read(&self, tenant: &str, session_id: &str, read: &Call<'_>, default: Outcome) -> Verdict {
+        match self.rules_or_deny(tenant, session_id, read.tool) {
+            Some(rules) => policy::decide(read, default, &rules),
+            None => Verdict { outcome: Outcome::Deny, rule: None },
+        }
+    }
+
+    /// The rules for a call of `tool`; `None` (the caller denies) when they cannot be read.
+    fn rules_or_deny(&self, tenant: &str, session_id: &str, tool: &str) -> Option<Vec<policy::Compiled>> {
         match self.rules_for(tenant, session_id) {
-            Ok(rules) => {
-                let verdict = policy::decide(&read, permission.outcome(), &rules);
-                let asking = match verdict.outcome == Outcome::Ask && self.tools.walks(&call.name) {
-                    true => policy::asking_rules(&read, &rules),
-                    false => Vec::new(),
-                };
-                Judged { verdict, rules: Some(rules), asking }
-            }
+            Ok(rules) => Some(rules),
             Err(error) => {
-                log::error!(
-                    "the permission rules of session {session_id} cannot be read ({error}); denying {}",
-                    call.name
-                );
-                Judged { verdict: Verdict { outcome: Outcome::Deny, rule: None }, rules: None, asking: Vec::new() }
+                log::error!("the permission rules of session {session_id} cannot be read ({error}); denying {tool}");
+                None
             }
         }
     }
@@ -333,7 +346,7 @@ pub(crate) fn check_arguments(schema: &Value, arguments: &Map<String, Value>) ->
 }
 
 /// What the model is told of a call the rules denied.
-pub(super) fn denied_text(verdict: &Verdict) -> String {
+pub(crate) fn denied_text(verdict: &Verdict) -> String {
     match &verdict.rule {
         Some(rule) => format!(
             "This tool call is denied by a permission rule ({}); it did not run. Do not retry it in another form.",

@@ -222,6 +222,12 @@ impl ToolRegistry {
         self.find(name).map(|t| t.permission)
     }
 
+    /// The permission `[agent.permissions]` gives `name`, registered or not (a door's own
+    /// calls, such as BAE's, are judged under names no tool registers).
+    pub fn configured_permission(&self, name: &str) -> Option<Permission> {
+        self.overrides.get(name).copied()
+    }
+
     /// The input schema of `name`'s calls.
     pub fn parameters(&self, name: &str) -> Option<Value> {
         self.find(name).map(|t| t.schema.parameters.clone())

@@ -5,16 +5,17 @@
 //! transport error. An answer is read up to `MESSAGE_LIMIT` bytes.
 //!
 //! Each request runs on a `kestrel-mcp-http` thread of its own while the caller waits for its
-//! answer, its timeout or the connection's close, whichever comes first: a closed connection
-//! ends the calls in flight at once (their threads finish on their own, bounded by the
-//! request timeout).
+//! answer, its timeout, its cancel or the connection's close, whichever comes first: a closed
+//! connection or a cancel ends the calls in flight at once (their threads finish on their
+//! own, bounded by the request timeout). A cancelled call's `notifications/cancelled` is
+//! posted without waiting for it.
 
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, select, Receiver, Sender};
+use crossbeam_channel::{bounded, never, select, Receiver, Sender};
 use serde_json::{json, Value};
 
 use super::{outcome, McpError, Transport, MESSAGE_LIMIT};
@@ -40,15 +41,19 @@ impl Http {
         Http { shared: Arc::new(shared), next_id: AtomicU64::new(1), open: Mutex::new(Some(open)), closed }
     }
 
-    /// Runs `exchange` on its own thread; its answer, unless the timeout or the close comes
-    /// first.
+    /// Runs `exchange` on its own thread; its answer, unless the timeout, the close or the
+    /// caller's cancel comes first.
     fn exchange(
         &self,
         timeout: Duration,
+        cancel: &Receiver<()>,
         exchange: impl FnOnce(&Shared) -> Result<Value, McpError> + Send + 'static,
     ) -> Result<Value, McpError> {
         if self.open.lock().unwrap_or_else(PoisonError::into_inner).is_none() {
             return Err(McpError::Closed);
+        }
+        if crate::cancel::fired(cancel) {
+            return Err(McpError::Cancelled);
         }
         let (answer_tx, answer) = bounded(1);
         let shared = Arc::clone(&self.shared);
@@ -61,10 +66,27 @@ impl Http {
         select! {
             recv(answer) -> outcome => outcome.unwrap_or(Err(McpError::Transport("the MCP request failed".into()))),
             recv(self.closed) -> _ => Err(McpError::Closed),
+            recv(cancel) -> _ => Err(McpError::Cancelled),
             default(timeout + Duration::from_secs(1)) => Err(McpError::Timeout(timeout)),
         }
     }
+
+    /// Posts a notification on a thread of its own and does not wait for it: a caller that
+    /// cancelled must not wait on a server that may hang on this too (the post ends at its
+    /// timeout).
+    fn notify_detached(&self, message: Value) {
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new().name("kestrel-mcp-http".into()).spawn(move || {
+            let _ = shared.post(&message, NOTIFY_TIMEOUT);
+        });
+        if let Err(error) = spawned {
+            log::warn!("no thread to tell an MCP server of a cancel: {error}");
+        }
+    }
 }
+
+/// How long a notification's post may take.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Shared {
     fn post(&self, message: &Value, timeout: Duration) -> Result<Option<ureq::Response>, McpError> {
@@ -120,20 +142,33 @@ impl Shared {
 }
 
 impl Transport for Http {
-    fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError> {
+    fn request(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+        cancel: &Receiver<()>,
+    ) -> Result<Value, McpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let message = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
-        let outcome = self.exchange(timeout, move |shared| shared.request(id, &message, timeout));
-        if matches!(outcome, Err(McpError::Timeout(_))) && method != "ping" {
-            let _ = self.notify("notifications/cancelled", json!({ "requestId": id, "reason": "timed out" }));
+        let outcome = self.exchange(timeout, cancel, move |shared| shared.request(id, &message, timeout));
+        match &outcome {
+            Err(McpError::Timeout(_)) if method != "ping" => {
+                let _ = self.notify("notifications/cancelled", json!({ "requestId": id, "reason": "timed out" }));
+            }
+            Err(McpError::Cancelled) => self.notify_detached(json!({ "jsonrpc": "2.0",
+                "method": "notifications/cancelled", "params": { "requestId": id, "reason": "cancelled" } })),
+            _ => {}
         }
         outcome
     }
 
     fn notify(&self, method: &str, params: Value) -> Result<(), McpError> {
         let message = json!({ "jsonrpc": "2.0", "method": method, "params": params });
-        let timeout = Duration::from_secs(30);
-        self.exchange(timeout, move |shared| shared.post(&message, timeout).map(|_| Value::Null)).map(|_| ())
+        self.exchange(NOTIFY_TIMEOUT, &never(), move |shared| {
+            shared.post(&message, NOTIFY_TIMEOUT).map(|_| Value::Null)
+        })
+        .map(|_| ())
     }
 
     fn close(&self) {

@@ -11,8 +11,11 @@
 //! scope) and keeps it usable: a call that times out is cancelled on the server
 //! (`notifications/cancelled`) and the server is asked for a `ping`; a server that does not
 //! answer it, or whose connection broke, is dropped (its process tree killed) and connected
-//! again at the next call. Calls run concurrently on one connection. `close` ends it at once:
-//! its process tree is killed and calls in flight end with an error.
+//! again at the next call. Calls run concurrently on one connection. A call's caller may
+//! cancel it (`call_until`: its turn was cancelled, its session closed, the server stops): the
+//! caller stops waiting at once and the server is told (`notifications/cancelled`). `close`
+//! ends the connection at once: its process tree is killed and calls in flight end with an
+//! error.
 
 mod http;
 mod stdio;
@@ -22,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crossbeam_channel::{never, Receiver};
 use serde_json::{json, Value};
 
 use crate::config::bae::{McpServer, McpTransport};
@@ -50,6 +54,8 @@ pub enum McpError {
     Timeout(Duration),
     /// The connection was closed by its owner (a BAE session closed).
     Closed,
+    /// The caller cancelled the call (its turn was cancelled or the server is stopping).
+    Cancelled,
 }
 
 impl std::fmt::Display for McpError {
@@ -59,6 +65,7 @@ impl std::fmt::Display for McpError {
             McpError::Protocol { code, message } => write!(f, "MCP protocol error: [{code}] {message}"),
             McpError::Timeout(after) => write!(f, "the MCP server did not answer within {} s", after.as_secs()),
             McpError::Closed => write!(f, "the MCP connection was closed"),
+            McpError::Cancelled => write!(f, "the MCP call was cancelled"),
         }
     }
 }
@@ -97,8 +104,12 @@ pub type SharedEnv = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// One JSON-RPC exchange over a transport; calls may run concurrently.
 trait Transport: Send + Sync {
-    /// Sends a request and waits for the answer with the same id.
-    fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError>;
+    /// Sends a request and waits for the answer with the same id, at most `timeout`, and no
+    /// longer than until `cancel` fires (`Cancelled`; a request whose cancel came first is
+    /// not sent). A request that timed out or was cancelled is cancelled on the server too
+    /// (`notifications/cancelled`).
+    fn request(&self, method: &str, params: Value, timeout: Duration, cancel: &Receiver<()>)
+        -> Result<Value, McpError>;
     /// Sends a notification.
     fn notify(&self, method: &str, params: Value) -> Result<(), McpError>;
     /// Ends the connection now: a stdio server's process tree is killed; requests in flight
@@ -145,7 +156,7 @@ impl Connection {
             "capabilities": {},
             "clientInfo": { "name": "kestrel", "version": env!("CARGO_PKG_VERSION") },
         });
-        self.transport.request("initialize", params, SETUP_TIMEOUT)?;
+        self.transport.request("initialize", params, SETUP_TIMEOUT, &never())?;
         self.transport.notify("notifications/initialized", json!({}))
     }
 
@@ -157,7 +168,7 @@ impl Connection {
                 Some(cursor) => json!({ "cursor": cursor }),
                 None => json!({}),
             };
-            let page = self.transport.request("tools/list", params, SETUP_TIMEOUT)?;
+            let page = self.transport.request("tools/list", params, SETUP_TIMEOUT, &never())?;
             tools.extend(page["tools"].as_array().into_iter().flatten().filter_map(tool_of));
             cursor = page["nextCursor"].as_str().filter(|c| !c.is_empty()).map(str::to_string);
             if cursor.is_none() {
@@ -243,16 +254,29 @@ impl McpClient {
     /// `Ok` with `is_error`. A timed-out call is cancelled on the server, and a server that
     /// then does not answer a `ping` is dropped, to be connected again at the next call.
     pub fn call(&self, name: &str, arguments: Value, timeout: Duration) -> Result<CallResult, McpError> {
+        self.call_until(name, arguments, timeout, &never())
+    }
+
+    /// `call`, which also ends as soon as `cancel` fires (a message, or its sender dropped, as
+    /// a `CancelToken`'s receiver does): `Err(Cancelled)` at once, the server told, the
+    /// connection kept.
+    pub fn call_until(
+        &self,
+        name: &str,
+        arguments: Value,
+        timeout: Duration,
+        cancel: &Receiver<()>,
+    ) -> Result<CallResult, McpError> {
         let connection = self.connection()?;
         let params = json!({ "name": name, "arguments": arguments });
-        match connection.transport.request("tools/call", params, timeout) {
+        match connection.transport.request("tools/call", params, timeout, cancel) {
             Ok(answer) => Ok(CallResult {
                 content: answer["content"].as_array().cloned().unwrap_or_default(),
                 is_error: answer["isError"].as_bool().unwrap_or(false),
             }),
             Err(McpError::Timeout(after)) => {
                 let probe = PROBE_TIMEOUT.min(after.max(Duration::from_secs(1)));
-                if connection.transport.request("ping", json!({}), probe).is_err() {
+                if connection.transport.request("ping", json!({}), probe, &never()).is_err() {
                     log::warn!("MCP server {:?} stopped answering; it will be connected again", self.server);
                     self.drop_connection(&connection);
                 }

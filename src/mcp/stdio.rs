@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
+use crossbeam_channel::{bounded, select, Receiver, Sender};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
@@ -141,7 +141,16 @@ fn clone_command(command: &Command) -> Command {
 }
 
 impl Transport for Stdio {
-    fn request(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, McpError> {
+    fn request(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+        cancel: &Receiver<()>,
+    ) -> Result<Value, McpError> {
+        if crate::cancel::fired(cancel) {
+            return Err(McpError::Cancelled);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer_tx, answer) = bounded(1);
         match self.waiting.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
@@ -151,18 +160,26 @@ impl Transport for Stdio {
         let sent = self.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
         let outcome_of = match sent {
             Err(error) => Err(error),
-            Ok(()) => match answer.recv_timeout(timeout) {
-                Ok(message) => outcome(message),
-                Err(RecvTimeoutError::Timeout) => Err(McpError::Timeout(timeout)),
-                Err(RecvTimeoutError::Disconnected) => Err(self.broken_error()),
+            Ok(()) => select! {
+                recv(answer) -> message => match message {
+                    Ok(message) => outcome(message),
+                    Err(_) => Err(self.broken_error()),
+                },
+                recv(cancel) -> _ => Err(McpError::Cancelled),
+                default(timeout) => Err(McpError::Timeout(timeout)),
             },
         };
         if let Some(waiting) = self.waiting.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
             waiting.remove(&id);
         }
-        if matches!(outcome_of, Err(McpError::Timeout(_))) && method != "ping" {
+        let why = match &outcome_of {
+            Err(McpError::Timeout(_)) if method != "ping" => Some("timed out"),
+            Err(McpError::Cancelled) => Some("cancelled"),
+            _ => None,
+        };
+        if let Some(why) = why {
             // The server may stop the work; its late answer, if any, is dropped by the reader.
-            let _ = self.notify("notifications/cancelled", json!({ "requestId": id, "reason": "timed out" }));
+            let _ = self.notify("notifications/cancelled", json!({ "requestId": id, "reason": why }));
         }
         outcome_of
     }

@@ -119,8 +119,9 @@ impl KestrelMcpTool {
     }
 }
 
-/// `mcp__<server>__<tool>` in the characters every provider accepts.
-fn plain_name(server: &str, tool: &str) -> String {
+/// `mcp__<server>__<tool>` in the characters every provider accepts (also the name BAE's
+/// calls to that tool are judged by: `api/bae/core/calls.rs`).
+pub fn plain_name(server: &str, tool: &str) -> String {
     let clean =
         |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>();
     format!("{RESERVED_PREFIX}{}__{}", clean(server), clean(tool))

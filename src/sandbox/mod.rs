@@ -22,7 +22,7 @@ use crossbeam_channel::Receiver;
 pub struct ExecOutput {
     pub stdout: String,
     pub stderr: String,
-    /// -1 when the command was killed (a timeout).
+    /// -1 when the command was killed (a timeout, a cancel).
     pub exit_code: i32,
     /// Whether either stream was cut at the cap (or left unread by a process that escaped).
     pub truncated: bool,
@@ -120,11 +120,23 @@ pub fn exec(
     command: &str,
     limits: ExecLimits,
 ) -> Result<ExecOutput, DriverError> {
+    exec_until(driver, sandbox, command, limits, &crossbeam_channel::never())
+}
+
+/// `exec`, also killed (and what it started reaped) as soon as `cancel` fires: a message, or
+/// its sender dropped (a turn's `CancelToken`: the turn was cancelled, its session closed, or
+/// the server is stopping).
+pub fn exec_until(
+    driver: &dyn Driver,
+    sandbox: &Running,
+    command: &str,
+    limits: ExecLimits,
+    cancel: &Receiver<()>,
+) -> Result<ExecOutput, DriverError> {
     let marker = sandbox.process_marker();
     let process = driver.process(sandbox, &Script { text: command, args: &[], marker: &marker, stdin: false })?;
-    let never = crossbeam_channel::never();
     let reap = |ending: Ending| driver.reap(sandbox, &marker, ending);
-    let ran = supervise(process, None, limits.timeout, &never, limits.output_cap, &reap)
+    let ran = supervise(process, None, limits.timeout, cancel, limits.output_cap, &reap)
         .map_err(|e| DriverError(format!("cannot run the command: {e}")))?;
     let exit_code = match ran.ending {
         Ending::Exited(code) => code.unwrap_or(-1),

@@ -151,9 +151,10 @@ fn dispatch(context: &Context<'_>, call: Call) -> Answer {
                 return invalid(id, "missing \"command\"");
             };
             let key = context.key_id();
-            let ran = context
-                .ask(|reply| BaeOp::SandboxHandle { key: key.clone(), reply })
-                .and_then(|sandbox| context.bae.sandbox_exec(&context.session_id, &key, &sandbox, &command));
+            let ran =
+                context.ask(|reply| BaeOp::SandboxHandle { key: key.clone(), reply }).and_then(|(sandbox, stopped)| {
+                    context.bae.sandbox_exec(&context.session_id, &key, &sandbox, &command, stopped.receiver())
+                });
             answer(
                 &id,
                 ran.map(

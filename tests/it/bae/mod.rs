@@ -1,6 +1,7 @@
 //! The BAE client API v1 against the real server and the fake provider.
 
 mod admin;
+mod calls;
 mod compaction;
 mod conversation;
 mod crash;

@@ -7,12 +7,15 @@
 //! memory only, as in BAE: after a restart sessions have no MCP.
 //!
 //! Inside a turn, a call no client tool takes goes to the MCP server that lists its name (the
-//! later server when two do), with `mcp.request` and `mcp.response` around it. A failure never
-//! ends the turn: its result is `MCP error: …`.
+//! later server when two do), with `mcp.request` and `mcp.response` around it, once the rules
+//! allowed it (`calls.rs`). A failure never ends the turn: its result is `MCP error: …`. The
+//! turn's cancel ends a call in flight at once, and the server is told
+//! (`notifications/cancelled`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
 
 use crate::config::bae::McpServer;
@@ -97,21 +100,28 @@ impl McpSessions {
     }
 }
 
-/// One call on its server: the `mcp.response` parts (ok, result, error) and the tool result.
-pub fn call(client: &McpClient, call: &ToolCall) -> (bool, Option<Value>, Option<String>, ToolResult) {
+/// A call's `mcp.response` parts (ok, result, error) and its tool result.
+pub type Answered = (bool, Option<Value>, Option<String>, ToolResult);
+
+/// One call on its server, which ends at once when `cancel` fires (the turn's cancel: the
+/// server is told, and the error is `McpError::Cancelled`, for the turn to answer).
+pub fn call(client: &McpClient, call: &ToolCall, cancel: &Receiver<()>) -> Result<Answered, McpError> {
     let arguments = Value::Object(call.arguments.clone());
-    let outcome = client.call(&call.name, arguments, client.call_timeout());
-    match outcome {
+    match client.call_until(&call.name, arguments, client.call_timeout(), cancel) {
         Ok(answer) => {
             let result = json!({ "content": answer.content, "isError": answer.is_error });
-            (!answer.is_error, Some(result), None, tool_result(call, answer.content, answer.is_error))
+            Ok((!answer.is_error, Some(result), None, tool_result(call, answer.content, answer.is_error)))
         }
-        Err(error) => {
-            let text = format!("MCP error: {}", describe(&error));
-            let content = vec![json!({ "type": "text", "text": text })];
-            (false, None, Some(describe(&error)), tool_result(call, content, true))
-        }
+        Err(McpError::Cancelled) => Err(McpError::Cancelled),
+        Err(error) => Ok(failed(call, &error)),
     }
+}
+
+/// A failed call's parts: the result `MCP error: …`.
+pub fn failed(call: &ToolCall, error: &McpError) -> Answered {
+    let text = format!("MCP error: {}", describe(error));
+    let content = vec![json!({ "type": "text", "text": text })];
+    (false, None, Some(describe(error)), tool_result(call, content, true))
 }
 
 fn describe(error: &McpError) -> String {

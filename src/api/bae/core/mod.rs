@@ -7,7 +7,9 @@
 //!   a paused turn) and the operations it answers.
 //! - `merge.rs`: the resume rules for a paused turn's tool results.
 //! - `mcp.rs`: a session's MCP connections and the calls a turn makes on them.
+//! - `calls.rs`: the permission step and audit of a turn's server-run calls.
 
+mod calls;
 pub mod compaction;
 mod gate;
 pub mod mcp;

@@ -102,10 +102,11 @@ pub enum BaeOp {
         key: String,
         reply: Sender<Result<crate::sandbox::Running, RpcError>>,
     },
-    /// `session.execRemoteSandbox`: the handle the caller runs the command with.
+    /// `session.execRemoteSandbox`: the handle the caller runs the command with, and the
+    /// token that is cancelled when the sandbox stops (the command is killed then).
     SandboxHandle {
         key: String,
-        reply: Sender<Result<crate::sandbox::Running, RpcError>>,
+        reply: Sender<Result<(crate::sandbox::Running, crate::cancel::CancelToken), RpcError>>,
     },
     /// `session.reportLocalSandbox` and `session.reportLocalSubagent`: any registered driver
     /// may report; the report is the event, or why its params are invalid (said only to a
@@ -267,6 +268,9 @@ pub(crate) struct BaeRuntime {
     pub(crate) auto_backoff_until: Option<Instant>,
     /// The session's one remote sandbox.
     pub(crate) sandbox: Option<crate::sandbox::Running>,
+    /// Cancelled when that sandbox stops (a stop, a close, this node losing the session):
+    /// every `execRemoteSandbox` command in it is killed then.
+    pub(crate) sandbox_execs: Option<crate::cancel::Canceller>,
     /// A sandbox start under way on a worker.
     pub(crate) starting: Option<super::sandbox::Starting>,
     /// Whether a turn paused before a restart has been looked for (`recover_pause`).

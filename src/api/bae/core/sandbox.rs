@@ -3,8 +3,10 @@
 //! The actor checks and keeps the state; the image pull, the container start and the stop run
 //! on `kestrel-slow` workers, so a slow registry or engine never holds up the session's other
 //! operations (a close cancels a start under way). An exec runs on the caller's thread with
-//! the handle the actor gave it, so a long command never holds the session up. Close stops the sandbox (`reason: session_close`). A turn's auto-mode sandbox
-//! tool asks the actor for the handle and runs its command the same way (`call_sandbox`).
+//! the handle the actor gave it, so a long command never holds the session up, and is killed
+//! when the sandbox stops (a token the stop cancels). Close stops the sandbox (`reason:
+//! session_close`). A turn's auto-mode sandbox tool asks the actor for the handle and runs
+//! its command the same way, killed by the turn's cancel (`call_sandbox`).
 
 use super::bae;
 use super::turn::BaeRun;
@@ -51,7 +53,8 @@ impl Bae {
         images.iter().map(|name| image_status(&bae(&self.engine.shared).images, name)).collect()
     }
 
-    /// Runs `command` in the session's sandbox on the caller's thread; a driver failure is
+    /// Runs `command` in the session's sandbox on the caller's thread, killed (exit code -1)
+    /// once `stopped` fires (the sandbox stopped, or its session closed); a driver failure is
     /// logged as `session.sandbox.error` (phase exec) and answered -32000.
     pub fn sandbox_exec(
         &self,
@@ -59,9 +62,11 @@ impl Bae {
         key: &str,
         sandbox: &Running,
         command: &str,
+        stopped: &crossbeam_channel::Receiver<()>,
     ) -> Result<crate::sandbox::ExecOutput, RpcError> {
         let settings = &bae(&self.engine.shared).settings;
-        match crate::sandbox::exec(settings.sandbox.0.as_ref(), sandbox, command, settings.sandbox_exec) {
+        match crate::sandbox::exec_until(settings.sandbox.0.as_ref(), sandbox, command, settings.sandbox_exec, stopped)
+        {
             Ok(output) => Ok(output),
             Err(error) => {
                 let event = exec_failed(session_id, sandbox, &error.0, settings.sandbox.0.isolated());
@@ -275,6 +280,7 @@ impl BaeSession<'_> {
                 // Every process run in it is the session's, for the orphan sweep.
                 running.marker = Some(crate::tools::orphans::marker_value(&self.actor.id, &running.id));
                 self.state.sandbox = Some(running.clone());
+                self.state.sandbox_execs = Some(crate::cancel::Canceller::new());
                 let outcome = self.publish_bae(&key, self.sandbox_event("running", &image, Some(&running.id)));
                 let _ = reply.send(outcome.map(|()| (running, crate::time::now_rfc3339())));
             }
@@ -293,7 +299,16 @@ impl BaeSession<'_> {
             let _ = reply.send(Err(RpcError::SandboxStartFailed(why.into())));
         }
         if let Some(running) = self.state.sandbox.take() {
+            self.end_execs();
             stop_detached(&self.actor.shared, running);
+        }
+    }
+
+    /// The sandbox is going: the commands `execRemoteSandbox` runs in it are killed now, not
+    /// when (or if) the driver's stop reaches them.
+    fn end_execs(&mut self) {
+        if let Some(execs) = self.state.sandbox_execs.take() {
+            execs.cancel(crate::cancel::CancelReason::User);
         }
     }
 
@@ -311,6 +326,7 @@ impl BaeSession<'_> {
     /// sandbox runs.
     pub(crate) fn stop_sandbox(&mut self, key: &str, reason: &str) -> Option<StopJob> {
         let running = self.state.sandbox.take()?;
+        self.end_execs();
         let stop = self.with_reason(self.sandbox_event("stop", &running.image, Some(&running.id)), reason);
         let _ = self.publish_bae(key, stop);
         Some(StopJob {
@@ -338,12 +354,16 @@ impl BaeSession<'_> {
         }
     }
 
-    /// `session.execRemoteSandbox`'s handle (no state check, as in BAE).
-    pub(crate) fn sandbox_handle(&self, key: &str) -> Result<Running, RpcError> {
+    /// `session.execRemoteSandbox`'s handle (no state check, as in BAE), and the token the
+    /// sandbox's stop cancels.
+    pub(crate) fn sandbox_handle(&self, key: &str) -> Result<(Running, crate::cancel::CancelToken), RpcError> {
         if !self.state.drivers.contains(key) {
             return Err(RpcError::NotDriver);
         }
-        self.state.sandbox.clone().ok_or(RpcError::SandboxNotRunning)
+        match (&self.state.sandbox, &self.state.sandbox_execs) {
+            (Some(running), Some(execs)) => Ok((running.clone(), execs.token())),
+            _ => Err(RpcError::SandboxNotRunning),
+        }
     }
 
     fn bae_record_open(&self) -> Result<crate::store::BaeSessionRecord, RpcError> {
@@ -359,7 +379,10 @@ impl BaeSession<'_> {
 impl BaeRun<'_> {
     /// An auto-mode sandbox tool's call: `input.command` runs in the session's remote sandbox,
     /// with `sandbox.request`, `sandbox.response` and `tool.result` (BAE's content format).
-    pub(crate) fn call_sandbox(&self, call: &crate::domain::ToolCall) -> crate::domain::ToolResult {
+    /// The turn's cancel kills the command at once: a cancel by a person or a close answers
+    /// it with an error result; a shutdown's answers nothing (`None`), leaving the call to
+    /// `recovery.rs`.
+    pub(crate) fn call_sandbox(&self, call: &crate::domain::ToolCall) -> Option<crate::domain::ToolResult> {
         let command = call.arguments.get("command").and_then(serde_json::Value::as_str).map(str::to_string);
         let session_id = self.session_id.clone();
         self.publish(Event::SandboxRequest {
@@ -370,6 +393,14 @@ impl BaeRun<'_> {
         });
         let (sandbox_id, outcome) = self.run_sandbox_command(call, command.as_deref());
         let (ok, result, error, text, failed) = match outcome {
+            // Killed by the turn's cancel (a timeout kills with -1 too, but leaves it uncancelled).
+            Ok(output) if output.exit_code == -1 && self.cancel.is_cancelled() => {
+                if self.stopping() {
+                    return None;
+                }
+                let why = "the command was cancelled with its turn".to_string();
+                (false, None, Some(why.clone()), format!("sandbox error: {why}"), true)
+            }
             Ok(output) => {
                 let text = output_text(&output);
                 let result = serde_json::json!({ "stdout": output.stdout, "stderr": output.stderr, "exit_code": output.exit_code, "truncated": output.truncated });
@@ -390,10 +421,11 @@ impl BaeRun<'_> {
         };
         let dispatch = crate::domain::Dispatch::Sandbox;
         self.publish_settled(Event::ToolFinished { session_id, result: result.clone(), dispatch }, &call.id);
-        result
+        Some(result)
     }
 
-    /// The command's output, or why it did not run; and the sandbox it ran in.
+    /// The command's output, or why it did not run; and the sandbox it ran in. The turn's
+    /// cancel kills it (and reaps what it started).
     fn run_sandbox_command(
         &self,
         call: &crate::domain::ToolCall,
@@ -411,7 +443,9 @@ impl BaeRun<'_> {
             return (None, Err(why));
         };
         let settings = &bae(&self.shared).settings;
-        match crate::sandbox::exec(settings.sandbox.0.as_ref(), &sandbox, command, settings.sandbox_exec) {
+        let cancel = self.cancel.receiver();
+        match crate::sandbox::exec_until(settings.sandbox.0.as_ref(), &sandbox, command, settings.sandbox_exec, cancel)
+        {
             Ok(output) => (Some(sandbox.id), Ok(output)),
             Err(error) => {
                 self.publish(exec_failed(&self.session_id, &sandbox, &error.0, settings.sandbox.0.isolated()));

@@ -264,13 +264,26 @@ impl BaeRun<'_> {
         }
         let mut server_results: Vec<ToolResult> = Vec::new();
         for (call, route) in calls.iter().zip(routes).filter(|(c, _)| c.dispatch != Dispatch::Client) {
+            // No call starts once the turn is cancelled: the ones left have no start mark, so
+            // they provably never ran.
+            if self.cancel.is_cancelled() {
+                return Ok(Some(Stop::Cancelled));
+            }
+            // Decided and audited first (`calls.rs`): a denial is the call's result.
+            if let Some(denied) = self.refusal(call) {
+                server_results.push(denied);
+                continue;
+            }
             // Durable before the call runs: after a crash it is recorded, never run again.
             self.mark_started(call)?;
             let result = match call.dispatch {
                 Dispatch::Sandbox => self.call_sandbox(call),
-                Dispatch::Subagent => self.call_subagent(turn, call),
+                Dispatch::Subagent => Some(self.call_subagent(turn, call)),
                 _ => self.call_mcp(call, route),
             };
+            // `None`: a shutdown cut the call. Its mark stays unsettled, and the next start
+            // records it as a killed server's call (`recovery.rs`), never run again.
+            let Some(result) = result else { return Ok(Some(Stop::Cancelled)) };
             server_results.push(result);
         }
         if calls.iter().any(|c| c.dispatch == Dispatch::Client) {
@@ -293,8 +306,10 @@ impl BaeRun<'_> {
     }
 
     /// One call on its MCP server (or the unroutable answer), with `mcp.request`,
-    /// `mcp.response` and `tool.result` around it.
-    fn call_mcp(&self, call: &ToolCall, route: Option<(String, Arc<crate::mcp::McpClient>)>) -> ToolResult {
+    /// `mcp.response` and `tool.result` around it. The turn's cancel ends the call at once
+    /// (the server is told): a cancel by a person or a close answers it with an error
+    /// result; a shutdown's answers nothing (`None`), leaving the call to `recovery.rs`.
+    fn call_mcp(&self, call: &ToolCall, route: Option<(String, Arc<crate::mcp::McpClient>)>) -> Option<ToolResult> {
         let server_name = route.as_ref().map(|(name, _)| name.clone());
         let session_id = self.session_id.clone();
         self.publish(Event::McpRequest {
@@ -303,12 +318,17 @@ impl BaeRun<'_> {
             tool: call.name.clone(),
             input: Value::Object(call.arguments.clone()),
         });
-        let (ok, result, error, tool_result) = match &route {
-            Some((_, client)) => super::mcp::call(client, call),
+        let answered = match &route {
+            Some((_, client)) => super::mcp::call(client, call, self.cancel.receiver()),
             None => {
                 let result = unroutable(call);
-                (false, None, Some(result.content.clone()), result)
+                Ok((false, None, Some(result.content.clone()), result))
             }
+        };
+        let (ok, result, error, tool_result) = match answered {
+            Ok(parts) => parts,
+            Err(_) if self.stopping() => return None,
+            Err(cancelled) => super::mcp::failed(call, &cancelled),
         };
         self.publish(Event::McpResponse {
             session_id: session_id.clone(),
@@ -319,7 +339,13 @@ impl BaeRun<'_> {
         });
         let dispatch = Dispatch::Mcp { server: server_name.unwrap_or_default() };
         self.publish_settled(Event::ToolFinished { session_id, result: tool_result.clone(), dispatch }, &call.id);
-        tool_result
+        Some(tool_result)
+    }
+
+    /// Whether the turn was cancelled because the server is stopping (or this node lost the
+    /// session): a call it cut is left for the next holder to record, as a killed server's.
+    pub(crate) fn stopping(&self) -> bool {
+        self.cancel.reason() == Some(crate::cancel::CancelReason::Shutdown)
     }
 
     /// The turn asked the model more often than a turn may: the session ends in error.
@@ -445,7 +471,11 @@ fn answer_usage(answer: &Message) -> Option<Usage> {
 
 /// The result of a call no server tool can run.
 fn unroutable(call: &ToolCall) -> ToolResult {
-    let text = format!("no MCP server is configured for tool '{}'", call.name);
+    error_result(call, format!("no MCP server is configured for tool '{}'", call.name))
+}
+
+/// A server-run call's error result in BAE's shape: `text` as its one text block.
+pub(super) fn error_result(call: &ToolCall, text: String) -> ToolResult {
     ToolResult {
         call_id: call.id.clone(),
         name: call.name.clone(),

@@ -62,11 +62,16 @@ pub enum Pipes {
 
 impl Launcher {
     /// `program` with `args` in the workspace, `stdin` written to it (then closed).
-    pub fn command(&self, program: &str, args: &[String], context: &ToolContext<'_>) -> Command {
+    pub fn command(
+        &self,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[impl AsRef<std::ffi::OsStr>],
+        context: &ToolContext<'_>,
+    ) -> Command {
         let mut command = match &self.death_signal_wrapper {
             Some(setpriv) => {
                 let mut wrapped = Command::new(setpriv);
-                wrapped.args(["--pdeathsig", "KILL", "--", program]);
+                wrapped.args(["--pdeathsig", "KILL", "--"]).arg(program);
                 wrapped
             }
             None => Command::new(program),

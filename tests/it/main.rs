@@ -36,6 +36,7 @@ mod postgres;
 mod providers;
 mod restart;
 mod runs;
+mod sandbox;
 mod schedules;
 mod sessions;
 mod streams;

@@ -295,6 +295,9 @@ mod tests {
         let outside = std::path::PathBuf::from(format!("/etc/kestrel-sandbox-{}", std::process::id()));
         assert_ne!(run(&format!("echo x > {}", outside.display())).exit_code, 0, "the host is read-only inside");
         assert!(!outside.exists());
+        // Root inside has no capability to make it writable again.
+        run(&format!("mount -o remount,bind,rw /etc 2>/dev/null; echo x > {}", outside.display()));
+        assert!(!outside.exists(), "a command remounted the host writable");
         let in_tmp = data.path().join("outside.txt");
         run(&format!("echo x > {}", in_tmp.display()));
         assert!(!in_tmp.exists(), "the sandbox's /tmp is its own");

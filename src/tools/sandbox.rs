@@ -50,7 +50,7 @@ pub struct SandboxConfig {
     /// `agent.sandbox` and `agent.sandbox_network`.
     pub server: Setting,
     /// Tenants whose token sets `sandbox` or `sandbox_network`: what each sets.
-    pub tenants: Vec<(String, Option<SandboxMode>, Option<bool>)>,
+    pub tenants: Vec<crate::config::TenantSandbox>,
     /// `agent.sandbox_bwrap`.
     pub program: PathBuf,
     /// The server's own paths (data dir, config files, keys): masked like the host's secrets.
@@ -247,4 +247,127 @@ fn flags(network: bool) -> Vec<&'static str> {
         "/tmp",
     ]);
     flags
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TenantSandbox;
+
+    fn setting(mode: SandboxMode, network: bool) -> Setting {
+        Setting { mode, network }
+    }
+
+    /// A sandbox with `hidden` masked, probed with `program`.
+    fn sandbox(program: &str, server: Setting, tenants: Vec<TenantSandbox>, hidden: Vec<PathBuf>) -> CommandSandbox {
+        let empty = tempfile::tempdir().unwrap().keep();
+        CommandSandbox::start(SandboxConfig { server, tenants, program: program.into(), hidden, empty_dir: empty })
+    }
+
+    /// Runs `script` with `/bin/sh -c` in `workspace` as `tenant`'s command: its output.
+    fn run(sandbox: &CommandSandbox, tenant: &str, workspace: &Path, script: &str) -> (bool, String) {
+        let wrapped = sandbox.wrap(tenant, workspace, "/bin/sh", &["-c".to_string(), script.to_string()]);
+        let out = std::process::Command::new(&wrapped.program).args(&wrapped.args).current_dir(workspace).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[test]
+    fn each_tenant_gets_its_own_setting_and_an_unusable_bubblewrap_is_said() {
+        let tenants = vec![
+            ("strict".to_string(), Some(SandboxMode::ReadOnly), None),
+            ("open".to_string(), None, Some(true)),
+            ("trusted".to_string(), Some(SandboxMode::Off), None),
+        ];
+        let missing = sandbox("/nonexistent/bwrap", setting(SandboxMode::WorkspaceWrite, false), tenants.clone(), vec![]);
+        let state = missing.state("anyone");
+        assert_eq!((state.requested, state.mode, state.network), (SandboxMode::WorkspaceWrite, SandboxMode::Off, true));
+        assert!(state.fell_back() && state.reason.as_deref().unwrap().contains("/nonexistent/bwrap"), "{state:?}");
+        assert_eq!(missing.state("strict").requested, SandboxMode::ReadOnly);
+        let trusted = missing.state("trusted");
+        assert!(!trusted.fell_back() && trusted.reason.is_none(), "off as asked: {trusted:?}");
+        let unwrapped = missing.wrap("anyone", Path::new("/w"), "/bin/sh", &["-c".into(), "true".into()]);
+        assert_eq!((unwrapped.program.as_os_str(), unwrapped.args.len()), (std::ffi::OsStr::new("/bin/sh"), 2));
+
+        // Nobody asks for a sandbox: bubblewrap is not even tried.
+        let off = sandbox("/nonexistent/bwrap", setting(SandboxMode::Off, false), vec![], vec![]);
+        assert!(off.bwrap.is_none());
+        assert_eq!(off.state("anyone").reason, None);
+
+        let working = sandbox("bwrap", setting(SandboxMode::WorkspaceWrite, false), tenants, vec![]);
+        if working.bwrap.as_ref().is_some_and(|b| b.is_err()) {
+            return; // this host cannot run bubblewrap (CI can: `.ci/run` installs it)
+        }
+        let state = |tenant: &str| {
+            let state = working.state(tenant);
+            (state.mode, state.network)
+        };
+        assert_eq!(state("anyone"), (SandboxMode::WorkspaceWrite, false));
+        assert_eq!(state("strict"), (SandboxMode::ReadOnly, false));
+        assert_eq!(state("open"), (SandboxMode::WorkspaceWrite, true), "its own network, the server's mode");
+        assert_eq!(state("trusted"), (SandboxMode::Off, true));
+    }
+
+    #[test]
+    fn the_workspace_is_bound_after_the_masks_that_cover_it_and_before_those_inside_it() {
+        let outer = tempfile::tempdir().unwrap();
+        let workspace = outer.path().join("ws");
+        let data = workspace.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let config = outer.path().join("kestrel.toml");
+        std::fs::write(&config, "secret").unwrap();
+        let mut built = sandbox("bwrap", setting(SandboxMode::WorkspaceWrite, false), vec![], vec![data.clone(), config]);
+        built.bwrap = Some(Ok(Bwrap { program: "bwrap".into() }));
+        let workspace = workspace.canonicalize().unwrap();
+        let data = data.canonicalize().unwrap();
+        let at = |mounts: &[Mount], wanted: &Mount| mounts.iter().position(|m| m == wanted).unwrap();
+        let layout = built.layout(Some(&workspace), setting(SandboxMode::WorkspaceWrite, false));
+        let mounts = layout.mounts();
+        assert_eq!(mounts[..3], [Mount::ReadOnly("/".into()), Mount::Dev, Mount::Proc]);
+        let bound = at(mounts, &Mount::Writable(workspace.clone()));
+        assert!(at(mounts, &Mount::Tmpfs("/tmp".into())) < bound, "the workspace is under the private /tmp");
+        assert!(at(mounts, &Mount::Tmpfs(data)) > bound, "the data dir inside it is masked again");
+        let read_only = built.layout(Some(&workspace), setting(SandboxMode::ReadOnly, false));
+        assert!(read_only.mounts().contains(&Mount::ReadOnly(workspace.clone())));
+        assert!(!read_only.mounts().contains(&Mount::Writable(workspace)));
+    }
+
+    /// Every row of `PRIVATE_TREES` and `ETC_SECRETS` that exists here is empty inside, and
+    /// so are the server's own paths; the host is read-only, even to root.
+    #[test]
+    fn a_sandboxed_command_sees_every_masked_path_empty_and_cannot_uncover_them() {
+        // Outside /tmp and the homes, which are masked whole.
+        let outer = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap();
+        let (workspace, data, config) =
+            (outer.path().join("ws"), outer.path().join("data"), outer.path().join("kestrel.toml"));
+        std::fs::create_dir_all(&workspace).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("kestrel.db"), "store").unwrap();
+        std::fs::write(&config, "secret").unwrap();
+        let hidden = vec![data.clone(), config.clone()];
+        let built = sandbox("bwrap", setting(SandboxMode::WorkspaceWrite, false), vec![], hidden);
+        if built.bwrap.as_ref().is_some_and(|b| b.is_err()) {
+            return; // this host cannot run bubblewrap (CI can: `.ci/run` installs it)
+        }
+        let workspace = workspace.canonicalize().unwrap();
+        let rows = PRIVATE_TREES.iter().map(|(tree, _)| *tree).chain(ETC_SECRETS.iter().copied());
+        let paths: Vec<PathBuf> = rows.map(PathBuf::from).chain([data, config]).collect();
+        for path in paths {
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            let script = match meta.is_dir() {
+                true => format!("ls -A {} | wc -l", path.display()),
+                false => format!("wc -c < {}", path.display()),
+            };
+            let (ok, out) = run(&built, "t", &workspace, &script);
+            assert!(ok, "{}: {out}", path.display());
+            assert_eq!(out.trim(), "0", "{} is masked", path.display());
+        }
+        // Root inside has no capability to remount the host writable or unmount a mask.
+        let escape = outer.path().join("escaped");
+        let script = format!(
+            "umount -l /tmp 2>/dev/null; mount -o remount,bind,rw / 2>/dev/null; echo x > {}; true",
+            escape.display()
+        );
+        run(&built, "t", &workspace, &script);
+        assert!(!escape.exists(), "the host stayed read-only");
+    }
 }

@@ -318,14 +318,24 @@ fn where_bubblewrap_cannot_run_commands_run_unsandboxed_and_every_run_says_so() 
     assert_eq!(&announced(&events), sandbox, "the run says it is unsandboxed, and why");
     assert_eq!(result_of(&events)["data"]["sandbox"], "off");
     assert!(escape.exists(), "the command ran, unsandboxed, as said");
+    // Unsandboxed, a timeout still kills the command's whole tree, what left its group too.
+    let id = session(&client);
+    let events = command_run(&server, &client, &id, json!({ "command": TREE, "timeoutSecs": 1 }));
+    assert_eq!(result_of(&events)["data"]["timedOut"], true);
+    wait_until("the unsandboxed command's tree to die", || marked(&id).is_empty());
 }
+
+/// A command that starts a tree (a background child, one in a session of its own, a
+/// `nohup` one), says so in `started.txt`, and waits.
+const TREE: &str =
+    "sleep 300 & setsid sleep 301 & nohup sleep 302 > /dev/null 2>&1 & echo started > started.txt; wait";
 
 #[test]
 fn a_sandboxed_commands_whole_tree_dies_at_its_timeout_and_at_a_cancel() {
     let server = server(|_| {});
     let client = client(&server, None);
     let id = session(&client);
-    let tree = "sleep 300 & setsid sleep 301 & nohup sleep 302 > /dev/null 2>&1 & echo started > started.txt; wait";
+    let tree = TREE;
     let events = command_run(&server, &client, &id, json!({ "command": tree, "timeoutSecs": 1 }));
     let result = result_of(&events);
     assert_eq!(result["data"]["timedOut"], true, "{result}");

@@ -108,3 +108,47 @@ impl std::fmt::Debug for TenantToken {
         write!(f, "TenantToken {{ tenant: {:?}, token: <redacted> }}", self.tenant)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::domain::SandboxMode;
+
+    #[test]
+    fn a_tenant_sets_its_own_sandbox_and_its_tokens_must_agree() {
+        let config: Config = toml::from_str(
+            r#"
+            [agent]
+            sandbox = "read-only"
+            sandbox_network = true
+            [[auth.tokens]]
+            tenant = "acme"
+            token = "a"
+            sandbox = "off"
+            [[auth.tokens]]
+            tenant = "acme"
+            token = "b"
+            sandbox = "off"
+            [[auth.tokens]]
+            tenant = "globex"
+            token = "c"
+            sandbox_network = false
+            [[auth.tokens]]
+            tenant = "initech"
+            token = "d"
+            "#,
+        )
+        .unwrap();
+        assert_eq!((config.agent.sandbox, config.agent.sandbox_network), (SandboxMode::ReadOnly, true));
+        assert_eq!(
+            config.auth.tenant_sandboxes().unwrap(),
+            [("acme".to_string(), Some(SandboxMode::Off), None), ("globex".to_string(), None, Some(false))]
+        );
+        let mut split = config.clone();
+        split.auth.tokens[1].sandbox = Some(SandboxMode::WorkspaceWrite);
+        let error = split.auth.tenant_sandboxes().unwrap_err().to_string();
+        assert!(error.contains("`acme`"), "{error}");
+        assert!(toml::from_str::<Config>("[agent]\nsandbox = \"none\"").is_err(), "an unknown mode is refused");
+        assert_eq!(Config::default().agent.sandbox, SandboxMode::WorkspaceWrite, "sandboxed by default");
+    }
+}

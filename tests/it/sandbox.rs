@@ -199,6 +199,15 @@ fn a_command_changes_only_its_workspace_and_reads_none_of_the_servers_files_or_a
     );
     let read = run(&server, &client, &id, &reads);
     assert_eq!(output(&read), "exit code 0\n0\n", "nothing secret was read");
+    // Root inside (the tests run as root) has no capability to uncover the host.
+    let remounted = outside.path().join("remounted.txt");
+    let uncover = format!(
+        "umount -l /tmp 2>/dev/null; mount -o remount,bind,rw / 2>/dev/null; cat {} 2>/dev/null; echo x 2>/dev/null > {}; true",
+        host_tmp.display(),
+        remounted.display()
+    );
+    assert_eq!(output(&run(&server, &client, &id, &uncover)), "exit code 0\n");
+    assert!(!remounted.exists(), "the host stayed read-only");
     // The sandbox's /proc is its own: no process but its own, the server's environment out of reach.
     let processes = run(&server, &client, &id, "ls /proc | grep -c '^[0-9]'");
     let count: usize = output(&processes).lines().nth(1).unwrap().trim().parse().unwrap();
@@ -374,4 +383,28 @@ fn a_sandboxed_command_and_what_it_started_die_with_a_killed_server() {
     child.wait().unwrap();
     // No restart needed: the sandbox ends with the server, and everything in it.
     wait_until("every process of the command to die with the server", || marked(&id).is_empty());
+}
+
+#[test]
+fn the_console_says_when_commands_run_unsandboxed() {
+    let Some(browser) = crate::browser::browser() else { return };
+    let server = server(|config| config.agent.sandbox_bwrap = "/nonexistent/kestrel/bwrap".into());
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+    browser.wait_for("the notice", "document.querySelector('#sandbox-notice.warn')");
+    let notice = browser.text("#sandbox-notice");
+    assert!(notice.starts_with("Commands run unsandboxed: bubblewrap (/nonexistent/kestrel/bwrap)"), "{notice}");
+    if !bwrap_works() {
+        return;
+    }
+    let sandboxed = server_with_console_checked(&browser);
+    assert_eq!(sandboxed, serde_json::Value::Bool(false), "no notice while commands are sandboxed");
+}
+
+/// Whether the console of a server whose commands are sandboxed shows a sandbox notice.
+fn server_with_console_checked(browser: &crate::browser::Browser) -> Value {
+    let server = server(|_| {});
+    browser.open(&format!("{}/", server.base));
+    browser.wait_for("the console", "document.querySelector('#new-session')");
+    browser.eval("return document.querySelector('#sandbox-notice') !== null;", json!([]))
 }

@@ -36,18 +36,8 @@ const SYSTEM_TREES: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib
 /// What every command gets besides its mounts: a private `/dev`, `/proc` and `/tmp`, every
 /// namespace of its own (no network), no capabilities (a server run as root would otherwise
 /// give its commands the power to remount the host writable), an end with the server.
-const FLAGS: &[&str] = &[
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "--tmpfs",
-    "/tmp",
-    "--unshare-all",
-    "--cap-drop",
-    "ALL",
-    "--die-with-parent",
-];
+const FLAGS: &[&str] =
+    &["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-all", "--cap-drop", "ALL", "--die-with-parent"];
 
 impl Local {
     /// Sandboxes under `root`; bubblewrap is used if `bwrap` runs here. `hidden` are the

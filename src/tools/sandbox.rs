@@ -112,15 +112,10 @@ impl CommandSandbox {
             .into_iter()
             .filter(|file| masks.iter().any(|(covered, _)| file.starts_with(covered)))
             .collect();
-        let mut sandbox = CommandSandbox {
-            server: config.server,
-            tenants,
-            bwrap: None,
-            masks,
-            network_files,
-            empty: PathBuf::new(),
-        };
-        let wanted = std::iter::once(&sandbox.server).chain(sandbox.tenants.values()).any(|s| s.mode != SandboxMode::Off);
+        let mut sandbox =
+            CommandSandbox { server: config.server, tenants, bwrap: None, masks, network_files, empty: PathBuf::new() };
+        let wanted =
+            std::iter::once(&sandbox.server).chain(sandbox.tenants.values()).any(|s| s.mode != SandboxMode::Off);
         if wanted {
             let probed = empty_file(&config.empty_dir)
                 .map_err(|error| Unavailable::Refused(format!("cannot make {}: {error}", config.empty_dir.display())))
@@ -237,15 +232,7 @@ fn flags(network: bool) -> Vec<&'static str> {
     if network {
         flags.push("--share-net");
     }
-    flags.extend([
-        "--cap-drop",
-        "ALL",
-        "--die-with-parent",
-        "--new-session",
-        "--setenv",
-        "TMPDIR",
-        "/tmp",
-    ]);
+    flags.extend(["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--setenv", "TMPDIR", "/tmp"]);
     flags
 }
 
@@ -267,7 +254,8 @@ mod tests {
     /// Runs `script` with `/bin/sh -c` in `workspace` as `tenant`'s command: its output.
     fn run(sandbox: &CommandSandbox, tenant: &str, workspace: &Path, script: &str) -> (bool, String) {
         let wrapped = sandbox.wrap(tenant, workspace, "/bin/sh", &["-c".to_string(), script.to_string()]);
-        let out = std::process::Command::new(&wrapped.program).args(&wrapped.args).current_dir(workspace).output().unwrap();
+        let out =
+            std::process::Command::new(&wrapped.program).args(&wrapped.args).current_dir(workspace).output().unwrap();
         (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
@@ -278,7 +266,8 @@ mod tests {
             ("open".to_string(), None, Some(true)),
             ("trusted".to_string(), Some(SandboxMode::Off), None),
         ];
-        let missing = sandbox("/nonexistent/bwrap", setting(SandboxMode::WorkspaceWrite, false), tenants.clone(), vec![]);
+        let missing =
+            sandbox("/nonexistent/bwrap", setting(SandboxMode::WorkspaceWrite, false), tenants.clone(), vec![]);
         let state = missing.state("anyone");
         assert_eq!((state.requested, state.mode, state.network), (SandboxMode::WorkspaceWrite, SandboxMode::Off, true));
         assert!(state.fell_back() && state.reason.as_deref().unwrap().contains("/nonexistent/bwrap"), "{state:?}");
@@ -315,7 +304,8 @@ mod tests {
         std::fs::create_dir_all(&data).unwrap();
         let config = outer.path().join("kestrel.toml");
         std::fs::write(&config, "secret").unwrap();
-        let mut built = sandbox("bwrap", setting(SandboxMode::WorkspaceWrite, false), vec![], vec![data.clone(), config]);
+        let mut built =
+            sandbox("bwrap", setting(SandboxMode::WorkspaceWrite, false), vec![], vec![data.clone(), config]);
         built.bwrap = Some(Ok(Bwrap { program: "bwrap".into() }));
         let workspace = workspace.canonicalize().unwrap();
         let data = data.canonicalize().unwrap();

@@ -19,12 +19,16 @@ use serde_json::{json, Value};
 
 use crate::support::{event_type, is_run_end, wait_until, Client, SseClient, TestServer};
 
-/// Whether bubblewrap can make a sandbox on this host at all.
+/// Whether bubblewrap can make a sandbox on this host at all; `KESTREL_REQUIRE_BWRAP=1` (set by
+/// `.ci/run`) makes a host where it cannot a failure, not a fallback to check.
 fn bwrap_works() -> bool {
-    std::process::Command::new("bwrap")
+    let works = std::process::Command::new("bwrap")
         .args(["--ro-bind", "/", "/", "--unshare-all", "true"])
         .status()
-        .is_ok_and(|status| status.success())
+        .is_ok_and(|status| status.success());
+    let required = std::env::var("KESTREL_REQUIRE_BWRAP").is_ok_and(|v| v == "1");
+    assert!(works || !required, "KESTREL_REQUIRE_BWRAP=1 but bubblewrap cannot run here");
+    works
 }
 
 /// A directory outside `/tmp` and every home (both of which the sandbox replaces), so what is
@@ -94,8 +98,9 @@ fn announced(events: &[Value]) -> Value {
     started["event"]["sandbox"].clone()
 }
 
-/// Processes (by host pid) whose `KESTREL_COMMAND` marker names `session`.
-fn marked(session: &str) -> Vec<i32> {
+/// Live processes (by host pid, zombies left out) whose `KESTREL_COMMAND` marker names
+/// `session`.
+pub(crate) fn marked(session: &str) -> Vec<i32> {
     let prefix = format!("KESTREL_COMMAND={session}:");
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -241,9 +246,8 @@ fn a_sandboxed_command_reaches_no_network_unless_its_tenant_allows_it() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
-    let connect = format!(
-        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5); print('connected')\""
-    );
+    let connect =
+        format!("python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5); print('connected')\"");
     let (closed, open) = (client(&server, Some("closed")), client(&server, Some("open")));
     assert_eq!(open.get("/api/bootstrap").json["sandbox"]["network"], true);
     if !bwrap_works() {
@@ -302,7 +306,8 @@ fn a_tenants_own_sandbox_setting_overrides_the_servers() {
     let plain_session = session(&plain);
     let written = run(&server, &plain, &plain_session, "echo x > plain.txt");
     assert_eq!(written["ok"], true, "{written}");
-    let blocked = run(&server, &plain, &plain_session, &format!("echo x > {}", outside.path().join("plain.txt").display()));
+    let blocked =
+        run(&server, &plain, &plain_session, &format!("echo x > {}", outside.path().join("plain.txt").display()));
     assert_eq!(blocked["ok"], false, "{blocked}");
     assert!(!outside.path().join("plain.txt").exists());
 }
@@ -313,7 +318,10 @@ fn where_bubblewrap_cannot_run_commands_run_unsandboxed_and_every_run_says_so() 
     let client = client(&server, None);
     let bootstrap = client.get("/api/bootstrap").json;
     let sandbox = &bootstrap["sandbox"];
-    assert_eq!((&sandbox["requested"], &sandbox["mode"], &sandbox["network"]), (&json!("workspace-write"), &json!("off"), &json!(true)));
+    assert_eq!(
+        (&sandbox["requested"], &sandbox["mode"], &sandbox["network"]),
+        (&json!("workspace-write"), &json!("off"), &json!(true))
+    );
     let reason = sandbox["reason"].as_str().unwrap();
     assert!(reason.contains("/nonexistent/kestrel/bwrap") && reason.contains("not found"), "{reason}");
     let outside = outside_dir();
@@ -336,8 +344,7 @@ fn where_bubblewrap_cannot_run_commands_run_unsandboxed_and_every_run_says_so() 
 
 /// A command that starts a tree (a background child, one in a session of its own, a
 /// `nohup` one), says so in `started.txt`, and waits.
-const TREE: &str =
-    "sleep 300 & setsid sleep 301 & nohup sleep 302 > /dev/null 2>&1 & echo started > started.txt; wait";
+const TREE: &str = "sleep 300 & setsid sleep 301 & nohup sleep 302 > /dev/null 2>&1 & echo started > started.txt; wait";
 
 #[test]
 fn a_sandboxed_commands_whole_tree_dies_at_its_timeout_and_at_a_cancel() {

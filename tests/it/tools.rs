@@ -236,18 +236,9 @@ fn cancel_kills_a_running_command_and_its_whole_process_group() {
     assert!(last["content"].as_str().unwrap().contains("cancelled the run before this tool call ran"));
 }
 
-/// How many live processes (not zombies) carry `session`'s `KESTREL_COMMAND` marker.
+/// How many live processes carry `session`'s `KESTREL_COMMAND` marker.
 fn marked_processes(session: &str) -> usize {
-    let prefix = format!("KESTREL_COMMAND={session}:");
-    let entries = fs::read_dir("/proc").unwrap().flatten();
-    entries
-        .filter(|entry| {
-            let alive = fs::read_to_string(entry.path().join("stat"))
-                .is_ok_and(|stat| !stat.split(") ").nth(1).unwrap_or("").starts_with('Z'));
-            let environ = fs::read(entry.path().join("environ")).unwrap_or_default();
-            alive && environ.split(|&b| b == 0).any(|var| var.starts_with(prefix.as_bytes()))
-        })
-        .count()
+    crate::sandbox::marked(session).len()
 }
 
 fn approval_path(session: &str, approval: &Value) -> String {

@@ -217,6 +217,7 @@ impl Server {
             command_max_timeout: Duration::from_secs(config.agent.command_max_timeout_secs.max(1)),
             hidden_env: config.secret_env_names(),
             death_signal_wrapper: death_signal_wrapper(),
+            sandbox: Arc::new(command_sandbox(&config)?),
         };
         crate::tools::register_builtins(&mut tools, &tool_settings);
         // Long-lived children (stdio MCP servers) start from a thread that lives as long as
@@ -262,6 +263,7 @@ impl Server {
                     .iter()
                     .filter_map(|t| Some((t.tenant.clone(), t.budget.clone()?)))
                     .collect(),
+                sandbox: Arc::clone(&tool_settings.sandbox),
             },
             vec![Arc::new(bae)],
         );

@@ -181,20 +181,38 @@ pub(super) fn bae_settings(
     })
 }
 
+/// The server's own files, hidden from every sandboxed command should a sandbox show their
+/// tree: the data dir, the admin key, the config files.
+fn server_paths(config: &Config) -> Vec<PathBuf> {
+    let data_dir = &config.server.data_dir;
+    [data_dir.clone(), config.bae.admin_key_path(data_dir)]
+        .into_iter()
+        .chain(config.file.clone())
+        .chain(config.bae.config_file.clone())
+        .collect()
+}
+
+/// run_command's sandbox as the config sets it, bubblewrap probed (docs/sandbox.md).
+pub(super) fn command_sandbox(config: &Config) -> Result<crate::tools::sandbox::CommandSandbox, StartError> {
+    use crate::tools::sandbox::{CommandSandbox, SandboxConfig, Setting};
+    let agent = &config.agent;
+    Ok(CommandSandbox::start(SandboxConfig {
+        server: Setting { mode: agent.sandbox, network: agent.sandbox_network },
+        tenants: config.auth.tenant_sandboxes().map_err(StartError::Config)?,
+        program: agent.sandbox_bwrap.clone(),
+        hidden: server_paths(config),
+        empty_dir: config.server.data_dir.join("sandbox"),
+    }))
+}
+
 /// The remote sandboxes' driver named by `[bae] sandbox_driver` / `BAE_SANDBOX_DRIVER`.
 pub(super) fn sandbox_driver(config: &Config) -> Result<crate::api::bae::core::sandbox::SandboxDriver, StartError> {
     // Sandbox commands die with the server, as a tool's commands do.
     let setpriv = crate::tools::orphans::find_death_signal_wrapper();
     let driver: Arc<dyn crate::sandbox::Driver> = match config.bae.sandbox_driver.as_str() {
         "local" => {
-            // The server's own files, hidden from commands should a sandbox show their tree.
             let data_dir = &config.server.data_dir;
-            let hidden: Vec<PathBuf> = [data_dir.clone(), config.bae.admin_key_path(data_dir)]
-                .into_iter()
-                .chain(config.file.clone())
-                .chain(config.bae.config_file.clone())
-                .collect();
-            Arc::new(crate::sandbox::local::Local::new(&data_dir.join("sandboxes"), setpriv, &hidden))
+            Arc::new(crate::sandbox::local::Local::new(&data_dir.join("sandboxes"), setpriv, &server_paths(config)))
         }
         "docker" => Arc::new(crate::sandbox::docker::Docker { program: config.bae.docker_cli.clone(), setpriv }),
         other => {

@@ -17,7 +17,7 @@ mod cluster;
 mod providers;
 mod store;
 mod webhooks;
-pub use auth::{AuthConfig, TenantToken, TokenConfig};
+pub use auth::{AuthConfig, TenantSandbox, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
 pub use cluster::ClusterConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
@@ -124,6 +124,14 @@ pub struct AgentConfig {
     pub compact_at: f64,
     /// The most recent turns a compaction keeps as they are.
     pub compaction_keep_turns: usize,
+    /// How `run_command`'s commands are contained (docs/sandbox.md); a tenant's token may
+    /// set its own.
+    pub sandbox: crate::domain::SandboxMode,
+    /// Whether a sandboxed command may use the network.
+    pub sandbox_network: bool,
+    /// The bubblewrap program sandboxed commands run under (a name looked up on `PATH`, or a
+    /// path).
+    pub sandbox_bwrap: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -177,6 +185,9 @@ impl Default for AgentConfig {
             tool_output_limit_chars: 50_000,
             compact_at: 0.8,
             compaction_keep_turns: 2,
+            sandbox: crate::domain::SandboxMode::WorkspaceWrite,
+            sandbox_network: false,
+            sandbox_bwrap: PathBuf::from("bwrap"),
         }
     }
 }
@@ -322,6 +333,7 @@ impl Config {
         for budget in budgets {
             budget.check().map_err(|why| ConfigError::Invalid(format!("budget: {why}")))?;
         }
+        self.auth.tenant_sandboxes()?;
         Ok(())
     }
 

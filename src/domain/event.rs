@@ -81,7 +81,13 @@ pub enum Event {
     #[serde(rename = "session.updated", rename_all = "camelCase")]
     SessionUpdated { session_id: String, session: SessionSummary },
     #[serde(rename = "run.started", rename_all = "camelCase")]
-    RunStarted { session_id: String, run_id: String },
+    RunStarted {
+        session_id: String,
+        run_id: String,
+        /// How the run's commands are contained (Kestrel's runs; none in older logs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<super::SandboxState>,
+    },
     #[serde(rename = "run.finished", rename_all = "camelCase")]
     RunFinished {
         session_id: String,
@@ -465,6 +471,23 @@ mod stored_form {
             (
                 Event::SessionUpdated { session_id: "ses_1".into(), session: summary },
                 r#"{"type":"session.updated","sessionId":"ses_1","session":{"id":"ses_1","title":"t","createdAt":"a","updatedAt":"b","status":"running","model":"builtin/echo","messageCount":2,"workspace":"/w"}}"#,
+            ),
+            (
+                Event::RunStarted { session_id: "s".into(), run_id: "r".into(), sandbox: None },
+                r#"{"type":"run.started","sessionId":"s","runId":"r"}"#,
+            ),
+            (
+                Event::RunStarted {
+                    session_id: "s".into(),
+                    run_id: "r".into(),
+                    sandbox: Some(crate::domain::SandboxState {
+                        requested: crate::domain::SandboxMode::WorkspaceWrite,
+                        mode: crate::domain::SandboxMode::Off,
+                        network: true,
+                        reason: Some("no bwrap".into()),
+                    }),
+                },
+                r#"{"type":"run.started","sessionId":"s","runId":"r","sandbox":{"requested":"workspace-write","mode":"off","network":true,"reason":"no bwrap"}}"#,
             ),
             (
                 Event::RunFinished {

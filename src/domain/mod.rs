@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 mod event;
 mod lifecycle;
 mod provider_call;
+mod sandbox;
 mod usage;
 
 /// The serde form of `Message` and `Event` that the store writes; each stored row says which
@@ -23,6 +24,7 @@ pub const STORED_FORM: i64 = 1;
 pub use event::*;
 pub use lifecycle::*;
 pub use provider_call::{ProviderRequest, ProviderResponse};
+pub use sandbox::{SandboxMode, SandboxState};
 pub use usage::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -73,6 +73,8 @@ pub struct EngineConfig {
     pub budget: crate::policy::Budget,
     /// Each tenant's token's `budget`.
     pub tenant_budgets: std::collections::HashMap<String, crate::policy::Budget>,
+    /// How each tenant's commands are contained, which every run announces.
+    pub sandbox: Arc<crate::tools::sandbox::CommandSandbox>,
 }
 
 pub struct NewSession {
@@ -159,6 +161,11 @@ impl Engine {
 
     pub fn tools(&self) -> &ToolRegistry {
         &self.shared.tools
+    }
+
+    /// The containment `tenant`'s commands get (`tools/sandbox.rs`).
+    pub fn sandbox(&self, tenant: &str) -> crate::domain::SandboxState {
+        self.shared.config.sandbox.state(tenant)
     }
 
     pub fn bus(&self) -> &Bus {

@@ -107,7 +107,12 @@ impl Run {
             log::warn!("run {}: {error}", self.run_id);
         }
         if self.tracked() {
-            self.publish(Event::RunStarted { session_id: self.session_id.clone(), run_id: self.run_id.clone() });
+            // Every run says how its commands are contained, unsandboxed ones above all.
+            self.publish(Event::RunStarted {
+                session_id: self.session_id.clone(),
+                run_id: self.run_id.clone(),
+                sandbox: Some(self.shared.config.sandbox.state(&self.tenant)),
+            });
         }
         let mut usage = Usage::default();
         let outcome = catch_unwind(AssertUnwindSafe(|| self.steps(&mut usage)));

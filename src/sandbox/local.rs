@@ -17,45 +17,41 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
-use super::{capture, detail, Driver, DriverError, Ending, Running, Script};
+use super::bwrap::{empty_file, Bwrap, Layout, Mount, ETC_SECRETS};
+use super::{detail, Driver, DriverError, Ending, Running, Script};
 
 pub struct Local {
     root: PathBuf,
     /// bubblewrap and the mount arguments every command gets, when it works here.
-    bwrap: Option<Bwrap>,
+    bwrap: Option<(Bwrap, Vec<OsString>)>,
     /// `setpriv`, if it works here: an unisolated command then dies with the server too
     /// (bubblewrap's `--die-with-parent` does that for isolated ones).
     setpriv: Option<PathBuf>,
 }
 
-struct Bwrap {
-    program: PathBuf,
-    mounts: Vec<OsString>,
-}
-
 /// Host trees a command may read (when they exist).
 const SYSTEM_TREES: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
 
-/// What no command may read under `/etc`.
-const SECRETS: &[&str] = &[
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/ssh",
-    "/etc/ssl/private",
-    "/etc/sudoers",
-    "/etc/sudoers.d",
-];
+/// What every command gets besides its mounts: a private `/dev`, `/proc` and `/tmp`, every
+/// namespace of its own (no network), no capabilities (a server run as root would otherwise
+/// give its commands the power to remount the host writable), an end with the server.
+const FLAGS: &[&str] =
+    &["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-all", "--cap-drop", "ALL", "--die-with-parent"];
 
 impl Local {
     /// Sandboxes under `root`; bubblewrap is used if `bwrap` runs here. `hidden` are the
     /// server's own paths (its data dir, its config file): hidden from commands should they
     /// lie under a tree the sandbox shows.
     pub fn new(root: &Path, setpriv: Option<PathBuf>, hidden: &[PathBuf]) -> Local {
-        let bwrap = mounts(root, hidden).ok().and_then(working_bwrap);
+        let bwrap = mounts(root, hidden).ok().and_then(|mounts| {
+            let probe: Vec<OsString> = mounts.iter().cloned().chain(FLAGS.iter().map(OsString::from)).collect();
+            let found = Bwrap::probe(Path::new("bwrap"), &probe);
+            if let Err(why) = &found {
+                log::warn!("BAE's local sandboxes run commands unsandboxed: {why}");
+            }
+            Some((found.ok()?, mounts))
+        });
         Local { root: root.to_path_buf(), bwrap, setpriv }
     }
 
@@ -73,54 +69,31 @@ impl Local {
     }
 }
 
-/// `bwrap` from PATH, if it can actually set up a sandbox here with exactly the mounts every
-/// command gets (a host where one of them fails runs commands unisolated, and says so).
-fn working_bwrap(mounts: Vec<OsString>) -> Option<Bwrap> {
-    let mut probe = Command::new("bwrap");
-    probe.args(&mounts);
-    probe.args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-all", "--die-with-parent", "true"]);
-    match capture(probe, Some(Duration::from_secs(10)), &crossbeam_channel::never()) {
-        Ok(ran) if ran.code == Some(0) => Some(Bwrap { program: PathBuf::from("bwrap"), mounts }),
-        _ => None,
-    }
-}
-
 /// bubblewrap's mount arguments: the system trees read-only (a merged-`/usr` link as a link),
 /// then the secrets and `hidden` paths under them masked: a directory by an empty tmpfs, a
 /// file by an empty read-only file kept in `root`.
 fn mounts(root: &Path, hidden: &[PathBuf]) -> std::io::Result<Vec<OsString>> {
-    std::fs::create_dir_all(root)?;
-    let empty = root.join(".empty");
-    if !empty.exists() {
-        std::fs::write(&empty, b"")?;
-    }
-    let mut args: Vec<OsString> = Vec::new();
-    let mut push = |parts: &[&std::ffi::OsStr]| args.extend(parts.iter().map(|p| p.to_os_string()));
+    let mut layout = Layout::new(empty_file(root)?);
     for tree in SYSTEM_TREES {
         let path = Path::new(tree);
         match std::fs::symlink_metadata(path) {
             Ok(meta) if meta.file_type().is_symlink() => {
                 let target = std::fs::read_link(path)?;
-                push(&["--symlink".as_ref(), target.as_os_str(), path.as_os_str()]);
+                layout.push(Mount::Symlink { target, link: path.to_path_buf() });
             }
-            Ok(meta) if meta.is_dir() => push(&["--ro-bind".as_ref(), path.as_os_str(), path.as_os_str()]),
+            Ok(meta) if meta.is_dir() => layout.push(Mount::ReadOnly(path.to_path_buf())),
             _ => {}
         }
     }
     let shown: Vec<PathBuf> = SYSTEM_TREES.iter().filter_map(|tree| Path::new(tree).canonicalize().ok()).collect();
-    let masked = SECRETS.iter().map(PathBuf::from).chain(hidden.iter().cloned());
+    let masked = ETC_SECRETS.iter().map(PathBuf::from).chain(hidden.iter().cloned());
     for path in masked {
         let Ok(path) = path.canonicalize() else { continue };
-        if !shown.iter().any(|tree| path.starts_with(tree)) {
-            continue;
-        }
-        match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_dir() => push(&["--tmpfs".as_ref(), path.as_os_str()]),
-            Ok(_) => push(&["--ro-bind".as_ref(), empty.as_os_str(), path.as_os_str()]),
-            Err(_) => {}
+        if shown.iter().any(|tree| path.starts_with(tree)) {
+            layout.mask(&path);
         }
     }
-    Ok(args)
+    Ok(layout.args())
 }
 
 impl Driver for Local {
@@ -141,12 +114,12 @@ impl Driver for Local {
     fn process(&self, sandbox: &Running, script: &Script<'_>) -> Result<Command, DriverError> {
         let dir = self.dir(sandbox)?;
         let mut process = match &self.bwrap {
-            Some(bwrap) => {
+            Some((bwrap, mounts)) => {
                 let mut wrapped = Command::new(&bwrap.program);
-                wrapped.args(&bwrap.mounts);
-                wrapped.args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
+                wrapped.args(mounts);
+                wrapped.args(FLAGS);
                 wrapped.arg("--bind").arg(&dir).arg(&dir).arg("--chdir").arg(&dir);
-                wrapped.args(["--unshare-all", "--die-with-parent", "--new-session", "sh", "-c", script.text, "sh"]);
+                wrapped.args(["--new-session", "sh", "-c", script.text, "sh"]);
                 wrapped
             }
             None => {
@@ -190,6 +163,7 @@ impl Driver for Local {
 mod tests {
     use super::*;
     use crate::sandbox::{exec, ExecLimits};
+    use std::time::Duration;
 
     fn limits(timeout: Duration) -> ExecLimits {
         ExecLimits { timeout, output_cap: 4096 }
@@ -311,6 +285,9 @@ mod tests {
         let outside = std::path::PathBuf::from(format!("/etc/kestrel-sandbox-{}", std::process::id()));
         assert_ne!(run(&format!("echo x > {}", outside.display())).exit_code, 0, "the host is read-only inside");
         assert!(!outside.exists());
+        // Root inside has no capability to make it writable again.
+        run(&format!("mount -o remount,bind,rw /etc 2>/dev/null; echo x > {}", outside.display()));
+        assert!(!outside.exists(), "a command remounted the host writable");
         let in_tmp = data.path().join("outside.txt");
         run(&format!("echo x > {}", in_tmp.display()));
         assert!(!in_tmp.exists(), "the sandbox's /tmp is its own");

@@ -1,9 +1,12 @@
 //! Sandboxes for BAE sessions: a driver that can make sure an image is there, start a
 //! sandbox from it, run a command in it, and stop it. `docker.rs` drives the `docker` CLI as
 //! BAE does; `local.rs` is for hosts with no container engine (bubblewrap, or honestly
-//! unsandboxed); `provision.rs` makes profiles' images ready in the background. The JSON-RPC
-//! methods are in `api/bae/core/sandbox.rs`, remote subagents in `api/bae/core/subagent.rs`.
+//! unsandboxed); `bwrap.rs` holds bubblewrap's layouts and its probe, which `run_command`'s
+//! sandbox (`tools/sandbox.rs`) shares; `provision.rs` makes profiles' images ready in the
+//! background. The JSON-RPC methods are in `api/bae/core/sandbox.rs`, remote subagents in
+//! `api/bae/core/subagent.rs`.
 
+pub mod bwrap;
 pub mod docker;
 pub mod local;
 pub mod provision;

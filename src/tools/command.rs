@@ -2,15 +2,18 @@
 //! and its whole process group killed on cancel or timeout.
 //!
 //! The command runs under `/bin/sh -c` as `process.rs` runs a tool's processes, with stdout
-//! and stderr on one pipe, so they interleave as the command wrote them.
+//! and stderr on one pipe, so they interleave as the command wrote them, inside the sandbox
+//! its tenant gets (`sandbox.rs`: bubblewrap, or unsandboxed where it cannot run or is off).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
 use super::args::Args;
 use super::process::{Ending, Launcher, Pipes, OUTPUT_CAP};
+use super::sandbox::CommandSandbox;
 use super::schema;
 use crate::domain::ToolSchema;
 use crate::engine::tools::{Permission, Tool, ToolContext, ToolError, ToolOutput};
@@ -23,6 +26,8 @@ pub struct RunCommand {
     pub hidden_env: Vec<String>,
     /// `setpriv`: the shell then dies with the thread that started it (`orphans.rs`).
     pub death_signal_wrapper: Option<PathBuf>,
+    /// Each tenant's containment.
+    pub sandbox: Arc<CommandSandbox>,
 }
 
 impl Tool for RunCommand {
@@ -67,7 +72,9 @@ impl RunCommand {
     fn execute(&self, command: &str, timeout: Duration, context: &ToolContext<'_>) -> std::io::Result<ToolOutput> {
         let launcher =
             Launcher { hidden_env: self.hidden_env.clone(), death_signal_wrapper: self.death_signal_wrapper.clone() };
-        let shell = launcher.command("/bin/sh", &["-c".to_string(), command.to_string()], context);
+        let shell_args = ["-c".to_string(), command.to_string()];
+        let wrapped = self.sandbox.wrap(context.tenant, context.workspace.root(), "/bin/sh", &shell_args);
+        let shell = launcher.command(&wrapped.program, &wrapped.args, context);
         let finished = launcher.run(shell, None, Pipes::Merged, timeout, context)?;
         let (output, dropped) = finished.outputs.first().cloned().unwrap_or_default();
         let mut content = match &finished.ending {
@@ -87,6 +94,7 @@ impl RunCommand {
             "cancelled": matches!(finished.ending, Ending::Cancelled),
             "durationMs": finished.duration_ms,
             "truncated": dropped > 0,
+            "sandbox": wrapped.state.mode.name(),
         });
         let ok = exit_code == Some(0);
         Ok(ToolOutput {

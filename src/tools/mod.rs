@@ -8,6 +8,7 @@ mod command;
 mod files;
 pub mod orphans;
 pub mod process;
+pub mod sandbox;
 mod search;
 pub mod spawner;
 pub mod workspace;
@@ -38,6 +39,8 @@ pub struct ToolSettings {
     pub hidden_env: Vec<String>,
     /// `setpriv`, to have the kernel kill a command when the server dies (see `orphans.rs`).
     pub death_signal_wrapper: Option<std::path::PathBuf>,
+    /// How each tenant's commands are contained (`sandbox.rs`).
+    pub sandbox: std::sync::Arc<sandbox::CommandSandbox>,
 }
 
 /// Registers every built-in tool.
@@ -53,5 +56,6 @@ pub fn register_builtins(registry: &mut ToolRegistry, settings: &ToolSettings) {
         max_timeout: settings.command_max_timeout,
         hidden_env: settings.hidden_env.clone(),
         death_signal_wrapper: settings.death_signal_wrapper.clone(),
+        sandbox: std::sync::Arc::clone(&settings.sandbox),
     }));
 }

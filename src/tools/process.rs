@@ -1,7 +1,8 @@
 //! A child process a tool runs: in a process group of its own, marked so it cannot outlive
 //! the server (`orphans.rs`), without the server's secrets in its environment, its output
-//! pipes drained into capped buffers by reader threads, and its whole group killed on cancel
-//! or timeout. `run_command` and plugin tools both run this way.
+//! pipes drained into capped buffers by reader threads, and its whole group (and whatever
+//! left the group carrying its marker) killed on cancel or timeout. `run_command` and plugin
+//! tools both run this way.
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -62,11 +63,16 @@ pub enum Pipes {
 
 impl Launcher {
     /// `program` with `args` in the workspace, `stdin` written to it (then closed).
-    pub fn command(&self, program: &str, args: &[String], context: &ToolContext<'_>) -> Command {
+    pub fn command(
+        &self,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[impl AsRef<std::ffi::OsStr>],
+        context: &ToolContext<'_>,
+    ) -> Command {
         let mut command = match &self.death_signal_wrapper {
             Some(setpriv) => {
                 let mut wrapped = Command::new(setpriv);
-                wrapped.args(["--pdeathsig", "KILL", "--", program]);
+                wrapped.args(["--pdeathsig", "KILL", "--"]).arg(program);
                 wrapped
             }
             None => Command::new(program),
@@ -128,6 +134,10 @@ impl Launcher {
             // The whole group: a shell's children die with it.
             let _ = killpg(group, Signal::SIGKILL);
             let _ = exit_rx.recv_timeout(Duration::from_secs(5));
+            // And what left the group (`setsid`, a daemon) but still carries the call's
+            // marker. In a sandbox nothing can: its PID namespace died with the shell.
+            let marker = orphans::marker_value(context.session_id, context.call_id);
+            orphans::kill_marked(&|value| value == marker, true);
         }
         // A daemon that left the group may hold a pipe open; do not wait for it forever.
         let outputs = outputs.iter().map(|o| o.recv_timeout(Duration::from_secs(2)).unwrap_or_default()).collect();

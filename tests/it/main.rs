@@ -38,6 +38,7 @@ mod program_rules;
 mod providers;
 mod restart;
 mod runs;
+mod sandbox;
 mod schedules;
 mod sessions;
 mod streams;

@@ -102,10 +102,11 @@ fn a_tool_call_without_a_result_is_answered_with_an_error_on_resume_never_rerun(
 type Running = (tempfile::TempDir, tempfile::TempDir, Child, String, crate::support::Client, String);
 
 /// The binary with `run_command` on `auto`, and one session on it.
-fn binary_running_commands() -> Running {
+fn binary_running_commands(agent: &str) -> Running {
     let data = tempfile::tempdir().unwrap();
     let workspace = tempfile::tempdir().unwrap();
-    let config = "[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n";
+    let config = format!("[agent]\n{agent}\n[agent.permissions]\nrun_command = \"auto\"\n[builtin]\ndelay_ms = 1\n");
+    let config = config.as_str();
     let (child, base, _) = spawn_binary(data.path(), workspace.path(), config);
     let client = crate::support::Client { base: base.clone(), token: None };
     let id = client.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
@@ -114,7 +115,7 @@ fn binary_running_commands() -> Running {
 
 #[test]
 fn a_command_in_flight_at_kill_9_is_not_run_again_and_the_model_is_told_to_verify() {
-    let (data, workspace, mut child, base, client, id) = binary_running_commands();
+    let (data, workspace, mut child, base, client, id) = binary_running_commands("");
     let mut stream = crate::support::SseClient::open(&base, &format!("/api/sessions/{id}/events"), None, None);
     let command = json!({ "command": "echo started >> runs.log; sleep 3; echo finished >> runs.log" });
     let line = format!("/tool run_command {command}");
@@ -271,7 +272,10 @@ fn dead(pid: &str) -> bool {
 
 #[test]
 fn a_command_and_what_it_started_do_not_outlive_a_kill_9() {
-    let (data, workspace, mut child, _, client, id) = binary_running_commands();
+    // Unsandboxed on purpose: this is the fallback's guarantee (the death signal, then the
+    // marker's sweep at start), and the host must see the shell's own pids. A sandboxed
+    // command's tree dies with the server at once (`sandbox.rs`).
+    let (data, workspace, mut child, _, client, id) = binary_running_commands("sandbox = \"off\"");
     let command = "echo $$ > shell.pid; (sleep 30; echo late >> late.txt) & echo $! > background.pid; \
                    echo started > started.txt; sleep 30; echo late >> late.txt";
     let line = format!("/tool run_command {}", json!({ "command": command }));
@@ -294,8 +298,11 @@ fn a_command_and_what_it_started_do_not_outlive_a_kill_9() {
 
 #[test]
 fn a_clean_shutdown_kills_what_commands_left_running_in_the_background() {
+    // Unsandboxed on purpose: in a sandbox (its own PID namespace) nothing a command starts
+    // outlives it, so only an unsandboxed command can leave a process for the shutdown.
     let mut server = TestServer::start_with(|config| {
         config.agent.permissions.insert("run_command".into(), kestrel::engine::tools::Permission::Auto);
+        config.agent.sandbox = kestrel::domain::SandboxMode::Off;
     });
     let id = server.create_session(json!({}));
     let command = "(sleep 30; echo late > late.txt) > /dev/null 2>&1 & echo $! > background.pid";

@@ -1,6 +1,6 @@
 //! `health`, `bootstrap` and `plugins`: what a client asks before anything else.
 
-use super::wire::WireTool;
+use super::wire::{WireSandbox, WireTool};
 use serde_json::json;
 
 use super::{json, ApiError, KestrelApi};
@@ -38,10 +38,13 @@ pub fn cluster(api: &KestrelApi, caller: &super::Caller) -> Result<Reply, ApiErr
     Ok(json(200, &json!({ "clustered": true, "node": node.id(), "leaseMs": node.lease_ms(), "nodes": nodes })))
 }
 
-pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
+/// `GET /api/bootstrap`: besides the protocol's fields, how the caller's commands are
+/// contained (`sandbox`), so a client can say when they run unsandboxed.
+pub fn bootstrap(api: &KestrelApi, caller: &super::Caller) -> Result<Reply, ApiError> {
     let models: Vec<_> = api.engine.models().infos().collect();
     let tools = api.engine.tools().schemas();
     let tools: Vec<WireTool<'_>> = tools.iter().map(WireTool::from).collect();
+    let sandbox = api.engine.sandbox(&caller.tenant);
     Ok(json(
         200,
         &json!({
@@ -51,6 +54,7 @@ pub fn bootstrap(api: &KestrelApi) -> Result<Reply, ApiError> {
             "models": models,
             "tools": tools,
             "plugins": api.plugins.infos(),
+            "sandbox": WireSandbox::from(&sandbox),
             "features": {
                 "streaming": true,
                 "approvals": true,

@@ -253,7 +253,7 @@ impl KestrelApi {
         let caller = self.authenticate(request)?;
         self.engine.admit_request(&self.engine.tenant_allowance(&caller.tenant)).map_err(ApiError::rate_limited)?;
         match (found.kind(), method.as_str()) {
-            (Kind::Bootstrap, _) => meta::bootstrap(self),
+            (Kind::Bootstrap, _) => meta::bootstrap(self, &caller),
             (Kind::Config, _) => Ok(json(200, &self.config_view)),
             (Kind::Metrics, _) => Ok(metrics_reply(self.engine.render_metrics()?)),
             (Kind::Plugins, _) => meta::plugins(self),

@@ -1,6 +1,6 @@
 //! Kestrel protocol 1.0's shapes of the engine's model: `ChatMessage`, `SessionDetail`,
-//! `SessionSummary`, tool calls and results, approvals, usage, tools, and the
-//! `ServerEventEnvelope` of the event streams.
+//! `SessionSummary`, tool calls and results, approvals, usage, tools, the sandbox commands
+//! run in, and the `ServerEventEnvelope` of the event streams.
 //!
 //! The engine's types serialize to its stored form (`domain`), which is not this: every shape
 //! the Kestrel door shows is written here, so renaming a field of the protocol never touches
@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use crate::bus::{Envelope, Format};
 use crate::domain::{
     ApprovalRequest, Cost, DeltaChannel, Dispatch, Event, ImageAttachment, Message, NoticeLevel, Role, RunOutcome,
-    SessionDetail, SessionSummary, ToolCall, ToolResult, ToolSchema, Usage,
+    SandboxState, SessionDetail, SessionSummary, ToolCall, ToolResult, ToolSchema, Usage,
 };
 
 /// Kestrel's `ChatMessage`.
@@ -141,7 +141,9 @@ pub fn event_json(event: &Event, out: &mut Vec<u8>) -> Option<Result<(), serde_j
         Event::SessionUpdated { session_id, session } => {
             WireEvent::SessionUpdated { session_id, session: WireSummary::from(session) }
         }
-        Event::RunStarted { session_id, run_id } => WireEvent::RunStarted { session_id, run_id },
+        Event::RunStarted { session_id, run_id, sandbox } => {
+            WireEvent::RunStarted { session_id, run_id, sandbox: sandbox.as_ref().map(WireSandbox::from) }
+        }
         Event::RunFinished { session_id, run_id, status, usage } => WireEvent::RunFinished {
             session_id,
             run_id,
@@ -210,7 +212,13 @@ enum WireEvent<'a> {
     #[serde(rename = "session.updated", rename_all = "camelCase")]
     SessionUpdated { session_id: &'a str, session: WireSummary<'a> },
     #[serde(rename = "run.started", rename_all = "camelCase")]
-    RunStarted { session_id: &'a str, run_id: &'a str },
+    RunStarted {
+        session_id: &'a str,
+        run_id: &'a str,
+        /// Kestrel's extension: how the run's commands are contained.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sandbox: Option<WireSandbox<'a>>,
+    },
     #[serde(rename = "run.finished", rename_all = "camelCase")]
     RunFinished {
         session_id: &'a str,
@@ -503,6 +511,29 @@ impl<'a> From<&'a ToolSchema> for WireTool<'a> {
             parameters: &tool.parameters,
             permission: tool.permission.as_deref(),
             category: tool.category.as_deref(),
+        }
+    }
+}
+
+/// Kestrel's extension `SandboxState`, on `run.started` and in `/api/bootstrap`: the
+/// containment asked for, the one in force, the network, and why they differ.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireSandbox<'a> {
+    requested: &'static str,
+    mode: &'static str,
+    network: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+impl<'a> From<&'a SandboxState> for WireSandbox<'a> {
+    fn from(state: &'a SandboxState) -> WireSandbox<'a> {
+        WireSandbox {
+            requested: state.requested.name(),
+            mode: state.mode.name(),
+            network: state.network,
+            reason: state.reason.as_deref(),
         }
     }
 }

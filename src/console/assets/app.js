@@ -56,12 +56,23 @@ function layout() {
       h("span", { class: "logo", "aria-hidden": "true" }),
       h("strong", {}, state.bootstrap.name || "Kestrel"),
       h("span", { class: "muted small" }, `v${state.bootstrap.version} · protocol ${state.bootstrap.protocol}`)),
+    sandboxNotice(state.bootstrap.sandbox),
     h("button", { type: "button", class: "primary wide", id: "new-session", onclick: newSessionDialog }, "New session"),
     h("nav", { id: "session-list", "aria-label": "Sessions" }),
     h("div", { id: "plugin-slots", class: "plugin-slots" }),
     api.token ? h("button", { type: "button", class: "link small", onclick: () => { api.setToken(""); location.reload(); } }, "Sign out") : null);
   const main = h("main", { id: "main" });
   clear(app).append(h("div", { class: "shell" }, sidebar, main));
+}
+
+// Commands that run unsandboxed are said, never silent (docs/sandbox.md): a warning when the
+// server could not give the sandbox it was asked for, a note when its operator turned it off.
+function sandboxNotice(sandbox) {
+  if (!sandbox || sandbox.mode !== "off") return null;
+  const fellBack = sandbox.requested !== "off";
+  const why = fellBack ? (sandbox.reason || "bubblewrap cannot run on this host") : "the server's config turns the sandbox off";
+  return h("p", { class: `notice small ${fellBack ? "warn" : "info"}`, id: "sandbox-notice", role: "status" },
+    `Commands run unsandboxed: ${why}.`);
 }
 
 async function refreshSessions() {

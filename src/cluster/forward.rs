@@ -12,10 +12,15 @@
 //! - a read of a session another node holds goes to that node; of one no node holds, served
 //!   here from the database.
 //!
+//! Nothing of this is done for a request its door has not admitted (authenticated, and
+//! taken from its caller's rate limit: `api::Door`), so a caller the door does not know
+//! claims no lease and is sent nowhere.
+//!
 //! A call that carries the secret came from a node that found this one the holder: it is
 //! served here, never sent on again. If the lease moved meanwhile, the answer is a retryable
 //! 503, so a request is forwarded at most once. A call with a wrong secret is refused (403);
-//! the secret itself is never logged.
+//! the secret itself is never logged. Such a call still carries its client's credentials,
+//! and its door admits it by them as it would the client's own.
 
 use std::io::Read;
 use std::time::Duration;
@@ -107,13 +112,22 @@ fn claims(method: &str, path: &str) -> bool {
 }
 
 impl Node {
-    /// Where `request` is served.
-    pub fn route(&self, request: &Request) -> Result<Route, ForwardError> {
+    /// Whether `request` comes from another node of the cluster: it carries the cluster's
+    /// secret. `Forbidden` when it carries another value (the secret itself is never logged).
+    pub fn from_a_node(&self, request: &Request) -> Result<bool, ForwardError> {
+        match request.header(SECRET_HEADER) {
+            None => Ok(false),
+            Some(presented) if self.admits(presented) => Ok(true),
+            Some(_) => Err(ForwardError::Forbidden),
+        }
+    }
+
+    /// Where `request`, which its door has admitted, is served. A call from another node
+    /// (`from_a_node`) found this node the holder: it is served here, or answered a
+    /// retryable 503 if the lease moved meanwhile, never sent on.
+    pub fn route(&self, request: &Request, from_a_node: bool) -> Result<Route, ForwardError> {
         let session = session_of(request.path());
-        if let Some(presented) = request.header(SECRET_HEADER) {
-            if !self.admits(Some(presented)) {
-                return Err(ForwardError::Forbidden);
-            }
+        if from_a_node {
             return match session.map(|session| self.lease_holder(session, true)).transpose()? {
                 Some(Route::There(_)) => Err(ForwardError::Unavailable("the session's lease moved; retry".into())),
                 _ => Ok(Route::Here),
@@ -223,7 +237,7 @@ impl Node {
         for (name, value) in &call.headers {
             request = request.set(name, value);
         }
-        request = request.set(SECRET_HEADER, &self.secret).set(FORWARDED_BY, &self.id);
+        request = request.set(SECRET_HEADER, self.secret.value()).set(FORWARDED_BY, &self.id);
         match request.send_bytes(body) {
             Ok(answer) | Err(ureq::Error::Status(_, answer)) => Ok(answer),
             Err(ureq::Error::Transport(error)) => Err(Box::new(error)),

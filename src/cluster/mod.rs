@@ -9,6 +9,7 @@
 //! them to expire.
 
 pub mod forward;
+mod secret;
 #[cfg(test)]
 mod testing;
 mod watch;
@@ -38,7 +39,7 @@ const MAX_LEASE_MS: u64 = 86_400_000;
 pub struct Node {
     id: String,
     advertise_url: OnceLock<String>,
-    secret: String,
+    secret: secret::ClusterSecret,
     lease_ms: u64,
     membership: Arc<dyn Membership>,
     book: Arc<LeaseBook>,
@@ -110,7 +111,7 @@ impl Node {
         Arc::new(Node {
             id: book.node().to_string(),
             advertise_url,
-            secret: secret.to_string(),
+            secret: secret::ClusterSecret::new(secret),
             lease_ms,
             membership,
             book,
@@ -188,9 +189,10 @@ impl Node {
         }
     }
 
-    /// Whether `presented` is the cluster's secret (compared in constant time).
-    pub fn admits(&self, presented: Option<&str>) -> bool {
-        presented.is_some_and(|presented| same_secret(presented, &self.secret))
+    /// Whether `presented` is the cluster's secret (`secret.rs`: fixed-length tags compared
+    /// in constant time).
+    pub fn admits(&self, presented: &str) -> bool {
+        self.secret.admits(presented)
     }
 
     /// One heartbeat and one renewal; the sessions whose lease was lost are dropped from the
@@ -296,12 +298,6 @@ fn stripe(session_id: &str) -> usize {
     session_id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % TAKING_STRIPES
 }
 
-/// Whether two secrets are equal, in time that does not depend on where they differ.
-fn same_secret(presented: &str, secret: &str) -> bool {
-    let (a, b) = (presented.as_bytes(), secret.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The running `kestrel-cluster` thread; stopping it gives this node's leases up.
 pub struct ClusterHandle {
     stop: Sender<()>,
@@ -355,17 +351,4 @@ fn run(node: &Node, stopped: &Receiver<()>) {
         }
     }
     node.release_all();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_same_secret_is_admitted() {
-        assert!(same_secret("s3cret-cluster", "s3cret-cluster"));
-        for wrong in ["", "s3cret-cluste", "s3cret-clusteR", "s3cret-cluster-", "x3cret-cluster"] {
-            assert!(!same_secret(wrong, "s3cret-cluster"), "{wrong:?}");
-        }
-    }
 }

@@ -515,9 +515,9 @@ fn a_stream_relayed_from_a_paused_holder_goes_on_from_the_next_holder_within_a_f
 /// The events of `stream` after the first that says the session was taken over (its turn
 /// stored `interrupted` by its next holder), up to the end of run `until`.
 fn after_the_take_over(events: &[Value]) -> &[Value] {
-    let taken = events.iter().position(|e| {
-        event_type(e) == "session.updated" && e["event"]["session"]["status"] == "interrupted"
-    });
+    let taken = events
+        .iter()
+        .position(|e| event_type(e) == "session.updated" && e["event"]["session"]["status"] == "interrupted");
     &events[taken.map_or(events.len(), |at| at + 1)..]
 }
 

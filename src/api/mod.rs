@@ -31,8 +31,11 @@ pub enum Rate {
 pub trait Door {
     /// The route and who called, as far as the route needs.
     type Admitted;
-    /// The door's refusal, as a reply, when the request is not admitted.
-    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Self::Admitted, Reply>;
+    /// Why a request was not admitted, in the door's error shape.
+    type Refusal;
+    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Self::Admitted, Self::Refusal>;
+    /// The answer to a request that was not admitted.
+    fn refuse(&self, refusal: Self::Refusal) -> Reply;
     fn serve(&self, request: &mut Request, admitted: Self::Admitted) -> Reply;
 }
 
@@ -76,7 +79,7 @@ impl MainDoor {
         let Some(node) = &self.cluster else {
             return match door.admit(request, Rate::Count) {
                 Ok(admitted) => door.serve(request, admitted),
-                Err(refused) => refused,
+                Err(refusal) => door.refuse(refusal),
             };
         };
         let path = request.path().to_string();
@@ -87,9 +90,10 @@ impl MainDoor {
         let rate = if from_a_node { Rate::Counted } else { Rate::Count };
         let admitted = match door.admit(request, rate) {
             Ok(admitted) => admitted,
-            Err(refused) => return refused,
+            Err(refusal) => return door.refuse(refusal),
         };
         match node.route(request, from_a_node) {
+            Ok(Route::Here) if from_a_node => node.to_relay(door.serve(request, admitted)),
             Ok(Route::Here) => door.serve(request, admitted),
             Ok(Route::There(url)) => node.forward(request, &url).unwrap_or_else(|error| self.refuse(&path, &error)),
             Err(error) => self.refuse(&path, &error),

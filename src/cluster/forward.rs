@@ -222,7 +222,7 @@ impl Node {
 
     /// One call to the node at `url`, with the cluster's secret.
     pub(super) fn send(&self, call: &Call, url: &str, body: &[u8]) -> Result<ureq::Response, ForwardError> {
-        let agent = if call.stream { &self.stream_agent } else { &self.agent };
+        let agent = if call.stream { &self.watch_agent } else { &self.agent };
         self.call_with(agent, call, url, body).map_err(|error| unanswered(url, &error))
     }
 
@@ -245,6 +245,34 @@ impl Node {
     }
 }
 
+impl Node {
+    /// This node's answer to a call from another node, as that node's relay needs it: an
+    /// event stream pings at least each third of a lease, so a relay, which gives a holder
+    /// up after a lease of silence, hears from a holder that still speaks for the session.
+    pub fn to_relay(&self, reply: Reply) -> Reply {
+        match reply {
+            Reply::Stream(Stream { framing: Framing::EventStream, body, request_id, access }) => {
+                let every = Duration::from_millis((self.lease_ms / 3).max(1));
+                let body = Box::new(Paced { body, every });
+                Reply::Stream(Stream { framing: Framing::EventStream, body, request_id, access })
+            }
+            other => other,
+        }
+    }
+}
+
+/// A stream that is idle (and so pings) at least every `every`.
+struct Paced {
+    body: Box<dyn StreamBody>,
+    every: Duration,
+}
+
+impl StreamBody for Paced {
+    fn next(&mut self, idle: Duration, stop: &Receiver<()>) -> Frames {
+        self.body.next(idle.min(self.every), stop)
+    }
+}
+
 pub(super) fn unanswered(url: &str, error: &ureq::Transport) -> ForwardError {
     ForwardError::Unavailable(format!("the node at {url} did not answer: {error}"))
 }
@@ -254,7 +282,7 @@ pub(super) struct Call {
     pub(super) method: String,
     pub(super) target: String,
     pub(super) headers: Vec<(String, String)>,
-    /// A session's event stream, read with the stream agent's shorter wait.
+    /// A session's event stream, read with a wait of a lease for each of the holder's bytes.
     pub(super) stream: bool,
 }
 
@@ -376,7 +404,7 @@ impl LastId {
 
 /// The holder's stream, read on a `kestrel-relay` thread and handed over in bursts. When
 /// the client leaves, the thread ends at the holder's next bytes (its frames, or its ping
-/// within `ping_interval`).
+/// within a third of a lease).
 struct RelayedStream {
     chunks: Receiver<Vec<u8>>,
     /// Bytes of a character cut between two reads, kept for the next burst.

@@ -73,36 +73,6 @@ impl ClientApi {
         Arc::new(ClientApi { bae })
     }
 
-    /// The route a request matches, with the key (and session) it is authenticated by: the
-    /// one place this door decides who calls, before anything is done for the request.
-    fn admit_request(&self, request: &mut Request, rate: Rate) -> Result<Admitted, Problem> {
-        let path = request.path().to_string();
-        let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
-        request.set_route(found.route.template);
-        let method = request.method().to_string();
-        let served = found.route.methods[0];
-        if method != served && !(served == "GET" && method == "HEAD") {
-            let methods: &[&str] = if served == "GET" { &["GET", "HEAD"] } else { found.route.methods };
-            return Err(Problem::method_not_allowed(&path, methods));
-        }
-        let id = found.param(0);
-        Ok(match found.kind() {
-            Kind::Health => Admitted::Health,
-            Kind::Meta => Admitted::Meta,
-            Kind::Sessions => Admitted::Open(authenticate(&self.bae, request, KeyRole::Client, rate)?),
-            Kind::Join => {
-                Admitted::Join { client: authenticate(&self.bae, request, KeyRole::Client, rate)?, id: id.to_string() }
-            }
-            Kind::Session => Admitted::Close(authorize_session(&self.bae, request, id, rate)?.1),
-            Kind::Events => Admitted::Events(authorize_session(&self.bae, request, id, rate)?.1),
-            Kind::Participants => Admitted::Participants(authorize_session(&self.bae, request, id, rate)?.1),
-            Kind::Rpc => {
-                let (key, session) = authorize_session(&self.bae, request, id, rate)?;
-                Admitted::Rpc { key, session }
-            }
-        })
-    }
-
     fn dispatch(&self, request: &mut Request, admitted: Admitted) -> Result<Reply, Problem> {
         match admitted {
             // BAE's empty 200, with a media type so clients and the document agree on it.
@@ -143,7 +113,7 @@ impl ClientApi {
     }
 }
 
-/// A request `ClientApi::admit_request` let in: its route, with the key (and the session)
+/// A request `ClientApi::admit` let in: its route, with the key (and the session)
 /// it was authenticated by.
 pub enum Admitted {
     Health,
@@ -182,13 +152,13 @@ pub(crate) fn authenticate(bae: &Bae, request: &Request, role: KeyRole, rate: Ra
     };
     let key = bae.authenticate(role, token)?.ok_or_else(|| Problem::from(BaeError::Unauthorized(denied)))?;
     if let Some(profile_id) = key.profile_id.as_deref().filter(|_| role == KeyRole::Client && rate == Rate::Count) {
-        admit(bae, profile_id)?;
+        count_request(bae, profile_id)?;
     }
     Ok(key)
 }
 
 /// Takes one request from the rate limit of the profile's budget (Kestrel's extension).
-fn admit(bae: &Bae, profile_id: &str) -> Result<(), Problem> {
+fn count_request(bae: &Bae, profile_id: &str) -> Result<(), Problem> {
     bae.admit_request(profile_id).map_err(Problem::rate_limited)
 }
 
@@ -208,7 +178,7 @@ pub(crate) fn authorize_session(
     let token = bearer(request)?;
     let (key, session) = bae.authorize_session(token, id)?;
     if rate == Rate::Count {
-        admit(bae, &session.profile_id)?;
+        count_request(bae, &session.profile_id)?;
     }
     Ok((key, session))
 }
@@ -238,9 +208,40 @@ pub(crate) fn json_reply(status: u16, value: &Value) -> Reply {
 
 impl Door for ClientApi {
     type Admitted = Admitted;
+    type Refusal = Problem;
 
-    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, Reply> {
-        self.admit_request(request, rate).map_err(Problem::into_reply)
+    /// The route a request matches, with the key (and session) it is authenticated by: the
+    /// one place this door decides who calls, before anything is done for the request.
+    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, Problem> {
+        let path = request.path().to_string();
+        let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        request.set_route(found.route.template);
+        let method = request.method().to_string();
+        let served = found.route.methods[0];
+        if method != served && !(served == "GET" && method == "HEAD") {
+            let methods: &[&str] = if served == "GET" { &["GET", "HEAD"] } else { found.route.methods };
+            return Err(Problem::method_not_allowed(&path, methods));
+        }
+        let id = found.param(0);
+        Ok(match found.kind() {
+            Kind::Health => Admitted::Health,
+            Kind::Meta => Admitted::Meta,
+            Kind::Sessions => Admitted::Open(authenticate(&self.bae, request, KeyRole::Client, rate)?),
+            Kind::Join => {
+                Admitted::Join { client: authenticate(&self.bae, request, KeyRole::Client, rate)?, id: id.to_string() }
+            }
+            Kind::Session => Admitted::Close(authorize_session(&self.bae, request, id, rate)?.1),
+            Kind::Events => Admitted::Events(authorize_session(&self.bae, request, id, rate)?.1),
+            Kind::Participants => Admitted::Participants(authorize_session(&self.bae, request, id, rate)?.1),
+            Kind::Rpc => {
+                let (key, session) = authorize_session(&self.bae, request, id, rate)?;
+                Admitted::Rpc { key, session }
+            }
+        })
+    }
+
+    fn refuse(&self, refusal: Problem) -> Reply {
+        refusal.into_reply()
     }
 
     fn serve(&self, request: &mut Request, admitted: Admitted) -> Reply {
@@ -252,7 +253,7 @@ impl Handler for ClientApi {
     fn handle(&self, request: &mut Request) -> Reply {
         match self.admit(request, Rate::Count) {
             Ok(admitted) => self.serve(request, admitted),
-            Err(refused) => refused,
+            Err(refusal) => self.refuse(refusal),
         }
     }
 

@@ -241,25 +241,6 @@ impl KestrelApi {
         Ok(caller)
     }
 
-    /// The route a request matches and its caller: authentication comes before anything is
-    /// done for the request, here or, in a cluster, at another node.
-    fn admit_request(&self, request: &mut Request, rate: Rate) -> Result<Admitted, ApiError> {
-        let path = request.path().to_string();
-        let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
-        request.set_route(found.route.template);
-        if !found.route.methods.contains(&request.method()) {
-            return Err(ApiError::method_not_allowed(found.route.methods));
-        }
-        let (kind, id, second) = (found.kind(), found.param(0).to_string(), found.param(1).to_string());
-        // Static files (the console, plugins' web assets), the health check and the OpenAPI
-        // document are never authenticated (as the spec says for static assets).
-        let caller = match kind {
-            Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi => None,
-            _ => Some(self.authenticate(request, rate)?),
-        };
-        Ok(Admitted { path, kind, id, second, caller })
-    }
-
     fn dispatch(&self, request: &mut Request, admitted: Admitted) -> Result<Reply, ApiError> {
         let Admitted { path, kind, id, second, caller } = admitted;
         let (id, second) = (id.as_str(), second.as_str());
@@ -269,7 +250,7 @@ impl KestrelApi {
             (Kind::Health, _) => return meta::health(self),
             (Kind::OpenApi, _) => return Ok(crate::api::openapi::main_document()),
             (_, Some(caller)) => caller,
-            // `admit_request` names a caller for every other route; refused if it did not.
+            // `admit` names a caller for every other route; refused if it did not.
             (_, None) => return Err(ApiError::unauthorized()),
         };
         let method = request.method().to_string();
@@ -330,7 +311,7 @@ impl KestrelApi {
     }
 }
 
-/// A request `KestrelApi::admit_request` let in: its route, with the route's parameters, and
+/// A request `KestrelApi::admit` let in: its route, with the route's parameters, and
 /// its caller (none for the routes anyone may ask).
 pub struct Admitted {
     path: String,
@@ -342,9 +323,29 @@ pub struct Admitted {
 
 impl Door for KestrelApi {
     type Admitted = Admitted;
+    type Refusal = ApiError;
 
-    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, Reply> {
-        self.admit_request(request, rate).map_err(ApiError::into_reply)
+    /// The route a request matches and its caller: authentication comes before anything is
+    /// done for the request, here or, in a cluster, at another node.
+    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, ApiError> {
+        let path = request.path().to_string();
+        let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
+        request.set_route(found.route.template);
+        if !found.route.methods.contains(&request.method()) {
+            return Err(ApiError::method_not_allowed(found.route.methods));
+        }
+        let (kind, id, second) = (found.kind(), found.param(0).to_string(), found.param(1).to_string());
+        // Static files (the console, plugins' web assets), the health check and the OpenAPI
+        // document are never authenticated (as the spec says for static assets).
+        let caller = match kind {
+            Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi => None,
+            _ => Some(self.authenticate(request, rate)?),
+        };
+        Ok(Admitted { path, kind, id, second, caller })
+    }
+
+    fn refuse(&self, refusal: ApiError) -> Reply {
+        refusal.into_reply()
     }
 
     fn serve(&self, request: &mut Request, admitted: Admitted) -> Reply {
@@ -356,7 +357,7 @@ impl Handler for KestrelApi {
     fn handle(&self, request: &mut Request) -> Reply {
         match self.admit(request, Rate::Count) {
             Ok(admitted) => self.serve(request, admitted),
-            Err(refused) => refused,
+            Err(refusal) => self.refuse(refusal),
         }
     }
 

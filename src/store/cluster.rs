@@ -265,6 +265,21 @@ pub fn sessions_written<'a>(ops: impl Iterator<Item = &'a WriteOp>) -> Vec<Strin
     sessions
 }
 
+/// A delta of `session` as a log append streams it to other nodes (for tests).
+#[cfg(test)]
+pub(crate) fn streamed_delta(session: &str) -> super::LoggedEvent {
+    super::LoggedEvent {
+        seq: 0,
+        tenant: Some("t".into()),
+        session_id: Some(session.into()),
+        actor: None,
+        kind: "message.delta".into(),
+        at: "now".into(),
+        body: "{}".into(),
+        form: crate::domain::STORED_FORM,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,21 +351,11 @@ mod tests {
 
     #[test]
     fn a_delta_names_its_session_for_the_fence_though_it_is_not_kept() {
-        let delta = |session: &str| crate::store::LoggedEvent {
-            seq: 0,
-            tenant: Some("t".into()),
-            session_id: Some(session.into()),
-            actor: None,
-            kind: "message.delta".into(),
-            at: "now".into(),
-            body: "{}".into(),
-            form: crate::domain::STORED_FORM,
-        };
         let append = WriteOp::AppendLog {
-            entries: vec![None, Some(delta("kept")), None],
+            entries: vec![None, Some(streamed_delta("kept")), None],
             floor: 0,
             keep: 10,
-            live: vec![(0, delta("streamed")), (2, delta("kept"))],
+            live: vec![(0, streamed_delta("streamed")), (2, streamed_delta("kept"))],
         };
         assert_eq!(sessions_written([append].iter()), ["kept", "streamed"]);
     }

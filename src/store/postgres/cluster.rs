@@ -210,16 +210,7 @@ mod tests {
 
         /// A delta of `session` alone: not kept, streamed by the other nodes.
         fn stream_delta(&self, session: &str) -> Result<(), StoreError> {
-            let delta = crate::store::LoggedEvent {
-                seq: 0,
-                tenant: Some("t".into()),
-                session_id: Some(session.into()),
-                actor: None,
-                kind: "message.delta".into(),
-                at: "now".into(),
-                body: "{}".into(),
-                form: crate::domain::STORED_FORM,
-            };
+            let delta = super::super::super::cluster::streamed_delta(session);
             let append = WriteOp::AppendLog { entries: vec![None], floor: 0, keep: 1000, live: vec![(0, delta)] };
             self.backend.submit_and_wait(vec![append]).map(drop)
         }

@@ -37,6 +37,14 @@ pub trait Door {
     /// The answer to a request that was not admitted.
     fn refuse(&self, refusal: Self::Refusal) -> Reply;
     fn serve(&self, request: &mut Request, admitted: Self::Admitted) -> Reply;
+
+    /// The request as a server on its own answers it: admitted (counted here), then served.
+    fn answer(&self, request: &mut Request) -> Reply {
+        match self.admit(request, Rate::Count) {
+            Ok(admitted) => self.serve(request, admitted),
+            Err(refusal) => self.refuse(refusal),
+        }
+    }
 }
 
 /// The main port: BAE's client routes (`/healthz`, `/api/v1/…`) beside the Kestrel routes.
@@ -76,12 +84,7 @@ impl MainDoor {
     /// before anything else otherwise); it is still admitted as its client, by the client's
     /// own credentials, so no node acts for a caller its door does not know.
     fn through<D: Door>(&self, door: &D, request: &mut Request) -> Reply {
-        let Some(node) = &self.cluster else {
-            return match door.admit(request, Rate::Count) {
-                Ok(admitted) => door.serve(request, admitted),
-                Err(refusal) => door.refuse(refusal),
-            };
-        };
+        let Some(node) = &self.cluster else { return door.answer(request) };
         let path = request.path().to_string();
         let from_a_node = match node.from_a_node(request) {
             Ok(from_a_node) => from_a_node,

@@ -251,10 +251,7 @@ impl Door for ClientApi {
 
 impl Handler for ClientApi {
     fn handle(&self, request: &mut Request) -> Reply {
-        match self.admit(request, Rate::Count) {
-            Ok(admitted) => self.serve(request, admitted),
-            Err(refusal) => self.refuse(refusal),
-        }
+        self.answer(request)
     }
 
     fn internal_error(&self) -> Reply {

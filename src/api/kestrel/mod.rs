@@ -355,10 +355,7 @@ impl Door for KestrelApi {
 
 impl Handler for KestrelApi {
     fn handle(&self, request: &mut Request) -> Reply {
-        match self.admit(request, Rate::Count) {
-            Ok(admitted) => self.serve(request, admitted),
-            Err(refusal) => self.refuse(refusal),
-        }
+        self.answer(request)
     }
 
     fn internal_error(&self) -> Reply {

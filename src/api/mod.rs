@@ -14,6 +14,39 @@ use crate::http::{BodyError, EdgeError, Handler, Reply, Request};
 pub const RENDERERS: [Option<crate::bus::Render>; crate::bus::FORMATS] =
     [Some(kestrel::wire_sse_frame), Some(bae::wire::ndjson_frame), Some(kestrel::wire_plugins_frame)];
 
+/// Whether a door takes a request from its caller's rate limit as it admits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rate {
+    /// The request came here from its client: it is counted here.
+    Count,
+    /// Another node of the cluster forwarded it, and counted it there: one request costs its
+    /// caller once, at the node it reached.
+    Counted,
+}
+
+/// A front door of the main port, in two steps: `admit` matches the route and authenticates
+/// the request as the route asks (with the caller's rate limit), `serve` does what it asks.
+/// In a cluster the node looks at a session's lease, claims it or forwards the request only
+/// in between, so a caller the door does not know moves no lease (docs/cluster.md).
+pub trait Door {
+    /// The route and who called, as far as the route needs.
+    type Admitted;
+    /// Why a request was not admitted, in the door's error shape.
+    type Refusal;
+    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Self::Admitted, Self::Refusal>;
+    /// The answer to a request that was not admitted.
+    fn refuse(&self, refusal: Self::Refusal) -> Reply;
+    fn serve(&self, request: &mut Request, admitted: Self::Admitted) -> Reply;
+
+    /// The request as a server on its own answers it: admitted (counted here), then served.
+    fn answer(&self, request: &mut Request) -> Reply {
+        match self.admit(request, Rate::Count) {
+            Ok(admitted) => self.serve(request, admitted),
+            Err(refusal) => self.refuse(refusal),
+        }
+    }
+}
+
 /// The main port: BAE's client routes (`/healthz`, `/api/v1/…`) beside the Kestrel routes.
 pub struct MainDoor {
     pub kestrel: Arc<kestrel::KestrelApi>,
@@ -45,24 +78,38 @@ impl MainDoor {
             _ => self.kestrel.as_ref(),
         }
     }
+
+    /// `request` through `door`: admitted first, then, in a cluster, served here or at the
+    /// session's holder. A call from another node must carry the cluster's secret (403
+    /// before anything else otherwise); it is still admitted as its client, by the client's
+    /// own credentials, so no node acts for a caller its door does not know.
+    fn through<D: Door>(&self, door: &D, request: &mut Request) -> Reply {
+        let Some(node) = &self.cluster else { return door.answer(request) };
+        let path = request.path().to_string();
+        let from_a_node = match node.from_a_node(request) {
+            Ok(from_a_node) => from_a_node,
+            Err(error) => return self.refuse(&path, &error),
+        };
+        let rate = if from_a_node { Rate::Counted } else { Rate::Count };
+        let admitted = match door.admit(request, rate) {
+            Ok(admitted) => admitted,
+            Err(refusal) => return door.refuse(refusal),
+        };
+        match node.route(request, from_a_node) {
+            Ok(Route::Here) if from_a_node => node.to_relay(door.serve(request, admitted)),
+            Ok(Route::Here) => door.serve(request, admitted),
+            Ok(Route::There(url)) => node.forward(request, &url).unwrap_or_else(|error| self.refuse(&path, &error)),
+            Err(error) => self.refuse(&path, &error),
+        }
+    }
 }
 
 impl Handler for MainDoor {
     fn handle(&self, request: &mut Request) -> Reply {
-        let path = request.path().to_string();
-        if let Some(node) = &self.cluster {
-            let forwarded = match node.route(request) {
-                Ok(Route::Here) => None,
-                Ok(Route::There(url)) => Some(node.forward(request, &url)),
-                Err(error) => Some(Err(error)),
-            };
-            match forwarded {
-                Some(Ok(reply)) => return reply,
-                Some(Err(error)) => return self.refuse(&path, &error),
-                None => {}
-            }
+        match bae::owns(request.path()) {
+            true => self.through(self.bae.as_ref(), request),
+            false => self.through(self.kestrel.as_ref(), request),
         }
-        self.door(Some(&path)).handle(request)
     }
 
     fn internal_error(&self) -> Reply {

@@ -159,8 +159,7 @@ impl Server {
         let (store, store_writer) = open_store(&config, cluster_id.as_deref())?;
         let cluster_node = store.cluster().map(|(membership, book)| {
             let secret = config.cluster.secret().unwrap_or_default();
-            let ping = Duration::from_millis(config.server.sse_ping_interval_ms);
-            crate::cluster::Node::new(&config.cluster, secret, ping, Arc::clone(membership), Arc::clone(book))
+            crate::cluster::Node::new(&config.cluster, secret, Arc::clone(membership), Arc::clone(book))
         });
         // The data dir holds every tenant's transcripts and the config file their tokens: no
         // workspace may reach either, whatever the roots say.

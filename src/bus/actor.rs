@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use super::*;
+use crate::store::cluster::LeaseBook;
 use crate::store::{Committed, LoggedEvent, Store, StoreError, WriteOp};
 use crate::time::StampClock;
 
@@ -76,6 +77,9 @@ pub(super) struct BusActor {
     remote: u64,
     /// Deltas other nodes streamed, heard and not yet streamed here, in seq order.
     remote_live: Vec<LoggedEvent>,
+    /// In a cluster, this node's leases: it publishes nothing of a session whose lease may
+    /// have run out or is lost (`tenure.rs`).
+    book: Option<Arc<LeaseBook>>,
 }
 
 /// Events read back at a time when catching up with what other processes logged.
@@ -107,7 +111,14 @@ impl BusActor {
             clock: StampClock::default(),
             remote: last_seq,
             remote_live: Vec::new(),
+            book: None,
         }
+    }
+
+    /// Publishes by `book`'s leases (a cluster's node's).
+    pub(super) fn speaking_by(mut self, book: Option<Arc<LeaseBook>>) -> BusActor {
+        self.book = book;
+        self
     }
 
     /// Batches publishes, sends each batch's log write without waiting for it, and fans each
@@ -200,7 +211,13 @@ impl BusActor {
         }
     }
 
+    /// Stamps a publication into `batch`, unless this node may no longer speak for a session
+    /// it names: then it is dropped with its writes, and its publisher, if it waits, hears
+    /// that it was not committed.
     fn take_publish(&mut self, batch: &mut Vec<Stamped>, publication: Publication) {
+        if !super::tenure::may_publish(self.book.as_deref(), &publication) {
+            return;
+        }
         let Publication { tenant, origin, before, event, writes, logged, committed } = publication;
         for event in before {
             if let Some(stamped) = self.stamp(tenant.clone(), origin.clone(), Arc::new(event), true) {
@@ -319,7 +336,14 @@ impl BusActor {
                     None => Vec::new(),
                 };
                 keep_survivors(&mut batch, &mut acks, &failed);
-                self.append_again(&mut batch, &mut acks)
+                let appended = self.append_again(&mut batch, &mut acks);
+                if appended.is_none() {
+                    // Streamed without the log's seqs: never what this node may no longer
+                    // say (it may have been paused through the failed commit).
+                    let silenced = self.silenced(&batch);
+                    keep_survivors(&mut batch, &mut acks, &silenced);
+                }
+                appended
             }
         };
         let first = first.unwrap_or(self.last_seq + 1);
@@ -378,6 +402,15 @@ impl BusActor {
             self.persisted = self.persisted.max(reached);
             self.fan_out(&mut envelopes, false);
         }
+    }
+
+    /// The places in `batch` of the events of sessions whose lease this node may no longer
+    /// speak for.
+    fn silenced(&self, batch: &[Stamped]) -> Vec<usize> {
+        let Some(book) = &self.book else { return Vec::new() };
+        let silent =
+            |stamped: &Stamped| stamped.event.session_id().is_some_and(|session| !book.standing(session).may_publish());
+        (0..batch.len()).filter(|&at| silent(&batch[at])).collect()
     }
 
     /// After a failed batch: each event's writes alone. The places of the events whose
@@ -503,6 +536,12 @@ impl BusActor {
         let id = self.next_subscriber_id;
         self.next_subscriber_id += 1;
         let pending = Arc::new(AtomicUsize::new(0));
+        let tenure = match (&self.book, &filter.scope) {
+            (Some(book), Scope::Session(session)) => {
+                Some(super::Tenure { book: Arc::clone(book), session: session.clone() })
+            }
+            _ => None,
+        };
         let subscription = Subscription {
             backlog,
             live,
@@ -510,6 +549,7 @@ impl BusActor {
             id,
             bus_tx: self.own_tx.clone(),
             following: None,
+            tenure,
         };
         // Counted before the subscriber hears of it, so a count read after `subscribe`
         // returns includes it.

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, never, Receiver, Sender};
 
 use crate::domain::{Event, Message};
 use crate::store::{EventQuery, LoggedEvent, Store, StoreError, WriteOp};
@@ -253,6 +253,9 @@ pub struct Subscription {
     bus_tx: Sender<BusMsg>,
     /// Counts the stream among its session's followers while it lasts.
     following: Option<Following>,
+    /// In a cluster, the session a one-session stream follows, which it speaks of only while
+    /// this node holds the session's lease (`tenure.rs`).
+    tenure: Option<Tenure>,
 }
 
 /// A subscriber's missed envelopes: logged events older than the ring, then the ring's.
@@ -312,26 +315,19 @@ impl Subscription {
     }
 
     /// The next batch of live envelopes. `Disconnected` means the bus dropped this subscriber
-    /// (it fell behind) or stopped.
+    /// (it fell behind), the bus stopped, or (in a cluster) this node lost the session.
     pub fn recv_timeout(&self, timeout: std::time::Duration) -> Result<Batch, crossbeam_channel::RecvTimeoutError> {
-        let batch = self.live.recv_timeout(timeout)?;
-        self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
-        Ok(batch)
+        match self.next_live(&never::<()>(), timeout, &never()) {
+            Ok(Live::Batch(batch)) => Ok(batch),
+            Ok(Live::Idle) => Err(crossbeam_channel::RecvTimeoutError::Timeout),
+            Ok(Live::Closed | Live::Stopped) | Err(_) => Err(crossbeam_channel::RecvTimeoutError::Disconnected),
+        }
     }
 
     /// Like `recv_timeout`, but also ends when `stop` disconnects (the client left).
     pub fn recv_or_stop(&self, timeout: std::time::Duration, stop: &Receiver<()>) -> Live {
-        crossbeam_channel::select! {
-            recv(self.live) -> batch => match batch {
-                Ok(batch) => {
-                    self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
-                    Live::Batch(batch)
-                }
-                Err(_) => Live::Closed,
-            },
-            recv(stop) -> _ => Live::Stopped,
-            default(timeout) => Live::Idle,
-        }
+        // `never` neither delivers nor disconnects: the wait ends some other way.
+        self.next_live(&never::<()>(), timeout, stop).unwrap_or(Live::Closed)
     }
 
     /// Like `recv_or_stop`, but also ends when `other` has a message (or disconnects), which
@@ -342,22 +338,14 @@ impl Subscription {
         timeout: std::time::Duration,
         stop: &Receiver<()>,
     ) -> Result<Live, Option<T>> {
-        crossbeam_channel::select! {
-            recv(other) -> message => Err(message.ok()),
-            recv(self.live) -> batch => Ok(match batch {
-                Ok(batch) => {
-                    self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
-                    Live::Batch(batch)
-                }
-                Err(_) => Live::Closed,
-            }),
-            recv(stop) -> _ => Ok(Live::Stopped),
-            default(timeout) => Ok(Live::Idle),
-        }
+        self.next_live(other, timeout, stop)
     }
 
-    /// A batch if one is waiting.
+    /// A batch if one is waiting (and, in a cluster, this node still speaks for the session).
     pub fn try_recv(&self) -> Option<Batch> {
+        if !self.speaking() {
+            return None;
+        }
         let batch = self.live.try_recv().ok()?;
         self.pending.fetch_sub(batch.len(), Ordering::Relaxed);
         Some(batch)
@@ -475,8 +463,19 @@ pub struct BusConfig {
 }
 
 impl Bus {
-    /// Starts the bus thread, continuing the seq above what the store says was handed out.
+    /// Starts the bus thread, continuing the seq above what the store says was handed out. In
+    /// a cluster, it publishes by this node's lease book (`tenure.rs`).
     pub fn start(store: Store, config: BusConfig) -> Result<(Bus, BusHandle), StoreError> {
+        let book = store.cluster().map(|(_, book)| Arc::clone(book));
+        Bus::start_speaking_by(store, config, book)
+    }
+
+    /// `start`, with the lease book the bus publishes by (`None`: it publishes everything).
+    pub(crate) fn start_speaking_by(
+        store: Store,
+        config: BusConfig,
+        book: Option<Arc<crate::store::cluster::LeaseBook>>,
+    ) -> Result<(Bus, BusHandle), StoreError> {
         // Past every seq a delta may have had before a crash: one entry allocated above them.
         let skip = WriteOp::AppendLog {
             entries: vec![None],
@@ -488,7 +487,7 @@ impl Bus {
         let last_seq = store.last_seq()?;
         let (bus_tx, inbox) = bounded(INBOX);
         let subscribers = Arc::new(AtomicUsize::new(0));
-        let actor = BusActor::new(store, config, last_seq, bus_tx.clone(), Arc::clone(&subscribers));
+        let actor = BusActor::new(store, config, last_seq, bus_tx.clone(), Arc::clone(&subscribers)).speaking_by(book);
         let thread = std::thread::Builder::new()
             .name("kestrel-bus".into())
             .spawn(move || actor.run(inbox))
@@ -613,7 +612,9 @@ impl BusHandle {
 
 mod actor;
 mod followers;
+mod tenure;
 use actor::BusActor;
 use followers::{Followers, Following};
+use tenure::Tenure;
 #[cfg(test)]
 mod tests;

@@ -12,10 +12,15 @@
 //! - a read of a session another node holds goes to that node; of one no node holds, served
 //!   here from the database.
 //!
+//! Nothing of this is done for a request its door has not admitted (authenticated, and
+//! taken from its caller's rate limit: `api::Door`), so a caller the door does not know
+//! claims no lease and is sent nowhere.
+//!
 //! A call that carries the secret came from a node that found this one the holder: it is
 //! served here, never sent on again. If the lease moved meanwhile, the answer is a retryable
 //! 503, so a request is forwarded at most once. A call with a wrong secret is refused (403);
-//! the secret itself is never logged.
+//! the secret itself is never logged. Such a call still carries its client's credentials,
+//! and its door admits it by them as it would the client's own.
 
 use std::io::Read;
 use std::time::Duration;
@@ -107,13 +112,22 @@ fn claims(method: &str, path: &str) -> bool {
 }
 
 impl Node {
-    /// Where `request` is served.
-    pub fn route(&self, request: &Request) -> Result<Route, ForwardError> {
+    /// Whether `request` comes from another node of the cluster: it carries the cluster's
+    /// secret. `Forbidden` when it carries another value (the secret itself is never logged).
+    pub fn from_a_node(&self, request: &Request) -> Result<bool, ForwardError> {
+        match request.header(SECRET_HEADER) {
+            None => Ok(false),
+            Some(presented) if self.admits(presented) => Ok(true),
+            Some(_) => Err(ForwardError::Forbidden),
+        }
+    }
+
+    /// Where `request`, which its door has admitted, is served. A call from another node
+    /// (`from_a_node`) found this node the holder: it is served here, or answered a
+    /// retryable 503 if the lease moved meanwhile, never sent on.
+    pub fn route(&self, request: &Request, from_a_node: bool) -> Result<Route, ForwardError> {
         let session = session_of(request.path());
-        if let Some(presented) = request.header(SECRET_HEADER) {
-            if !self.admits(Some(presented)) {
-                return Err(ForwardError::Forbidden);
-            }
+        if from_a_node {
             return match session.map(|session| self.lease_holder(session, true)).transpose()? {
                 Some(Route::There(_)) => Err(ForwardError::Unavailable("the session's lease moved; retry".into())),
                 _ => Ok(Route::Here),
@@ -208,7 +222,7 @@ impl Node {
 
     /// One call to the node at `url`, with the cluster's secret.
     pub(super) fn send(&self, call: &Call, url: &str, body: &[u8]) -> Result<ureq::Response, ForwardError> {
-        let agent = if call.stream { &self.stream_agent } else { &self.agent };
+        let agent = if call.stream { &self.watch_agent } else { &self.agent };
         self.call_with(agent, call, url, body).map_err(|error| unanswered(url, &error))
     }
 
@@ -223,11 +237,39 @@ impl Node {
         for (name, value) in &call.headers {
             request = request.set(name, value);
         }
-        request = request.set(SECRET_HEADER, &self.secret).set(FORWARDED_BY, &self.id);
+        request = request.set(SECRET_HEADER, self.secret.value()).set(FORWARDED_BY, &self.id);
         match request.send_bytes(body) {
             Ok(answer) | Err(ureq::Error::Status(_, answer)) => Ok(answer),
             Err(ureq::Error::Transport(error)) => Err(Box::new(error)),
         }
+    }
+}
+
+impl Node {
+    /// This node's answer to a call from another node, as that node's relay needs it: an
+    /// event stream pings at least each third of a lease, so a relay, which gives a holder
+    /// up after a lease of silence, hears from a holder that still speaks for the session.
+    pub fn to_relay(&self, reply: Reply) -> Reply {
+        match reply {
+            Reply::Stream(Stream { framing: Framing::EventStream, body, request_id, access }) => {
+                let every = Duration::from_millis((self.lease_ms / 3).max(1));
+                let body = Box::new(Paced { body, every });
+                Reply::Stream(Stream { framing: Framing::EventStream, body, request_id, access })
+            }
+            other => other,
+        }
+    }
+}
+
+/// A stream that is idle (and so pings) at least every `every`.
+struct Paced {
+    body: Box<dyn StreamBody>,
+    every: Duration,
+}
+
+impl StreamBody for Paced {
+    fn next(&mut self, idle: Duration, stop: &Receiver<()>) -> Frames {
+        self.body.next(idle.min(self.every), stop)
     }
 }
 
@@ -240,7 +282,7 @@ pub(super) struct Call {
     pub(super) method: String,
     pub(super) target: String,
     pub(super) headers: Vec<(String, String)>,
-    /// A session's event stream, read with the stream agent's shorter wait.
+    /// A session's event stream, read with a wait of a lease for each of the holder's bytes.
     pub(super) stream: bool,
 }
 
@@ -362,7 +404,7 @@ impl LastId {
 
 /// The holder's stream, read on a `kestrel-relay` thread and handed over in bursts. When
 /// the client leaves, the thread ends at the holder's next bytes (its frames, or its ping
-/// within `ping_interval`).
+/// within a third of a lease).
 struct RelayedStream {
     chunks: Receiver<Vec<u8>>,
     /// Bytes of a character cut between two reads, kept for the next burst.

@@ -9,6 +9,7 @@
 //! them to expire.
 
 pub mod forward;
+mod secret;
 #[cfg(test)]
 mod testing;
 mod watch;
@@ -16,7 +17,7 @@ mod watch;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
@@ -38,18 +39,17 @@ const MAX_LEASE_MS: u64 = 86_400_000;
 pub struct Node {
     id: String,
     advertise_url: OnceLock<String>,
-    secret: String,
+    secret: secret::ClusterSecret,
     lease_ms: u64,
     membership: Arc<dyn Membership>,
     book: Arc<LeaseBook>,
     /// The client of calls to other nodes (`forward.rs`), its connections kept for reuse.
     agent: ureq::Agent,
-    /// The client of session streams relayed from another node: the holder sends at least a
-    /// ping each SSE ping interval, so `STREAM_SILENCE` of them unheard means a holder paused
-    /// or cut off, and the relay opens the stream again where the session is held then.
-    stream_agent: ureq::Agent,
-    /// The client of reads of a session, which wait a lease at most for the holder's next
-    /// bytes before the holder's lease is looked at again (`watch.rs`).
+    /// The client of reads of a session and of relayed session streams, which wait a lease
+    /// at most for the holder's next bytes before the session's lease is looked at again
+    /// (`watch.rs`, `forward.rs`). A holder pings a relayed stream each third of a lease, so
+    /// a lease of silence means a holder paused, cut off or no longer speaking for the
+    /// session, and the relay opens the stream again where the session is held then.
     watch_agent: ureq::Agent,
     /// The engine this node's leases are for: told what it takes over and what it loses.
     engine: OnceLock<WeakEngine>,
@@ -61,15 +61,16 @@ pub struct Node {
 }
 
 const TAKING_STRIPES: usize = 16;
+/// A lease may have run out, by this node's clock, a tenth of the lease before the database
+/// says it does (`Node::lapses`).
+const LAPSE_MARGIN_DIVISOR: u64 = 10;
 /// Orphaned leases a heartbeat takes over at most (the rest at the next one).
 const SWEEP_LIMIT: i64 = 64;
 
 /// How long a call to another node may take to connect, and to send its next bytes: an
-/// answer may wait on a model for minutes; a stream sends at least a ping every 15 s.
+/// answer may wait on a model for minutes.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const READ_TIMEOUT: Duration = Duration::from_secs(600);
-/// How many SSE ping intervals a relayed session stream may stay silent.
-const STREAM_SILENCE: u32 = 3;
 
 /// A client of other nodes that waits `read_timeout` at most for their next bytes.
 fn agent(read_timeout: Duration) -> ureq::Agent {
@@ -94,11 +95,9 @@ pub fn default_node_id(marker: &str) -> String {
 }
 
 impl Node {
-    /// `ping_interval` is the SSE streams' (every node's, as their configs should agree).
     pub fn new(
         config: &ClusterConfig,
         secret: &str,
-        ping_interval: Duration,
         membership: Arc<dyn Membership>,
         book: Arc<LeaseBook>,
     ) -> Arc<Node> {
@@ -110,12 +109,11 @@ impl Node {
         Arc::new(Node {
             id: book.node().to_string(),
             advertise_url,
-            secret: secret.to_string(),
+            secret: secret::ClusterSecret::new(secret),
             lease_ms,
             membership,
             book,
             agent: agent(READ_TIMEOUT),
-            stream_agent: agent((ping_interval * STREAM_SILENCE).max(Duration::from_secs(1))),
             watch_agent: agent(Duration::from_millis(lease_ms)),
             engine: OnceLock::new(),
             taking: Default::default(),
@@ -157,14 +155,23 @@ impl Node {
     pub fn claim(&self, session_id: &str) -> Result<Claim, StoreError> {
         let _taking = self.taking[stripe(session_id)].lock().unwrap_or_else(|e| e.into_inner());
         let fresh = self.book.epoch(session_id).is_none();
+        let started = Instant::now();
         let claim = self.membership.claim(session_id, &self.id, self.lease_ms)?;
         if let Claim::Held { epoch } = claim {
             if fresh {
                 self.take_over(session_id, epoch)?;
             }
-            self.book.hold(session_id, epoch);
+            self.book.hold(session_id, epoch, self.lapses(started));
         }
         Ok(claim)
+    }
+
+    /// When a lease claimed or renewed by a statement sent at `started` may have run out, by
+    /// this node's clock: the database set its end to its own time, later than `started`,
+    /// plus the lease; a tenth of the lease less covers clocks that run at slightly different
+    /// rates and the time from a check to the bytes it lets out.
+    fn lapses(&self, started: Instant) -> Instant {
+        started + Duration::from_millis(self.lease_ms - self.lease_ms / LAPSE_MARGIN_DIVISOR)
     }
 
     /// Ends what the last holder left; if that fails the lease is given back, for a later
@@ -188,16 +195,19 @@ impl Node {
         }
     }
 
-    /// Whether `presented` is the cluster's secret (compared in constant time).
-    pub fn admits(&self, presented: Option<&str>) -> bool {
-        presented.is_some_and(|presented| same_secret(presented, &self.secret))
+    /// Whether `presented` is the cluster's secret (`secret.rs`: fixed-length tags compared
+    /// in constant time).
+    pub fn admits(&self, presented: &str) -> bool {
+        self.secret.admits(presented)
     }
 
     /// One heartbeat and one renewal; the sessions whose lease was lost are dropped from the
     /// book and evicted from the engine (and returned).
     fn beat(&self) -> Result<Vec<String>, StoreError> {
         self.membership.heartbeat(&self.id, self.advertise_url())?;
+        let started = Instant::now();
         let renewed = self.membership.renew(&self.id, self.lease_ms)?;
+        self.book.extend(&renewed, self.lapses(started));
         let mut lost = Vec::new();
         for (session, epoch) in self.book.held() {
             if !renewed.iter().any(|(id, at)| *id == session && *at == epoch) {
@@ -296,12 +306,6 @@ fn stripe(session_id: &str) -> usize {
     session_id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % TAKING_STRIPES
 }
 
-/// Whether two secrets are equal, in time that does not depend on where they differ.
-fn same_secret(presented: &str, secret: &str) -> bool {
-    let (a, b) = (presented.as_bytes(), secret.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The running `kestrel-cluster` thread; stopping it gives this node's leases up.
 pub struct ClusterHandle {
     stop: Sender<()>,
@@ -355,17 +359,4 @@ fn run(node: &Node, stopped: &Receiver<()>) {
         }
     }
     node.release_all();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_same_secret_is_admitted() {
-        assert!(same_secret("s3cret-cluster", "s3cret-cluster"));
-        for wrong in ["", "s3cret-cluste", "s3cret-clusteR", "s3cret-cluster-", "x3cret-cluster"] {
-            assert!(!same_secret(wrong, "s3cret-cluster"), "{wrong:?}");
-        }
-    }
 }

@@ -6,7 +6,6 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -104,8 +103,7 @@ pub fn node(url: &str, expired: bool) -> (Arc<Node>, Receiver<()>) {
     let (looked, looks) = crossbeam_channel::unbounded();
     let lease = Lease { url: url.to_string(), expired: AtomicBool::new(expired), looked };
     let config = ClusterConfig { lease_ms: 300, ..ClusterConfig::default() };
-    let ping = Duration::from_secs(15);
-    (Node::new(&config, "secret", ping, Arc::new(lease), LeaseBook::new("here")), looks)
+    (Node::new(&config, "secret", Arc::new(lease), LeaseBook::new("here")), looks)
 }
 
 pub fn call(method: &str, target: &str) -> Call {

@@ -10,9 +10,17 @@
 //! for the claim): a write that names a session held by another node, or one this node held
 //! at an epoch that is no longer the row's or whose lease ran out, is refused as `Fenced`.
 //! A session no node holds may be written by any node (a rename of an idle session).
+//!
+//! The book also keeps, by this node's own clock, when each lease it holds may run out: a
+//! claim or renewal's start, plus the lease, minus a margin (`cluster::Node` works it out).
+//! Past that instant the node neither writes the session nor publishes its events nor sends
+//! its frames (`Standing::Lapsed`), until a renewal says the lease is still its own; no
+//! round trip to the database is needed to stop, so a node that was paused or cut off says
+//! nothing more the moment it wakes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use super::{StoreError, WriteOp};
 
@@ -82,11 +90,45 @@ pub trait Membership: Send + Sync {
     fn owner(&self, session_id: &str) -> Result<Option<Owner>, StoreError>;
 }
 
+/// A lease this node holds: its epoch, and when it may run out by this node's clock.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    epoch: i64,
+    until: Instant,
+}
+
+/// Where this node stands on a session, by its book and its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// It holds the lease, and by its clock until this instant at least.
+    Held(Instant),
+    /// It holds the lease, but by its clock the lease may have run out: it says nothing of
+    /// the session until a renewal (or a claim) says the lease is still its own, or the next
+    /// heartbeat finds it lost.
+    Lapsed,
+    /// It lost the lease and may still be acting on the session (see `LeaseBook::lost`).
+    Lost,
+    /// It holds no lease of the session.
+    Free,
+}
+
+impl Standing {
+    /// Whether this node may publish the session's events: not while a lease it had may have
+    /// run out or is lost. A session no node holds is anyone's to announce (the writer fences
+    /// what another node holds).
+    pub fn may_publish(self) -> bool {
+        match self {
+            Standing::Held(_) | Standing::Free => true,
+            Standing::Lapsed | Standing::Lost => false,
+        }
+    }
+}
+
 /// The sessions this node holds, at which epoch: what its writes are fenced by.
 #[derive(Debug)]
 pub struct LeaseBook {
     node: String,
-    held: RwLock<HashMap<String, i64>>,
+    held: RwLock<HashMap<String, Held>>,
     /// Sessions whose lease this node lost while it may still have been acting on them: no
     /// write of this node touches them, even once no node holds them, until this node claims
     /// them again or what it was doing has stopped (`settle`).
@@ -102,9 +144,32 @@ impl LeaseBook {
         &self.node
     }
 
-    pub fn hold(&self, session_id: &str, epoch: i64) {
-        self.write().insert(session_id.to_string(), epoch);
+    /// This node holds the session's lease at `epoch`, until `until` by its clock at least.
+    pub fn hold(&self, session_id: &str, epoch: i64, until: Instant) {
+        self.write().insert(session_id.to_string(), Held { epoch, until });
         self.lost.write().unwrap_or_else(|e| e.into_inner()).remove(session_id);
+    }
+
+    /// A renewal kept these leases (session, epoch) until `until` at least: each one held
+    /// here at that epoch lasts that long (a later instant a claim gave is kept).
+    pub fn extend(&self, renewed: &[(String, i64)], until: Instant) {
+        let mut held = self.write();
+        for (session, epoch) in renewed {
+            if let Some(lease) = held.get_mut(session).filter(|lease| lease.epoch == *epoch) {
+                lease.until = lease.until.max(until);
+            }
+        }
+    }
+
+    /// Where this node stands on the session now.
+    pub fn standing(&self, session_id: &str) -> Standing {
+        let held = self.held.read().unwrap_or_else(|e| e.into_inner()).get(session_id).copied();
+        match held {
+            Some(lease) if Instant::now() < lease.until => Standing::Held(lease.until),
+            Some(_) => Standing::Lapsed,
+            None if self.was_lost(session_id) => Standing::Lost,
+            None => Standing::Free,
+        }
     }
 
     /// The lease was lost: the session is forgotten and fenced off (see `lost`).
@@ -124,31 +189,33 @@ impl LeaseBook {
 
     /// Forgets the session; its epoch, if it was held.
     pub fn drop_session(&self, session_id: &str) -> Option<i64> {
-        self.write().remove(session_id)
+        self.write().remove(session_id).map(|lease| lease.epoch)
     }
 
     pub fn epoch(&self, session_id: &str) -> Option<i64> {
-        self.held.read().unwrap_or_else(|e| e.into_inner()).get(session_id).copied()
+        self.held.read().unwrap_or_else(|e| e.into_inner()).get(session_id).map(|lease| lease.epoch)
     }
 
     pub fn held(&self) -> Vec<(String, i64)> {
         let held = self.held.read().unwrap_or_else(|e| e.into_inner());
-        held.iter().map(|(session, epoch)| (session.clone(), *epoch)).collect()
+        held.iter().map(|(session, lease)| (session.clone(), lease.epoch)).collect()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, i64>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Held>> {
         self.held.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether a write may touch `session_id`, given its lease row (node, epoch, unexpired);
-    /// `Fenced` if not.
+    /// `Fenced` if not. A lease this node holds must also not have run out by its own clock.
     pub fn admits(&self, session_id: &str, row: Option<(&str, i64, bool)>) -> Result<(), StoreError> {
-        let mine = self.epoch(session_id);
+        let mine = self.held.read().unwrap_or_else(|e| e.into_inner()).get(session_id).copied();
         let admitted = match (row, mine) {
             (None, None) => !self.was_lost(session_id),
             (None, Some(_)) => false,
             (Some((node, _, live)), None) => (node == self.node || !live) && !self.was_lost(session_id),
-            (Some((node, epoch, live)), Some(held)) => node == self.node && epoch == held && live,
+            (Some((node, epoch, live)), Some(held)) => {
+                node == self.node && epoch == held.epoch && live && Instant::now() < held.until
+            }
         };
         match admitted {
             true => Ok(()),
@@ -178,8 +245,9 @@ pub fn sessions_written<'a>(ops: impl Iterator<Item = &'a WriteOp>) -> Vec<Strin
             | WriteOp::CompactHistory { session_id, .. } => add(session_id),
             WriteOp::ClaimTurn(claim) => add(&claim.session_id),
             WriteOp::InsertCheckpoint { record, .. } => add(&record.session_id),
-            WriteOp::AppendLog { entries, .. } => {
-                for event in entries.iter().flatten() {
+            // Deltas too: they are not kept, but other nodes stream them (`live`).
+            WriteOp::AppendLog { entries, live, .. } => {
+                for event in entries.iter().flatten().chain(live.iter().map(|(_, delta)| delta)) {
                     if let Some(session) = &event.session_id {
                         add(session);
                     }
@@ -197,9 +265,29 @@ pub fn sessions_written<'a>(ops: impl Iterator<Item = &'a WriteOp>) -> Vec<Strin
     sessions
 }
 
+/// A delta of `session` as a log append streams it to other nodes (for tests).
+#[cfg(test)]
+pub(crate) fn streamed_delta(session: &str) -> super::LoggedEvent {
+    super::LoggedEvent {
+        seq: 0,
+        tenant: Some("t".into()),
+        session_id: Some(session.into()),
+        actor: None,
+        kind: "message.delta".into(),
+        at: "now".into(),
+        body: "{}".into(),
+        form: crate::domain::STORED_FORM,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Long past any test's end, by this node's clock.
+    fn later() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(3600)
+    }
 
     #[test]
     fn a_write_is_admitted_only_where_no_other_node_holds_the_session_and_this_one_holds_what_it_thinks() {
@@ -208,7 +296,7 @@ mod tests {
         assert!(book.admits("s", None).is_ok());
         assert!(book.admits("s", Some(("b", 4, false))).is_ok(), "an expired lease of another node");
         assert!(book.admits("s", Some(("b", 4, true))).is_err(), "a live lease of another node");
-        book.hold("s", 7);
+        book.hold("s", 7, later());
         assert!(book.admits("s", Some(("a", 7, true))).is_ok());
         assert!(book.admits("s", Some(("a", 7, false))).is_err(), "its own lease ran out");
         assert!(book.admits("s", Some(("a", 9, true))).is_err(), "claimed again since, at another epoch");
@@ -218,14 +306,57 @@ mod tests {
         assert!(book.admits("s", None).is_ok());
         // A lease lost while the node may still act on the session: nothing it writes is
         // kept, even once no node holds the session, until it has stopped or claims again.
-        book.hold("s", 11);
+        book.hold("s", 11, later());
         book.lose("s");
         assert!(book.admits("s", None).is_err(), "released by its new holder, still fenced here");
         assert!(book.admits("s", Some(("b", 12, false))).is_err());
         book.settle("s");
         assert!(book.admits("s", None).is_ok());
         book.lose("s");
-        book.hold("s", 13);
+        book.hold("s", 13, later());
         assert!(book.admits("s", Some(("a", 13, true))).is_ok(), "claimed again");
+    }
+
+    #[test]
+    fn a_lease_that_may_have_run_out_by_this_nodes_clock_admits_nothing_until_a_renewal_says_otherwise() {
+        let book = LeaseBook::new("a");
+        assert_eq!(book.standing("s"), Standing::Free);
+        let until = later();
+        book.hold("s", 7, until);
+        assert_eq!(book.standing("s"), Standing::Held(until));
+        assert!(Standing::Held(until).may_publish() && Standing::Free.may_publish());
+        // Its clock passed the lease's end (a pause, a late renewal): the database still
+        // says the lease is live, and still nothing is written or published.
+        book.hold("s", 7, Instant::now());
+        assert_eq!(book.standing("s"), Standing::Lapsed);
+        assert!(!Standing::Lapsed.may_publish());
+        assert!(book.admits("s", Some(("a", 7, true))).is_err(), "refused by this node's own clock");
+        // A renewal of another epoch says nothing of this one; one of this epoch extends it.
+        book.extend(&[("s".to_string(), 6)], later());
+        assert_eq!(book.standing("s"), Standing::Lapsed);
+        book.extend(&[("s".to_string(), 7), ("t".to_string(), 7)], until);
+        assert_eq!(book.standing("s"), Standing::Held(until));
+        assert!(book.admits("s", Some(("a", 7, true))).is_ok());
+        assert_eq!(book.standing("t"), Standing::Free, "a renewal holds nothing this node did not");
+        // A renewal that started before a later claim does not shorten it.
+        book.extend(&[("s".to_string(), 7)], Instant::now());
+        assert_eq!(book.standing("s"), Standing::Held(until));
+        // Lost: nothing, until it has settled.
+        book.lose("s");
+        assert_eq!(book.standing("s"), Standing::Lost);
+        assert!(!Standing::Lost.may_publish());
+        book.settle("s");
+        assert_eq!(book.standing("s"), Standing::Free);
+    }
+
+    #[test]
+    fn a_delta_names_its_session_for_the_fence_though_it_is_not_kept() {
+        let append = WriteOp::AppendLog {
+            entries: vec![None, Some(streamed_delta("kept")), None],
+            floor: 0,
+            keep: 10,
+            live: vec![(0, streamed_delta("streamed")), (2, streamed_delta("kept"))],
+        };
+        assert_eq!(sessions_written([append].iter()), ["kept", "streamed"]);
     }
 }

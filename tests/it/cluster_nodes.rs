@@ -27,10 +27,17 @@ struct NodeProcess {
     config: String,
     database: String,
     workspace: std::path::PathBuf,
+    /// Environment variables it was started with, beside the database's.
+    env: Vec<(String, String)>,
 }
 
 impl NodeProcess {
     fn spawn(database: &str, id: &str, workspace: &Path, extra: &str) -> NodeProcess {
+        NodeProcess::spawn_with_env(database, id, workspace, extra, &[])
+    }
+
+    /// `spawn`, with environment variables set for it (`KESTREL_*` overrides).
+    fn spawn_with_env(database: &str, id: &str, workspace: &Path, extra: &str, env: &[(&str, &str)]) -> NodeProcess {
         let data = tempfile::tempdir().unwrap();
         let config = format!(
             "[store]\nurl = \"{database}\"\n\
@@ -38,11 +45,24 @@ impl NodeProcess {
              [[auth.tokens]]\ntenant = \"default\"\ntoken = \"{TOKEN}\"\nadmin = true\n\
              [builtin]\ndelay_ms = 1\n{extra}"
         );
-        // The cluster's database, whatever store the rest of the run uses.
-        let (child, base, admin) =
-            spawn_binary_with(data.path(), workspace, &config, &[("KESTREL_DATABASE_URL", database)]);
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let (database, workspace) = (database.to_string(), workspace.to_path_buf());
-        NodeProcess { child, base, admin, data, config, database, workspace }
+        let (child, base, admin) = NodeProcess::start(&data, &config, &database, &workspace, &env);
+        NodeProcess { child, base, admin, data, config, database, workspace, env }
+    }
+
+    /// The binary on `data`, with the cluster's database whatever store the rest of the
+    /// run uses.
+    fn start(
+        data: &tempfile::TempDir,
+        config: &str,
+        database: &str,
+        workspace: &Path,
+        env: &[(String, String)],
+    ) -> (Child, String, String) {
+        let mut all = vec![("KESTREL_DATABASE_URL", database)];
+        all.extend(env.iter().map(|(name, value)| (name.as_str(), value.as_str())));
+        spawn_binary_with(data.path(), workspace, config, &all)
     }
 
     /// Stops it as an operator would (SIGTERM: a clean shutdown), then starts it again on the
@@ -50,8 +70,8 @@ impl NodeProcess {
     fn restart(&mut self) {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         self.child.wait().unwrap();
-        let env = [("KESTREL_DATABASE_URL", self.database.as_str())];
-        let (child, base, admin) = spawn_binary_with(self.data.path(), &self.workspace, &self.config, &env);
+        let (child, base, admin) =
+            NodeProcess::start(&self.data, &self.config, &self.database, &self.workspace, &self.env);
         (self.child, self.base, self.admin) = (child, base, admin);
     }
 
@@ -461,10 +481,9 @@ fn a_stream_relayed_from_a_holder_that_dies_goes_on_from_the_next_holder_losing_
 }
 
 #[test]
-fn a_stream_relayed_from_a_paused_holder_goes_on_from_the_next_holder_within_a_few_pings() {
+fn a_stream_relayed_from_a_paused_holder_goes_on_from_the_next_holder_after_a_lease_of_silence() {
     let Some(database) = pg_cluster::database() else { return };
-    let (_workspace, cluster, id, mut at_second) =
-        relayed_at_second(&database.url, "[server]\nsse_ping_interval_ms = 200\n");
+    let (_workspace, cluster, id, mut at_second) = relayed_at_second(&database.url, "");
     // Then the first node is paused, its sockets open.
     cluster[0].signal(nix::sys::signal::Signal::SIGSTOP);
     // Its lease runs out and another node holds the session (the relay's reopen or a sweep
@@ -475,7 +494,7 @@ fn a_stream_relayed_from_a_paused_holder_goes_on_from_the_next_holder_within_a_f
     let sent = cluster[2].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": "two" }));
     assert_eq!(sent.status, 202, "{}", sent.text);
     let run = sent.json["runId"].as_str().unwrap().to_string();
-    // The relay stopped waiting on the silent holder after three pings' time and went on
+    // The relay stopped waiting on the silent holder after a lease of silence and went on
     // from the new one: the run reaches the second node's stream (within `WAIT`, where the
     // paused holder's stream would have kept it for the 600 s a forwarded answer may take).
     let events = at_second.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
@@ -490,6 +509,95 @@ fn a_stream_relayed_from_a_paused_holder_goes_on_from_the_next_holder_within_a_f
     let after = at_second.collect_until(|e| is_run_end(e) && e["event"]["runId"] == run.as_str());
     assert_eq!(after.last().unwrap()["event"]["type"], "run.finished", "{after:?}");
     assert!(after[0]["seq"].as_u64() > seqs.last().copied(), "the stream goes on after what it passed on");
+}
+
+/// The events of `stream` after the first that says the session was taken over (its turn
+/// stored `interrupted` by its next holder), up to the end of run `until`.
+fn after_the_take_over(events: &[Value]) -> &[Value] {
+    let taken = events
+        .iter()
+        .position(|e| event_type(e) == "session.updated" && e["event"]["session"]["status"] == "interrupted");
+    &events[taken.map_or(events.len(), |at| at + 1)..]
+}
+
+/// Collects `stream`'s events until run `run` ends there, waiting at most `within` for it.
+fn until_run_ends(stream: &mut SseClient, run: &str, within: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + within;
+    let mut events = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some((_, event)) = stream.next_event(left) else {
+            panic!("run {run} did not end on the stream within {within:?}; it had {events:#?}")
+        };
+        let ended = is_run_end(&event) && event["event"]["runId"] == run;
+        events.push(event);
+        if ended {
+            return events;
+        }
+    }
+}
+
+#[test]
+fn a_holder_paused_past_its_lease_sends_nothing_more_and_a_third_nodes_stream_moves_on_within_a_lease() {
+    let Some(database) = pg_cluster::database() else { return };
+    let workspace = tempfile::tempdir().unwrap();
+    // The SSE ping interval is the default (15 s): a relay that waited three of them would
+    // keep the client on the silent holder for 45 s. The echo streams a word each 40 ms, so
+    // the first node's turn is still streaming when it wakes.
+    let slow = [("KESTREL_BUILTIN_DELAY_MS", "40")];
+    let cluster: Vec<NodeProcess> = (1..=3)
+        .map(|n| NodeProcess::spawn_with_env(&database.url, &format!("n{n}"), workspace.path(), "", &slow))
+        .collect();
+    let id = create_session(&cluster[0]);
+    // The first node holds the session (its stream claimed it); the client streams at the
+    // other two are relayed from it.
+    let _at_first = cluster[0].events(&id);
+    let (mut at_second, mut at_third) = (cluster[1].events(&id), cluster[2].events(&id));
+    let long = vec!["word"; 2_000].join(" ");
+    let sent = cluster[0].client().post(&format!("/api/sessions/{id}/messages"), json!({ "content": long }));
+    assert_eq!(sent.status, 202, "{}", sent.text);
+    let old_run = sent.json["runId"].as_str().unwrap().to_string();
+    let texts = |e: &Value| event_type(e) == "message.delta" && e["event"]["channel"] == "text";
+    let streaming = at_third.collect_until(texts);
+    let old_message = streaming.last().unwrap()["event"]["messageId"].as_str().unwrap().to_string();
+    at_second.collect_until(texts);
+
+    // The holder is paused mid-answer, its sockets open; another node takes the session over.
+    cluster[0].signal(nix::sys::signal::Signal::SIGSTOP);
+    wait_until("the paused node's session to be taken over", || stored_status(&database.url, &id) == "interrupted");
+    // The new holder's run reaches the third node's stream within a lease and 5 s: its relay
+    // gave up on the silent holder after a lease period and went on from the new one.
+    let run = message_when_served(&cluster[1], &id, "two");
+    let within = Duration::from_millis(LEASE_MS) + Duration::from_secs(5);
+    let mut third = until_run_ends(&mut at_third, &run, within);
+    let mut second = until_run_ends(&mut at_second, &run, within);
+    for events in [&third, &second] {
+        assert_eq!(event_type(events.last().unwrap()), "run.finished", "{events:#?}");
+    }
+
+    // The paused holder wakes with its turn mid-answer and a run it still thinks it has, and
+    // finds at its next heartbeat that it lost the lease. Nothing it does meanwhile reaches
+    // a client: after the take-over, no frame of its run and no delta of its message at
+    // either node, up to the end of a run after its wake.
+    cluster[0].signal(nix::sys::signal::Signal::SIGCONT);
+    cluster[1].wait_heartbeats("n1", 3);
+    let last = message_when_served(&cluster[2], &id, "three");
+    third.extend(until_run_ends(&mut at_third, &last, within));
+    second.extend(until_run_ends(&mut at_second, &last, within));
+    for (node, events) in [("n3", &third), ("n2", &second)] {
+        let after = after_the_take_over(events);
+        assert!(!after.is_empty(), "the take-over reached the stream at {node}: {events:#?}");
+        let stale: Vec<&Value> = after
+            .iter()
+            .filter(|e| {
+                let event = &e["event"];
+                event["runId"] == old_run.as_str()
+                    || event["messageId"] == old_message.as_str()
+                    || event["message"]["id"] == old_message.as_str()
+            })
+            .collect();
+        assert!(stale.is_empty(), "the paused holder's frames reached the stream at {node}: {stale:#?}");
+    }
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod budgets;
 mod checkpoints;
 mod cli;
 mod cluster;
+mod cluster_auth;
 mod cluster_nodes;
 mod console;
 mod console_permissions;

@@ -106,7 +106,7 @@ impl AdminApi {
         }
         // The key is checked before the route, so a caller without one learns nothing of them.
         if !self.auth_disabled && path != "/admin/openapi.json" {
-            authenticate(&self.bae, request, KeyRole::Admin)?;
+            authenticate(&self.bae, request, KeyRole::Admin, crate::api::Rate::Count)?;
         }
         let found = found.ok_or_else(not_found)?;
         let method = request.method().to_string();

@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 use crate::api::bae::core::Bae;
 use crate::api::bae::core::{Attached, BaeError, Denied};
 use crate::api::routes::{self, RouteDef};
+use crate::api::{Door, Rate};
 use crate::auth::keys::KeyRole;
 use crate::auth::{self, BearerError};
 use crate::http::{EdgeError, Handler, Reply, Request};
@@ -72,65 +73,57 @@ impl ClientApi {
         Arc::new(ClientApi { bae })
     }
 
-    fn dispatch(&self, request: &mut Request) -> Result<Reply, Problem> {
-        let path = request.path().to_string();
-        let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
-        request.set_route(found.route.template);
-        let method = request.method().to_string();
-        let served = found.route.methods[0];
-        if method != served && !(served == "GET" && method == "HEAD") {
-            let methods: &[&str] = if served == "GET" { &["GET", "HEAD"] } else { found.route.methods };
-            return Err(Problem::method_not_allowed(&path, methods));
-        }
-        let id = found.param(0);
-        match found.kind() {
+    fn dispatch(&self, request: &mut Request, admitted: Admitted) -> Result<Reply, Problem> {
+        match admitted {
             // BAE's empty 200, with a media type so clients and the document agree on it.
-            Kind::Health => Ok(Reply::File {
+            Admitted::Health => Ok(Reply::File {
                 content_type: "text/plain; charset=utf-8",
                 body: Vec::new(),
                 cache_control: "no-store",
                 policy: &[],
             }),
-            Kind::Meta => Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] }))),
-            Kind::Sessions => self.open(request),
-            Kind::Join => self.join(request, id),
-            Kind::Session => self.close(request, id),
-            Kind::Events => self.events(request, id),
-            Kind::Participants => self.participants(request, id),
-            Kind::Rpc => rpc::handle(&self.bae, request, id),
+            Admitted::Meta => {
+                Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] })))
+            }
+            Admitted::Open(client) => self.open(request, &client),
+            Admitted::Join { client, id } => self.join(request, &client, &id),
+            Admitted::Close(session) => {
+                self.bae.close(&session)?;
+                Ok(json_reply(200, &json!({ "session_id": session.id, "state": "closed" })))
+            }
+            Admitted::Events(session) => events_page(&self.bae, request, &session.id),
+            Admitted::Participants(session) => {
+                let drivers = self.bae.drivers(&session.id)?;
+                Ok(json_reply(200, &json!({ "drivers": drivers })))
+            }
+            Admitted::Rpc { key, session } => rpc::handle(&self.bae, request, key, session),
         }
     }
 
-    fn open(&self, request: &mut Request) -> Result<Reply, Problem> {
-        let client = authenticate(&self.bae, request, KeyRole::Client)?;
+    fn open(&self, request: &mut Request, client: &KeyRecord) -> Result<Reply, Problem> {
         let attach = body::attach(request, false)?;
-        let attached = self.bae.open(&client, attach)?;
+        let attached = self.bae.open(client, attach)?;
         Ok(json_reply(201, &attached_json(&attached)))
     }
 
-    fn join(&self, request: &mut Request, id: &str) -> Result<Reply, Problem> {
-        let client = authenticate(&self.bae, request, KeyRole::Client)?;
+    fn join(&self, request: &mut Request, client: &KeyRecord, id: &str) -> Result<Reply, Problem> {
         let attach = body::attach(request, true)?;
-        let attached = self.bae.join(&client, id, attach)?;
+        let attached = self.bae.join(client, id, attach)?;
         Ok(json_reply(201, &attached_json(&attached)))
     }
+}
 
-    fn close(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
-        let (_, session) = authorize_session(&self.bae, request, id)?;
-        self.bae.close(&session)?;
-        Ok(json_reply(200, &json!({ "session_id": session.id, "state": "closed" })))
-    }
-
-    fn events(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
-        let (_, session) = authorize_session(&self.bae, request, id)?;
-        events_page(&self.bae, request, &session.id)
-    }
-
-    fn participants(&self, request: &Request, id: &str) -> Result<Reply, Problem> {
-        let (_, session) = authorize_session(&self.bae, request, id)?;
-        let drivers = self.bae.drivers(&session.id)?;
-        Ok(json_reply(200, &json!({ "drivers": drivers })))
-    }
+/// A request `ClientApi::admit` let in: its route, with the key (and the session)
+/// it was authenticated by.
+pub enum Admitted {
+    Health,
+    Meta,
+    Open(KeyRecord),
+    Join { client: KeyRecord, id: String },
+    Close(BaeSessionRecord),
+    Events(BaeSessionRecord),
+    Participants(BaeSessionRecord),
+    Rpc { key: KeyRecord, session: BaeSessionRecord },
 }
 
 /// A page of a session's events as `{items, next_cursor}` (the admin door shares it).
@@ -147,8 +140,10 @@ pub(crate) fn events_page(bae: &Bae, request: &Request, session_id: &str) -> Res
     Ok(Reply::Json { status: 200, body, headers: Vec::new() })
 }
 
-/// The key of `role` the request's bearer token is; 401 with BAE's wording otherwise.
-pub(crate) fn authenticate(bae: &Bae, request: &Request, role: KeyRole) -> Result<KeyRecord, Problem> {
+/// The key of `role` the request's bearer token is; 401 with BAE's wording otherwise. A
+/// client key's request is taken from its profile's rate limit unless another node counted
+/// it (`Rate::Counted`).
+pub(crate) fn authenticate(bae: &Bae, request: &Request, role: KeyRole, rate: Rate) -> Result<KeyRecord, Problem> {
     let token = bearer(request)?;
     let denied = match role {
         KeyRole::Client => Denied::ClientKey,
@@ -156,14 +151,14 @@ pub(crate) fn authenticate(bae: &Bae, request: &Request, role: KeyRole) -> Resul
         KeyRole::Admin => Denied::AdminKey,
     };
     let key = bae.authenticate(role, token)?.ok_or_else(|| Problem::from(BaeError::Unauthorized(denied)))?;
-    if let Some(profile_id) = key.profile_id.as_deref().filter(|_| role == KeyRole::Client) {
-        admit(bae, profile_id)?;
+    if let Some(profile_id) = key.profile_id.as_deref().filter(|_| role == KeyRole::Client && rate == Rate::Count) {
+        count_request(bae, profile_id)?;
     }
     Ok(key)
 }
 
 /// Takes one request from the rate limit of the profile's budget (Kestrel's extension).
-fn admit(bae: &Bae, profile_id: &str) -> Result<(), Problem> {
+fn count_request(bae: &Bae, profile_id: &str) -> Result<(), Problem> {
     bae.admit_request(profile_id).map_err(Problem::rate_limited)
 }
 
@@ -172,15 +167,19 @@ fn bearer(request: &Request) -> Result<&str, Problem> {
 }
 
 /// The session key of `id` the request carries, and the session; 401 for any other key or
-/// a session that does not exist.
+/// a session that does not exist. Taken from the session's profile's rate limit unless
+/// another node counted it.
 pub(crate) fn authorize_session(
     bae: &Bae,
     request: &Request,
     id: &str,
+    rate: Rate,
 ) -> Result<(KeyRecord, BaeSessionRecord), Problem> {
     let token = bearer(request)?;
     let (key, session) = bae.authorize_session(token, id)?;
-    admit(bae, &session.profile_id)?;
+    if rate == Rate::Count {
+        count_request(bae, &session.profile_id)?;
+    }
     Ok((key, session))
 }
 
@@ -207,9 +206,52 @@ pub(crate) fn json_reply(status: u16, value: &Value) -> Reply {
     Reply::Json { status, body: value.to_string().into_bytes(), headers: Vec::new() }
 }
 
+impl Door for ClientApi {
+    type Admitted = Admitted;
+    type Refusal = Problem;
+
+    /// The route a request matches, with the key (and session) it is authenticated by: the
+    /// one place this door decides who calls, before anything is done for the request.
+    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, Problem> {
+        let path = request.path().to_string();
+        let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
+        request.set_route(found.route.template);
+        let method = request.method().to_string();
+        let served = found.route.methods[0];
+        if method != served && !(served == "GET" && method == "HEAD") {
+            let methods: &[&str] = if served == "GET" { &["GET", "HEAD"] } else { found.route.methods };
+            return Err(Problem::method_not_allowed(&path, methods));
+        }
+        let id = found.param(0);
+        Ok(match found.kind() {
+            Kind::Health => Admitted::Health,
+            Kind::Meta => Admitted::Meta,
+            Kind::Sessions => Admitted::Open(authenticate(&self.bae, request, KeyRole::Client, rate)?),
+            Kind::Join => {
+                Admitted::Join { client: authenticate(&self.bae, request, KeyRole::Client, rate)?, id: id.to_string() }
+            }
+            Kind::Session => Admitted::Close(authorize_session(&self.bae, request, id, rate)?.1),
+            Kind::Events => Admitted::Events(authorize_session(&self.bae, request, id, rate)?.1),
+            Kind::Participants => Admitted::Participants(authorize_session(&self.bae, request, id, rate)?.1),
+            Kind::Rpc => {
+                let (key, session) = authorize_session(&self.bae, request, id, rate)?;
+                Admitted::Rpc { key, session }
+            }
+        })
+    }
+
+    fn refuse(&self, refusal: Problem) -> Reply {
+        refusal.into_reply()
+    }
+
+    fn serve(&self, request: &mut Request, admitted: Admitted) -> Reply {
+        self.dispatch(request, admitted).unwrap_or_else(Problem::into_reply)
+    }
+}
+
 impl Handler for ClientApi {
     fn handle(&self, request: &mut Request) -> Reply {
-        self.dispatch(request).unwrap_or_else(Problem::into_reply)
+        self.answer(request)
     }
 
     fn internal_error(&self) -> Reply {

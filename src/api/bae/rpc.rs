@@ -10,14 +10,14 @@ use serde_json::{Map, Value};
 
 use super::problem::Problem;
 use super::streams::{error_frame, RpcId, TurnKind, TurnStream, WatchStream};
-use super::{authorize_session, body, wire};
+use super::{body, wire};
 use crate::api::bae::core::runtime::InvalidParams;
 use crate::api::bae::core::Bae;
 use crate::api::bae::core::{BaeOp, Compact, RpcError, SendMessage, UserMessage};
 use crate::bus::{Filter, Scope};
 use crate::domain::{Event, Role};
 use crate::http::{Framing, Reply, Request, Stream};
-use crate::store::{KeyRecord, BAE_TENANT};
+use crate::store::{BaeSessionRecord, KeyRecord, BAE_TENANT};
 
 /// A parsed request: its id (`None` for a notification), method and params.
 struct Call {
@@ -33,8 +33,8 @@ struct Context<'a> {
     session_id: String,
 }
 
-pub fn handle(bae: &Bae, request: &mut Request, session_id: &str) -> Result<Reply, Problem> {
-    let (key, session) = authorize_session(bae, request, session_id)?;
+/// A call on a session, by `key` (the session's, as the door admitted it).
+pub fn handle(bae: &Bae, request: &mut Request, key: KeyRecord, session: BaeSessionRecord) -> Result<Reply, Problem> {
     let bytes = body::read(request)?;
     let call = match parse(&bytes) {
         Ok(call) => call,

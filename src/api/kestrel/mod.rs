@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::api::routes::{self, RouteDef};
+use crate::api::{Door, Rate};
 use crate::auth::{self, TokenSet};
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
@@ -217,42 +218,43 @@ impl KestrelApi {
         })
     }
 
-    fn authenticate(&self, request: &Request) -> Result<Caller, ApiError> {
-        if self.tokens.is_open() {
+    /// The caller a request's token names, taken from its tenant's rate limit unless another
+    /// node counted it (`Rate::Counted`): the one place the Kestrel door authenticates.
+    fn authenticate(&self, request: &Request, rate: Rate) -> Result<Caller, ApiError> {
+        let caller = if self.tokens.is_open() {
             // No token: a loopback server with one user, who is its operator.
-            return Ok(Caller { tenant: DEFAULT_TENANT.to_string(), name: None, admin: true });
-        }
-        // `?token=` is for clients that cannot set headers (EventSource).
-        let presented = auth::bearer(request.header("Authorization")).ok().or_else(|| request.query("token"));
-        match presented.and_then(|token| self.tokens.holder(token)) {
-            Some(token) => {
-                Ok(Caller { tenant: token.tenant.clone(), name: Some(token.name.clone()), admin: token.admin })
+            Caller { tenant: DEFAULT_TENANT.to_string(), name: None, admin: true }
+        } else {
+            // `?token=` is for clients that cannot set headers (EventSource).
+            let presented = auth::bearer(request.header("Authorization")).ok().or_else(|| request.query("token"));
+            match presented.and_then(|token| self.tokens.holder(token)) {
+                Some(token) => {
+                    Caller { tenant: token.tenant.clone(), name: Some(token.name.clone()), admin: token.admin }
+                }
+                None => return Err(ApiError::unauthorized()),
             }
-            None => Err(ApiError::unauthorized()),
+        };
+        if rate == Rate::Count {
+            let allowance = self.engine.tenant_allowance(&caller.tenant);
+            self.engine.admit_request(&allowance).map_err(ApiError::rate_limited)?;
         }
+        Ok(caller)
     }
 
-    fn dispatch(&self, request: &mut Request) -> Result<Reply, ApiError> {
-        let path = request.path().to_string();
-        let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
-        request.set_route(found.route.template);
+    fn dispatch(&self, request: &mut Request, admitted: Admitted) -> Result<Reply, ApiError> {
+        let Admitted { path, kind, id, second, caller } = admitted;
+        let (id, second) = (id.as_str(), second.as_str());
+        let caller = match (kind, caller) {
+            (Kind::Console | Kind::Asset, _) => return console_file(&path),
+            (Kind::PluginAsset, _) => return meta::plugin_asset(self, id, second),
+            (Kind::Health, _) => return meta::health(self),
+            (Kind::OpenApi, _) => return Ok(crate::api::openapi::main_document()),
+            (_, Some(caller)) => caller,
+            // `admit` names a caller for every other route; refused if it did not.
+            (_, None) => return Err(ApiError::unauthorized()),
+        };
         let method = request.method().to_string();
-        if !found.route.methods.contains(&method.as_str()) {
-            return Err(ApiError::method_not_allowed(found.route.methods));
-        }
-        let (id, second) = (found.param(0), found.param(1));
-        // Static files (the console, plugins' web assets), the health check and the OpenAPI
-        // document are never authenticated (as the spec says for static assets).
-        match found.kind() {
-            Kind::Console | Kind::Asset => return console_file(&path),
-            Kind::PluginAsset => return meta::plugin_asset(self, id, found.param(1)),
-            Kind::Health => return meta::health(self),
-            Kind::OpenApi => return Ok(crate::api::openapi::main_document()),
-            _ => {}
-        }
-        let caller = self.authenticate(request)?;
-        self.engine.admit_request(&self.engine.tenant_allowance(&caller.tenant)).map_err(ApiError::rate_limited)?;
-        match (found.kind(), method.as_str()) {
+        match (kind, method.as_str()) {
             (Kind::Bootstrap, _) => meta::bootstrap(self, &caller),
             (Kind::Config, _) => Ok(json(200, &self.config_view)),
             (Kind::Metrics, _) => Ok(metrics_reply(self.engine.render_metrics()?)),
@@ -309,9 +311,51 @@ impl KestrelApi {
     }
 }
 
+/// A request `KestrelApi::admit` let in: its route, with the route's parameters, and
+/// its caller (none for the routes anyone may ask).
+pub struct Admitted {
+    path: String,
+    kind: Kind,
+    id: String,
+    second: String,
+    caller: Option<Caller>,
+}
+
+impl Door for KestrelApi {
+    type Admitted = Admitted;
+    type Refusal = ApiError;
+
+    /// The route a request matches and its caller: authentication comes before anything is
+    /// done for the request, here or, in a cluster, at another node.
+    fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, ApiError> {
+        let path = request.path().to_string();
+        let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
+        request.set_route(found.route.template);
+        if !found.route.methods.contains(&request.method()) {
+            return Err(ApiError::method_not_allowed(found.route.methods));
+        }
+        let (kind, id, second) = (found.kind(), found.param(0).to_string(), found.param(1).to_string());
+        // Static files (the console, plugins' web assets), the health check and the OpenAPI
+        // document are never authenticated (as the spec says for static assets).
+        let caller = match kind {
+            Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi => None,
+            _ => Some(self.authenticate(request, rate)?),
+        };
+        Ok(Admitted { path, kind, id, second, caller })
+    }
+
+    fn refuse(&self, refusal: ApiError) -> Reply {
+        refusal.into_reply()
+    }
+
+    fn serve(&self, request: &mut Request, admitted: Admitted) -> Reply {
+        self.dispatch(request, admitted).unwrap_or_else(ApiError::into_reply)
+    }
+}
+
 impl Handler for KestrelApi {
     fn handle(&self, request: &mut Request) -> Reply {
-        self.dispatch(request).unwrap_or_else(ApiError::into_reply)
+        self.answer(request)
     }
 
     fn internal_error(&self) -> Reply {

@@ -200,11 +200,19 @@ mod tests {
         }
 
         fn claim(&self, session: &str, lease_ms: u64) -> Claim {
+            let started = std::time::Instant::now();
             let claim = self.membership.claim(session, self.book.node(), lease_ms).expect("claims");
             if let Claim::Held { epoch } = claim {
-                self.book.hold(session, epoch);
+                self.book.hold(session, epoch, started + std::time::Duration::from_millis(lease_ms));
             }
             claim
+        }
+
+        /// A delta of `session` alone: not kept, streamed by the other nodes.
+        fn stream_delta(&self, session: &str) -> Result<(), StoreError> {
+            let delta = super::super::super::cluster::streamed_delta(session);
+            let append = WriteOp::AppendLog { entries: vec![None], floor: 0, keep: 1000, live: vec![(0, delta)] };
+            self.backend.submit_and_wait(vec![append]).map(drop)
         }
 
         fn say(&self, session: &str, text: &str) -> Result<(), StoreError> {
@@ -272,6 +280,10 @@ mod tests {
         assert!(second > first, "{second} > {first}");
         let fenced = holder.say("s", "after losing it");
         assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
+        // Its deltas too: other nodes would stream them to their clients.
+        let fenced = holder.stream_delta("s");
+        assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
+        assert!(other.stream_delta("s").is_ok());
         assert!(other.say("s", "from the new holder").is_ok());
         assert_eq!(holder.membership.renew(holder.book.node(), 60_000).expect("renews"), vec![]);
         let texts: Vec<String> = a.backend.messages("s").expect("reads").iter().map(|m| m.text()).collect::<Vec<_>>();

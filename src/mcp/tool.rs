@@ -93,7 +93,9 @@ impl Pool {
 
     fn call(&self, tool: &str, arguments: Value, context: &ToolContext<'_>) -> Result<super::CallResult, McpError> {
         let (key, marker) = self.key(context);
-        self.client(&key, marker)?.call(tool, arguments, self.server.call_timeout())
+        // The run's cancel ends the wait at once and tells the server (`notifications/cancelled`),
+        // rather than leaving the call to run on after the run abandons it.
+        self.client(&key, marker)?.call_until(tool, arguments, self.server.call_timeout(), context.cancel.receiver())
     }
 
     /// A session was deleted: its own connection, if it had one, is closed.

@@ -15,12 +15,14 @@ mod auth;
 pub mod bae;
 mod cluster;
 mod providers;
+mod schedules;
 mod store;
 mod webhooks;
 pub use auth::{AuthConfig, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
 pub use cluster::ClusterConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
+pub use schedules::SchedulesConfig;
 pub use store::StoreConfig;
 pub use webhooks::{EndpointConfig, WebhooksConfig};
 
@@ -43,6 +45,8 @@ pub struct Config {
     pub mcp: bae::McpSection,
     /// Webhook deliveries, and the config file's endpoints.
     pub webhooks: webhooks::WebhooksConfig,
+    /// Scheduled runs: how often one may fire.
+    pub schedules: schedules::SchedulesConfig,
     /// Where state is kept: the data dir's SQLite file, or a PostgreSQL database.
     pub store: StoreConfig,
     /// Several nodes on one PostgreSQL database.
@@ -124,6 +128,9 @@ pub struct AgentConfig {
     pub compact_at: f64,
     /// The most recent turns a compaction keeps as they are.
     pub compaction_keep_turns: usize,
+    /// Sessions one Kestrel tenant may have at once; past it a create, a fork or a
+    /// schedule's fire is refused (`429 session_limit`).
+    pub max_sessions_per_tenant: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -177,6 +184,7 @@ impl Default for AgentConfig {
             tool_output_limit_chars: 50_000,
             compact_at: 0.8,
             compaction_keep_turns: 2,
+            max_sessions_per_tenant: 10_000,
         }
     }
 }

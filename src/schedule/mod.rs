@@ -200,6 +200,27 @@ mod tests {
 }
 
 #[cfg(test)]
+mod whole_seconds {
+    use super::Timing;
+
+    fn at(text: &str) -> i64 {
+        chrono::DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis()
+    }
+
+    /// Issue 35, finding 17: a schedule made at `…00.640` fired 640 ms late.
+    #[test]
+    fn fires_fall_on_whole_seconds_whatever_the_milliseconds_of_now() {
+        let minutely = Timing::parse("* * * * *", "UTC").unwrap();
+        assert_eq!(minutely.next_after(at("2026-03-02T12:00:00.640Z")), Some(at("2026-03-02T12:01:00Z")));
+        assert_eq!(minutely.next_after(at("2026-03-02T12:00:59.999Z")), Some(at("2026-03-02T12:01:00Z")));
+        let every_second = Timing::parse("* * * * * *", "UTC").unwrap();
+        assert_eq!(every_second.next_after(at("2026-03-02T12:00:00.640Z")), Some(at("2026-03-02T12:00:01Z")));
+        assert_eq!(every_second.next_after(at("2026-03-02T12:00:01Z")), Some(at("2026-03-02T12:00:02Z")));
+        assert_eq!(minutely.last_at_or_before(at("2026-03-02T12:01:00.640Z")), Some(at("2026-03-02T12:01:00Z")));
+    }
+}
+
+#[cfg(test)]
 mod clock_changes {
     use super::Timing;
 

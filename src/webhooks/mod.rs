@@ -147,4 +147,6 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// Deliveries in flight at once.
     pub senders: usize,
+    /// Deliveries of one tenant in flight at once (at most `senders`).
+    pub senders_per_tenant: usize,
 }

@@ -144,6 +144,19 @@ mod tests {
         }
     }
 
+    /// The seven encodings issue 35 found accepted: an IPv4 loopback inside IPv6 forms,
+    /// deprecated and reserved IPv6 space, and IPv4 special-purpose blocks.
+    #[test]
+    fn the_special_purpose_addresses_issue_35_found_are_refused() {
+        for inside in
+            ["::127.0.0.1", "::ffff:0:7f00:1", "2002:7f00:1::", "fec0::1", "100::1", "198.18.0.1", "192.0.0.1"]
+        {
+            assert!(!is_public(inside.parse().unwrap()), "{inside}");
+            let url = format!("http://{}/hook", if inside.contains(':') { format!("[{inside}]") } else { inside.into() });
+            assert!(matches!(check(&url, false), Err(TargetError::Private(_))), "{url}");
+        }
+    }
+
     #[test]
     fn urls_are_checked_for_shape_and_address() {
         assert!(matches!(check("ftp://example.com/", true), Err(TargetError::Invalid(_))));

@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 
 pub use audit::{truncated, AuditEntry, DecidedBy, Decision as AuditDecision, ARGUMENTS_CHARS};
 pub use book::Rulebook;
-pub use budget::{periods, Bucket, Budget, BudgetError, Spent};
+pub use budget::{periods, Admission, Bucket, Budget, BudgetError, Reserve, Spent};
 pub use command::CommandLine;
 pub use paths::PathNames;
 

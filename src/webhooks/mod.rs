@@ -2,12 +2,15 @@
 //! each subscribed to event types. Deliveries come from a durable outbox the store writes in
 //! the same transaction as each event (`store/webhooks.rs`), so a crash between the two neither
 //! loses nor invents one; the `kestrel-webhooks` thread sends them (`deliver.rs`), signed per
-//! Standard Webhooks (`sign.rs`), retried with backoff and jitter, to addresses checked again at
-//! every connection (`target.rs`).
+//! Standard Webhooks (`sign.rs`), retried with backoff and jitter, fairly across tenants and
+//! endpoints (`shares.rs`), to addresses checked again at every connection (`target.rs`)
+//! against one table of special-purpose addresses (`special.rs`).
 
 mod deliver;
 mod registry;
+mod shares;
 pub mod sign;
+pub mod special;
 pub mod target;
 
 pub use deliver::{start, Render, WebhookSender};

@@ -20,6 +20,8 @@ fn server(clock: &Arc<ManualClock>) -> TestServer {
     TestServer::start_with(|config| {
         config.clock = clock;
         config.agent.permissions.insert("run_command".into(), Permission::Ask);
+        // One test fires every ten seconds.
+        config.schedules.min_interval_secs = 10;
     })
 }
 

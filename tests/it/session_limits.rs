@@ -58,7 +58,7 @@ fn a_tenant_past_its_sessions_gets_429_at_create_fork_and_a_schedule_s_fire() {
     assert_eq!(server.get("/api/sessions").json["sessions"].as_array().unwrap().len(), 3);
 
     // A deleted session makes room again.
-    assert_eq!(server.delete(&format!("/api/sessions/{first}")).status, 200);
+    assert_eq!(server.delete(&format!("/api/sessions/{first}")).status, 204);
     let ran = server.post(&format!("/api/schedules/{schedule_id}/run"), json!({}));
     assert_eq!(ran.json["fire"]["outcome"], "fired", "{}", ran.text);
     server.post("/api/sessions", json!({})).assert_error(429, "session_limit");

@@ -146,31 +146,41 @@ impl Dispatcher {
         }
     }
 
-    /// Hands due deliveries to the free workers, fairly (see the module doc). The outbox is
-    /// read past the endpoints and tenants that may start no more; a batch read whole may
-    /// hide more that could start, so it is read again with what it started left out (each
-    /// read starts at least one, or every worker is busy).
+    /// Hands due deliveries to the free workers, fairly: level by level, first to the tenants
+    /// with nothing in flight, then to those with one, and so on to their share; so a free
+    /// worker goes to the tenant with the fewest deliveries in flight that has one due,
+    /// however many of other tenants' come before it in the outbox. Each read leaves out the
+    /// busy endpoints and the tenants at the level; a batch read whole may hide more, so it is
+    /// read again (each read starts at least one, or every worker is busy).
     fn dispatch(&mut self, jobs: &Sender<Delivery>) {
-        while !self.shares.full() {
-            let (webhooks, tenants) = (self.shares.busy_webhooks(), self.shares.full_tenants());
-            let busy = Busy { webhooks: &webhooks, tenants: &tenants };
-            let due = match self.store.readers().due_deliveries(crate::time::now_millis(), BATCH, &busy) {
-                Ok(due) => due,
-                Err(error) => return log::error!("the webhook outbox was not read: {error}"),
-            };
-            let whole_batch = due.len() == BATCH;
-            for (tenant, delivery) in due {
-                if !self.shares.may_start(&delivery.id, &delivery.webhook_id, &tenant) {
-                    continue;
-                }
-                let (id, webhook) = (delivery.id.clone(), delivery.webhook_id.clone());
-                if jobs.try_send(delivery).is_err() {
+        for level in 1..=self.shares.per_tenant() {
+            loop {
+                if self.shares.full() {
                     return;
                 }
-                self.shares.start(&id, &webhook, &tenant);
-            }
-            if !whole_batch {
-                return;
+                let (webhooks, tenants) = (self.shares.busy_webhooks(), self.shares.tenants_at(level));
+                let busy = Busy { webhooks: &webhooks, tenants: &tenants };
+                let due = match self.store.readers().due_deliveries(crate::time::now_millis(), BATCH, &busy) {
+                    Ok(due) => due,
+                    Err(error) => return log::error!("the webhook outbox was not read: {error}"),
+                };
+                let whole_batch = due.len() == BATCH;
+                let mut started = false;
+                for (tenant, delivery) in due {
+                    let below = self.shares.of_tenant(&tenant) < level;
+                    if !below || !self.shares.may_start(&delivery.id, &delivery.webhook_id, &tenant) {
+                        continue;
+                    }
+                    let (id, webhook) = (delivery.id.clone(), delivery.webhook_id.clone());
+                    if jobs.try_send(delivery).is_err() {
+                        return;
+                    }
+                    self.shares.start(&id, &webhook, &tenant);
+                    started = true;
+                }
+                if !whole_batch || !started {
+                    break;
+                }
             }
         }
     }

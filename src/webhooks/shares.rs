@@ -63,9 +63,19 @@ impl Shares {
         self.in_flight.values().map(|holder| holder.webhook.clone()).collect()
     }
 
-    /// The tenants with as many deliveries in flight as they may have.
-    pub(super) fn full_tenants(&self) -> Vec<String> {
-        self.by_tenant.iter().filter(|(_, count)| **count >= self.per_tenant).map(|(t, _)| t.clone()).collect()
+    /// Deliveries of one tenant in flight at most.
+    pub(super) fn per_tenant(&self) -> usize {
+        self.per_tenant
+    }
+
+    /// The tenant's deliveries in flight.
+    pub(super) fn of_tenant(&self, tenant: &str) -> usize {
+        self.by_tenant.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// The tenants with `level` deliveries in flight or more.
+    pub(super) fn tenants_at(&self, level: usize) -> Vec<String> {
+        self.by_tenant.iter().filter(|(_, count)| **count >= level).map(|(tenant, _)| tenant.clone()).collect()
     }
 }
 
@@ -82,18 +92,21 @@ mod tests {
         assert!(!shares.may_start("d1", "a2", "a"), "a delivery is in flight once");
         shares.start("d3", "a2", "a");
         assert!(!shares.may_start("d4", "a3", "a"), "the tenant has its share");
-        assert_eq!(shares.full_tenants(), ["a"]);
+        assert_eq!((shares.tenants_at(shares.per_tenant()), shares.of_tenant("a")), (vec!["a".to_string()], 2));
         let mut busy = shares.busy_webhooks();
         busy.sort();
         assert_eq!(busy, ["a1", "a2"]);
         assert!(shares.may_start("d5", "b1", "b"), "another tenant has the rest");
         shares.start("d5", "b1", "b");
+        let mut at_one = shares.tenants_at(1);
+        at_one.sort();
+        assert_eq!(at_one, ["a", "b"]);
         shares.start("d6", "c1", "c");
         assert!(shares.full());
         assert!(!shares.may_start("d7", "d1", "d"), "every sender is taken");
         shares.end("d1");
         assert!(shares.may_start("d2", "a1", "a"), "an ended delivery frees its endpoint and its share");
-        assert!(shares.full_tenants().is_empty());
+        assert!(shares.tenants_at(2).is_empty());
         shares.end("d1");
         assert!(shares.may_start("d2", "a1", "a"), "an end told twice counts once");
     }

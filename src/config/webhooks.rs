@@ -70,10 +70,7 @@ impl WebhooksConfig {
             allow_private_targets: self.allow_private_targets,
             timeout_ms: self.timeout_ms.max(100),
             senders: self.senders.clamp(1, 64),
-            senders_per_tenant: self
-                .senders_per_tenant
-                .unwrap_or(self.senders / 2)
-                .clamp(1, self.senders.clamp(1, 64)),
+            senders_per_tenant: self.senders_per_tenant.unwrap_or(self.senders / 2).clamp(1, self.senders.clamp(1, 64)),
         }
     }
 }

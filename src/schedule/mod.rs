@@ -230,15 +230,6 @@ mod tests {
         assert!(matches!(Timing::parse("61 * * * *", "UTC"), Err(TimingError::Cron(_))));
         assert!(matches!(Timing::parse("0 9 * * *", "Mars/Olympus"), Err(TimingError::Timezone(_))));
     }
-}
-
-#[cfg(test)]
-mod whole_seconds {
-    use super::Timing;
-
-    fn at(text: &str) -> i64 {
-        chrono::DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis()
-    }
 
     /// Issue 35, finding 17: a schedule made at `…00.640` fired 640 ms late.
     #[test]
@@ -262,8 +253,8 @@ mod whole_seconds {
         assert_eq!(gap("0,30 * * * * *"), Some(30_000));
         assert_eq!(gap("* * * * *"), Some(60_000));
         assert_eq!(gap("0 9 * * *"), Some(86_400_000));
-        // Once a day, but twice within a minute at 23:59 and 00:00.
         assert_eq!(gap("59 23 * * *"), Some(86_400_000));
+        // Four times a day, 23:59 and the next day's 00:00 a minute apart.
         assert_eq!(gap("0,59 0,23 * * *"), Some(60_000));
         // Every second, on one day of the year only.
         assert_eq!(gap("* * * 1 1 *"), Some(1_000));

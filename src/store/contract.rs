@@ -216,7 +216,8 @@ pub trait WebhookReads: Send + Sync {
     fn webhook(&self, id: &str) -> Result<Option<Webhook>, StoreError>;
     /// Pending deliveries of enabled endpoints due by `now_ms`, soonest first, each with its
     /// endpoint's tenant; none of the endpoints or tenants `busy` names.
-    fn due_deliveries(&self, now_ms: i64, limit: usize, busy: &Busy<'_>) -> Result<Vec<(String, Delivery)>, StoreError>;
+    fn due_deliveries(&self, now_ms: i64, limit: usize, busy: &Busy<'_>)
+        -> Result<Vec<(String, Delivery)>, StoreError>;
     /// When the next pending delivery of an enabled endpoint is due.
     fn next_delivery_at(&self) -> Result<Option<i64>, StoreError>;
     /// Whether any endpoint is enabled (without one, no delivery can be made or sent).

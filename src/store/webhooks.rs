@@ -4,8 +4,8 @@
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::contract::Busy;
+use super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::{LoggedEvent, StoreError};
 use crate::domain::STORED_FORM;
 use crate::webhooks::{Attempt, Delivery, DeliveryState, Webhook};
@@ -230,7 +230,12 @@ impl super::contract::WebhookReads for super::sqlite::Sqlite {
         })
     }
 
-    fn due_deliveries(&self, now_ms: i64, limit: usize, busy: &Busy<'_>) -> Result<Vec<(String, Delivery)>, StoreError> {
+    fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &Busy<'_>,
+    ) -> Result<Vec<(String, Delivery)>, StoreError> {
         let webhooks = serde_json::json!(busy.webhooks).to_string();
         let tenants = serde_json::json!(busy.tenants).to_string();
         self.with(|conn| {

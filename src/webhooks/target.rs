@@ -140,7 +140,8 @@ mod tests {
             ["::127.0.0.1", "::ffff:0:7f00:1", "2002:7f00:1::", "fec0::1", "100::1", "198.18.0.1", "192.0.0.1"]
         {
             assert!(!is_public(inside.parse().unwrap()), "{inside}");
-            let url = format!("http://{}/hook", if inside.contains(':') { format!("[{inside}]") } else { inside.into() });
+            let url =
+                format!("http://{}/hook", if inside.contains(':') { format!("[{inside}]") } else { inside.into() });
             assert!(matches!(check(&url, false), Err(TargetError::Private(_))), "{url}");
         }
     }

@@ -18,7 +18,7 @@ fn tokens_per_day(limit: u64) -> Budget {
 }
 
 /// Runs `each` on `n` threads released together, and returns what each returned.
-fn at_once<T: Send>(n: usize, each: impl Fn(usize) -> T + Sync) -> Vec<T> {
+pub(crate) fn at_once<T: Send>(n: usize, each: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let barrier = Arc::new(Barrier::new(n));
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..n)

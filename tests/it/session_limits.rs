@@ -3,30 +3,18 @@
 //! under concurrent creates; `schedules.min_interval_secs` at a schedule's create and at each
 //! fire; fires at the whole second. Schedules fire by a clock the test moves.
 
-use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kestrel::clock::{ManualClock, SharedClock};
 use serde_json::{json, Value};
 
-use crate::support::{event_type, SseClient, TestServer};
-
-fn at(text: &str) -> i64 {
-    chrono::DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis()
-}
+use crate::schedules::{at, next_fire};
+use crate::support::TestServer;
 
 fn schedule_of(server: &TestServer, id: &str) -> Value {
     let shown = server.get(&format!("/api/schedules/{id}"));
     assert_eq!(shown.status, 200, "{}", shown.text);
     shown.json
-}
-
-/// The next `schedule.fired` or `schedule.skipped` of `schedule` on `stream`.
-fn next_fire(stream: &mut SseClient, schedule: &str) -> Value {
-    let events = stream.collect_until(|e| {
-        matches!(event_type(e), "schedule.fired" | "schedule.skipped") && e["event"]["scheduleId"] == schedule
-    });
-    events.last().unwrap()["event"].clone()
 }
 
 #[test]
@@ -38,10 +26,8 @@ fn a_tenant_past_its_sessions_gets_429_at_create_fork_and_a_schedule_s_fire() {
         config.agent.max_sessions_per_tenant = 3;
     });
     let first = server.create_session(json!({}));
-    let schedule = server.post(
-        "/api/schedules",
-        json!({ "cron": "0 * * * *", "session": { "title": "hourly" }, "message": "report" }),
-    );
+    let schedule = server
+        .post("/api/schedules", json!({ "cron": "0 * * * *", "session": { "title": "hourly" }, "message": "report" }));
     assert_eq!(schedule.status, 201, "{}", schedule.text);
     let schedule_id = schedule.json["schedule"]["id"].as_str().unwrap().to_string();
     server.create_session(json!({}));
@@ -54,7 +40,11 @@ fn a_tenant_past_its_sessions_gets_429_at_create_fork_and_a_schedule_s_fire() {
     let mut stream = server.events("/api/events");
     clock.advance(Duration::from_secs(3600));
     let skipped = next_fire(&mut stream, &schedule_id);
-    assert_eq!((&skipped["type"], &skipped["reason"]), (&json!("schedule.skipped"), &json!("session_limit")), "{skipped}");
+    assert_eq!(
+        (&skipped["type"], &skipped["reason"]),
+        (&json!("schedule.skipped"), &json!("session_limit")),
+        "{skipped}"
+    );
     assert_eq!(server.get("/api/sessions").json["sessions"].as_array().unwrap().len(), 3);
 
     // A deleted session makes room again.
@@ -68,19 +58,7 @@ fn a_tenant_past_its_sessions_gets_429_at_create_fork_and_a_schedule_s_fire() {
 fn creates_at_once_never_pass_the_tenant_s_sessions() {
     let server = TestServer::start_with(|config| config.agent.max_sessions_per_tenant = 5);
     let client = server.client();
-    let barrier = Arc::new(Barrier::new(40));
-    let statuses: Vec<u16> = std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..40)
-            .map(|_| {
-                let (barrier, client) = (Arc::clone(&barrier), &client);
-                scope.spawn(move || {
-                    barrier.wait();
-                    client.post("/api/sessions", json!({})).status
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    });
+    let statuses = crate::budget_races::at_once(40, |_| client.post("/api/sessions", json!({})).status);
     assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 5, "{statuses:?}");
     assert!(statuses.iter().all(|s| *s == 201 || *s == 429), "{statuses:?}");
     assert_eq!(server.get("/api/sessions").json["sessions"].as_array().unwrap().len(), 5);
@@ -119,7 +97,11 @@ fn a_schedule_firing_more_often_than_the_minimum_is_refused_and_a_fire_too_soon_
     assert_eq!(next_fire(&mut stream, &flood_id)["type"], "schedule.fired");
     clock.advance(Duration::from_secs(1));
     let skipped = next_fire(&mut stream, &flood_id);
-    assert_eq!((&skipped["type"], &skipped["reason"]), (&json!("schedule.skipped"), &json!("min_interval")), "{skipped}");
+    assert_eq!(
+        (&skipped["type"], &skipped["reason"]),
+        (&json!("schedule.skipped"), &json!("min_interval")),
+        "{skipped}"
+    );
     let shown = schedule_of(&server, &flood_id);
     assert_eq!(shown["schedule"]["nextFireAt"], "2026-03-02T12:01:31.000Z", "{shown}");
     for _ in 0..30 {

@@ -2,8 +2,8 @@
 //! (`store/webhooks.rs` says what each write means). `enqueue` runs in the log append's
 //! transaction, so an event and its deliveries commit together.
 
-use super::super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::super::contract::Busy;
+use super::super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::super::webhooks::WebhookWrite;
 use super::super::{LoggedEvent, StoreError};
 use super::conn::{decode, Tx};
@@ -186,7 +186,12 @@ impl super::super::contract::WebhookReads for Postgres {
         })
     }
 
-    fn due_deliveries(&self, now_ms: i64, limit: usize, busy: &Busy<'_>) -> Result<Vec<(String, Delivery)>, StoreError> {
+    fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &Busy<'_>,
+    ) -> Result<Vec<(String, Delivery)>, StoreError> {
         self.with(|conn| {
             let sql = format!(
                 "SELECT {DELIVERY_COLUMNS}, (SELECT w.tenant FROM webhooks w WHERE w.id = d.webhook_id)

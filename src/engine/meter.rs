@@ -88,8 +88,8 @@ impl Drop for RunSlot {
 }
 
 /// A model call in flight, counted against its scope with what it reserved until it is
-/// dropped; then what `settle` said it used (committed to the store by then) counts instead.
-/// A scope with no spending limit holds none (`meter` unset).
+/// dropped; then what it used (committed to the store by then, `Shared::settle_usage`)
+/// counts instead. A call of a scope with no spending limit holds nothing (`held` unset).
 pub struct Reservation {
     held: Option<(Arc<Meter>, String)>,
     reserved: Reserve,
@@ -97,6 +97,11 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// The reservation of a call whose scope limits no spending: it holds nothing.
+    fn unheld() -> Reservation {
+        Reservation { held: None, reserved: Reserve::default(), used: (0, 0.0) }
+    }
+
     /// Whether the call's usage must be committed before the reservation is let go.
     fn is_held(&self) -> bool {
         self.held.is_some()
@@ -196,7 +201,7 @@ impl Meter {
         cancel: &CancelToken,
     ) -> Result<Option<Reservation>, EngineError> {
         if !allowance.budget.limits_spending() {
-            return Ok(Some(Reservation { held: None, reserved: call, used: (0, 0.0) }));
+            return Ok(Some(Reservation::unheld()));
         }
         loop {
             let woken = self.with_spent(&allowance.scope, spent, |spent, state| {
@@ -311,7 +316,7 @@ impl super::run::Run {
     ) -> Result<Option<Reservation>, EngineError> {
         let allowance = &self.allowance;
         if !allowance.budget.limits_spending() {
-            return Ok(Some(Reservation { held: None, reserved: Reserve::default(), used: (0, 0.0) }));
+            return Ok(Some(Reservation::unheld()));
         }
         let (tokens, cost) = route.most_used(estimate_input(request), DEFAULT_OUTPUT_RESERVE);
         let call = Reserve { calls: 1, tokens, cost };

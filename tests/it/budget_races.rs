@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use crate::bae::support::{Bae, Harness};
 use crate::fake_provider::anthropic;
 use crate::support::{wait_until, TestServer};
+use kestrel::domain::ModelPricing;
 use kestrel::policy::Budget;
 
 const LIMIT: u64 = 100;
@@ -127,4 +128,36 @@ fn fifty_bae_messages_at_once_pass_the_profile_s_budget_by_one_call_at_most() {
 #[test]
 fn five_hundred_bae_messages_at_once_pass_the_profile_s_budget_by_one_call_at_most() {
     bae_messages_at_once(500);
+}
+
+/// A BAE profile's calls cost what the prices of the model that answered say, so its
+/// `cost_per_day` holds (its calls were counted at no cost: they were priced by a name no
+/// model's id matched).
+#[test]
+fn a_bae_profile_s_calls_cost_what_their_model_s_prices_say() {
+    let bae = Bae::start_with(|config| {
+        let fake = config.providers.get_mut("fake").expect("the fake provider");
+        // A dollar an input token, two an output token.
+        let pricing = ModelPricing {
+            input_per_million: 1_000_000.0,
+            output_per_million: 2_000_000.0,
+            cached_input_per_million: None,
+            currency: "USD".into(),
+        };
+        fake.models[0].pricing = Some(pricing);
+    });
+    let body = json!({ "name": "priced", "primary_provider": "fake", "budget": { "cost_per_day": 15.0 } });
+    let profile = bae.admin_send("POST", "/admin/v1/profiles", Some(body));
+    assert_eq!(profile.status, 201, "{}", profile.text);
+    let profile_id = profile.json["id"].as_str().unwrap().to_string();
+    let (_, key) = bae.client_key(&profile_id);
+    bae.fake.script([anthropic::text_answer("hi")]);
+    let mut harness = Harness::open(bae.base(), &key, &[]);
+    let first = harness.send_message(json!("hello"));
+    assert_eq!(first.last().unwrap()["result"]["message"]["content"][0]["text"], "hi", "{first:?}");
+    let usage = bae.admin_send("GET", &format!("/admin/v1/usage?profile_id={profile_id}"), None);
+    assert_eq!(usage.json["items"][0]["dayCost"].as_f64(), Some(20.0), "10 in at $1, 5 out at $2: {}", usage.text);
+    let refused = harness.send_message(json!("again"));
+    let error = &refused.last().unwrap()["error"]["message"];
+    assert!(error.as_str().is_some_and(|m| m.starts_with("budget_exceeded:")), "{refused:?}");
 }

@@ -146,10 +146,10 @@ impl Schedules {
         if engine.store().readers().schedules_of(tenant)?.len() >= MAX_PER_TENANT {
             return Err(ScheduleError::TooMany);
         }
-        let now = self.context.clock.now_ms();
-        let next_at = timing.next_after(now).ok_or(ScheduleError::Timing(TimingError::Never))?;
+        let now_ms = self.context.clock.now_ms();
+        let next_at = timing.next_after(now_ms).ok_or(ScheduleError::Timing(TimingError::Never))?;
         let min_interval = self.context.min_interval_ms;
-        if let Some(gap) = timing.shortest_gap(now).filter(|gap| *gap < min_interval) {
+        if let Some(gap) = timing.shortest_gap(now_ms).filter(|gap| *gap < min_interval) {
             return Err(ScheduleError::TooFrequent { gap_secs: gap as f64 / 1000.0, min_secs: min_interval / 1000 });
         }
         let now = crate::time::now_rfc3339();

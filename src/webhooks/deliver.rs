@@ -9,9 +9,10 @@
 //!
 //! Fairness (`shares.rs`): an endpoint has one delivery in flight at most, a tenant
 //! `senders_per_tenant`; the outbox is read past the endpoints and tenants that may start no
-//! more, so one tenant's hanging endpoints never hold every sender, and the next delivery of
-//! any other tenant starts as soon as it is due. A job is handed over only to a free worker:
-//! at most `senders` are in flight, and the job channel holds that many.
+//! more, so one tenant's hanging endpoints never hold every sender and the other tenants'
+//! deliveries go out on the rest, and a free worker goes first to the tenant with the fewest
+//! deliveries in flight. A job is handed over only to a free worker: at most `senders` are in
+//! flight, and the job channel holds that many.
 
 use std::io::Read;
 use std::sync::Arc;

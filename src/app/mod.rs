@@ -263,6 +263,7 @@ impl Server {
                     .filter_map(|t| Some((t.tenant.clone(), t.budget.clone()?)))
                     .collect(),
                 sandbox: Arc::clone(&tool_settings.sandbox),
+                max_sessions_per_tenant: config.agent.max_sessions_per_tenant,
             },
             vec![Arc::new(bae)],
         );
@@ -306,7 +307,7 @@ impl Server {
             .map_err(|e| StartError::Thread("kestrel-plugins", e))?;
         let plan: crate::schedule::PlanFactory = Arc::new(crate::api::kestrel::kestrel_turn);
         let (schedules, scheduler) =
-            crate::schedule::Schedules::start(engine.clone(), Arc::clone(&config.clock.0), plan)
+            crate::schedule::Schedules::start(engine.clone(), Arc::clone(&config.clock.0), plan, &config.schedules)
                 .map_err(|e| StartError::Thread("kestrel-scheduler", e))?;
         let (webhooks, webhook_sender) = crate::webhooks::start(
             store.clone(),

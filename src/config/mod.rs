@@ -15,12 +15,14 @@ mod auth;
 pub mod bae;
 mod cluster;
 mod providers;
+mod schedules;
 mod store;
 mod webhooks;
 pub use auth::{AuthConfig, TenantSandbox, TenantToken, TokenConfig};
 pub use bae::BaeConfig;
 pub use cluster::ClusterConfig;
 pub use providers::{ModelConfig, ProviderConfig, Wire};
+pub use schedules::SchedulesConfig;
 pub use store::StoreConfig;
 pub use webhooks::{EndpointConfig, WebhooksConfig};
 
@@ -43,6 +45,8 @@ pub struct Config {
     pub mcp: bae::McpSection,
     /// Webhook deliveries, and the config file's endpoints.
     pub webhooks: webhooks::WebhooksConfig,
+    /// Scheduled runs: how often one may fire.
+    pub schedules: schedules::SchedulesConfig,
     /// Where state is kept: the data dir's SQLite file, or a PostgreSQL database.
     pub store: StoreConfig,
     /// Several nodes on one PostgreSQL database.
@@ -132,6 +136,9 @@ pub struct AgentConfig {
     /// The bubblewrap program sandboxed commands run under (a name looked up on `PATH`, or a
     /// path).
     pub sandbox_bwrap: PathBuf,
+    /// Sessions one Kestrel tenant may have at once; past it a create, a fork or a
+    /// schedule's fire is refused (`429 session_limit`).
+    pub max_sessions_per_tenant: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -188,6 +195,7 @@ impl Default for AgentConfig {
             sandbox: crate::domain::SandboxMode::WorkspaceWrite,
             sandbox_network: false,
             sandbox_bwrap: PathBuf::from("bwrap"),
+            max_sessions_per_tenant: 10_000,
         }
     }
 }

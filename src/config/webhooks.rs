@@ -18,6 +18,9 @@ pub struct WebhooksConfig {
     pub timeout_ms: u64,
     /// Deliveries sent at once.
     pub senders: usize,
+    /// Deliveries of one tenant sent at once; unset: half of `senders` (at least one), so one
+    /// tenant's slow endpoints never hold every sender.
+    pub senders_per_tenant: Option<usize>,
     pub endpoints: Vec<EndpointConfig>,
 }
 
@@ -30,6 +33,7 @@ impl Default for WebhooksConfig {
             allow_private_targets: false,
             timeout_ms: 10_000,
             senders: 4,
+            senders_per_tenant: None,
             endpoints: Vec::new(),
         }
     }
@@ -66,6 +70,7 @@ impl WebhooksConfig {
             allow_private_targets: self.allow_private_targets,
             timeout_ms: self.timeout_ms.max(100),
             senders: self.senders.clamp(1, 64),
+            senders_per_tenant: self.senders_per_tenant.unwrap_or(self.senders / 2).clamp(1, self.senders.clamp(1, 64)),
         }
     }
 }

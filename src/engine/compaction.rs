@@ -29,6 +29,8 @@ pub(crate) enum NoSummary {
     /// The answer hit the token limit, in the wire's words.
     Truncated(&'static str),
     Empty,
+    /// The run's budget is spent: the model was not asked (why).
+    BudgetSpent(String),
 }
 
 impl std::fmt::Display for NoSummary {
@@ -38,6 +40,7 @@ impl std::fmt::Display for NoSummary {
             NoSummary::Call(CallFailed::Failed { attempts, .. }) => write!(f, "all {attempts} providers failed"),
             NoSummary::Call(CallFailed::Cancelled) => write!(f, "cancelled"),
             NoSummary::Truncated(why) => write!(f, "summary truncated: {why}"),
+            NoSummary::BudgetSpent(why) => write!(f, "budget exceeded: {why}"),
             NoSummary::Empty => write!(f, "empty summary"),
         }
     }
@@ -57,7 +60,15 @@ impl Run {
         let mut messages = older.to_vec();
         messages.push(Message::text_of(Role::User, prompt));
         let request = CompletionRequest { system_prompt, messages: &messages, tools: &[], response_format: None };
-        let answered = route.call(&request, watch, &self.cancel).map_err(NoSummary::Call)?;
+        let reservation = match self.reserve_call(route, &request) {
+            Ok(Some(reservation)) => reservation,
+            Ok(None) => return Err(NoSummary::Call(CallFailed::Cancelled)),
+            Err(super::EngineError::BudgetExceeded(why)) => return Err(NoSummary::BudgetSpent(why)),
+            Err(error) => return Err(NoSummary::Call(CallFailed::Failed { message: error.to_string(), attempts: 0 })),
+        };
+        let called = route.call(&request, watch, &self.cancel);
+        self.settle_call(reservation, called.as_ref().ok());
+        let answered = called.map_err(NoSummary::Call)?;
         if answered.completion.finish == Some(Finish::Length) {
             return Err(NoSummary::Truncated(answered.cut_at_limit));
         }

@@ -17,6 +17,7 @@
 
 use serde_json::json;
 
+use super::compaction::NoSummary;
 use super::run::{is_interrupted_partial, Run};
 use super::EngineError;
 use crate::domain::{Event, Message, NoticeLevel, Role, SessionRecord, Usage};
@@ -97,6 +98,8 @@ impl Run {
             session.system_prompt.as_deref(),
         ) {
             Ok(summary) => self.store_compaction(&history, at, summary.text, before),
+            // Nor may the run's next call be asked: the run stops there (`run.rs`).
+            Err(NoSummary::BudgetSpent(why)) => Err(EngineError::BudgetExceeded(why)),
             Err(why) => {
                 self.publish(Event::Notice {
                     level: NoticeLevel::Warn,

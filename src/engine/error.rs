@@ -51,6 +51,8 @@ pub enum EngineError {
     InvalidDecision(String),
     /// A new run would pass its scope's budget (or its runs at once): why.
     BudgetExceeded(String),
+    /// The tenant has this many sessions, as many as it may (`agent.max_sessions_per_tenant`).
+    SessionLimit(u64),
     /// A message's `responseFormat` cannot be used.
     InvalidResponseFormat(structured::FormatError),
     /// The final answer was not valid against the requested schema, a repair included: the
@@ -97,6 +99,10 @@ impl std::fmt::Display for EngineError {
             EngineError::EditDenied(why) => write!(f, "the edited call is denied: {why}"),
             EngineError::InvalidDecision(why) => write!(f, "{why}"),
             EngineError::BudgetExceeded(why) => write!(f, "budget exceeded: {why}"),
+            EngineError::SessionLimit(max) => write!(
+                f,
+                "a tenant may have at most {max} sessions (agent.max_sessions_per_tenant); delete one to make room"
+            ),
             EngineError::InvalidResponseFormat(why) => write!(f, "{why}"),
             EngineError::StructuredOutputInvalid(errors) => write!(
                 f,
@@ -115,6 +121,7 @@ impl From<StoreError> for EngineError {
         match error {
             // A session deleted between its check and a write to it.
             StoreError::MissingSession => EngineError::SessionNotFound,
+            StoreError::SessionLimit(max) => EngineError::SessionLimit(max),
             error => EngineError::Store(error),
         }
     }

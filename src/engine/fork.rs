@@ -77,8 +77,12 @@ impl Engine {
         };
         let forked_from =
             ForkedFrom { session_id: source.summary.id.clone(), message_id: messages.last().map(|m| m.id.clone()) };
-        let detail = self.write_fork(source, fork_id, workspace, forked_from, messages)?;
-        Ok(Forked { detail, copy })
+        let written = self.write_fork(source, fork_id, workspace.clone(), forked_from, messages);
+        // A copy nobody will use (the tenant has no room for the fork) does not stay behind.
+        if let (Err(_), Some(_)) = (&written, &copy) {
+            remove_new_directory(Path::new(&workspace));
+        }
+        Ok(Forked { detail: written?, copy })
     }
 
     /// The fork and its copies of the messages (ids of their own), in one commit.
@@ -103,7 +107,7 @@ impl Engine {
             forked_from: Some(forked_from),
         };
         let record = SessionRecord { summary, tenant: source.tenant, system_prompt: source.system_prompt };
-        let mut ops = vec![WriteOp::InsertSession(record.clone())];
+        let mut ops = vec![self.shared.session_room(&record.tenant), WriteOp::InsertSession(record.clone())];
         let copies: Vec<Message> =
             messages.into_iter().map(|message| Message { id: new_id("msg"), ..message }).collect();
         ops.extend(copies.iter().map(|message| WriteOp::AppendMessage {

@@ -75,6 +75,8 @@ pub struct EngineConfig {
     pub tenant_budgets: std::collections::HashMap<String, crate::policy::Budget>,
     /// How each tenant's commands are contained, which every run announces.
     pub sandbox: Arc<crate::tools::sandbox::CommandSandbox>,
+    /// Sessions a Kestrel tenant may have (`agent.max_sessions_per_tenant`).
+    pub max_sessions_per_tenant: u64,
 }
 
 pub struct NewSession {
@@ -259,7 +261,7 @@ impl Engine {
             messages: Vec::new(),
             system_prompt: record.system_prompt.clone(),
         };
-        let mut ops = vec![WriteOp::InsertSession(record.clone())];
+        let mut ops = vec![self.shared.session_room(tenant), WriteOp::InsertSession(record.clone())];
         ops.extend(idempotent.map(|i| i.record(Created::Session(&detail))));
         self.shared.store.write(ops)?;
         self.shared.publish_created(&record);
@@ -465,6 +467,12 @@ impl Shared {
             Some(record) if record.tenant == tenant => Ok(record),
             _ => Err(EngineError::SessionNotFound),
         }
+    }
+
+    /// The write op that refuses a new session of `tenant` past its sessions; it goes first in
+    /// the write that inserts one (a create, a fork, a schedule's fire).
+    pub(crate) fn session_room(&self, tenant: &str) -> WriteOp {
+        WriteOp::SessionRoom { tenant: tenant.to_string(), max: self.config.max_sessions_per_tenant }
     }
 
     /// `session.created`, then the summary every stream follows.

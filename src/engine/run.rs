@@ -181,14 +181,17 @@ impl Run {
             if self.cancel.is_cancelled() {
                 return Ok(Stop::Cancelled);
             }
-            if let Some(reason) = self.budget_spent()? {
-                self.shared.audit_budget(&self.tenant, &self.session_id, Some(&self.run_id), &reason);
-                return plan.budget_spent(self, reason);
-            }
-            let answer = match plan.ask(self, &route, &session, usage, &tail)? {
-                Step::Answered(answer) => answer,
-                Step::Cancelled => return Ok(Stop::Cancelled),
-                Step::Failed => return Ok(Stop::Faulted),
+            // Each model call reserves against the run's budget first (`meter.rs`); one the
+            // budget no longer allows ends the turn before it is made.
+            let answer = match plan.ask(self, &route, &session, usage, &tail) {
+                Ok(Step::Answered(answer)) => answer,
+                Ok(Step::Cancelled) => return Ok(Stop::Cancelled),
+                Ok(Step::Failed) => return Ok(Stop::Faulted),
+                Err(EngineError::BudgetExceeded(reason)) => {
+                    self.shared.audit_budget(&self.tenant, &self.session_id, Some(&self.run_id), &reason);
+                    return plan.budget_spent(self, reason);
+                }
+                Err(error) => return Err(error),
             };
             if !answer.has_tool_calls() {
                 if let Some(errors) = super::structured::errors_of(&answer) {
@@ -207,20 +210,6 @@ impl Run {
             }
         }
         plan.limit_reached(self)
-    }
-
-    /// Why the run's budget allows no more model calls, if it does not.
-    fn budget_spent(&self) -> Result<Option<String>, EngineError> {
-        let budget = &self.allowance.budget;
-        if !budget.limits_spending() {
-            return Ok(None);
-        }
-        Ok(budget.exceeded(&self.shared.spent(&self.allowance.scope)?))
-    }
-
-    /// Counts a model call's usage against the run's budget scope.
-    pub(crate) fn count_usage(&self, model: &str, usage: &Usage) {
-        self.shared.count_usage(&self.allowance.scope, model, usage);
     }
 
     /// Announces the user's message that opens the turn (stored with its claim).
@@ -260,6 +249,7 @@ impl Run {
             tools: &tools,
             response_format: format.as_ref(),
         };
+        let Some(reservation) = self.reserve_call(route, &request)? else { return Ok(Step::Cancelled) };
         let mut message = Message::new(Role::Assistant);
         message.model = Some(session.summary.model.clone());
         self.publish(Event::MessageStarted { session_id: self.session_id.clone(), message: message.clone() });
@@ -271,11 +261,11 @@ impl Run {
             reasoning: String::new(),
         };
         let outcome = route.call(&request, &mut streaming, &self.cancel);
+        self.settle_call(reservation, outcome.as_ref().ok());
         let step = match outcome {
             Ok(answered) => {
                 let completion = answered.completion;
                 usage.add(&completion.usage);
-                self.count_usage(&session.summary.model, &completion.usage);
                 message.blocks = answer_blocks(completion.reasoning, completion.text, completion.tool_calls);
                 if let Some(finish) = &completion.finish {
                     let meta = message.meta.get_or_insert_with(Map::new);

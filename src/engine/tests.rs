@@ -62,6 +62,7 @@ fn engine_with(data: &Path, tools: ToolRegistry) -> (Engine, crate::store::Write
         budget: Default::default(),
         tenant_budgets: Default::default(),
         sandbox: Arc::new(crate::tools::sandbox::CommandSandbox::off()),
+        max_sessions_per_tenant: 10_000,
     };
     let doors: Vec<Arc<dyn DoorShared>> = vec![Arc::new(crate::api::bae::core::BaeShared::new(bae))];
     (Engine::new(store, bus, models, tools, config, doors), writer, bus_handle)

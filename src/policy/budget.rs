@@ -106,6 +106,65 @@ impl Budget {
     }
 }
 
+/// What model calls in flight reserved, or what one call may use at most: its tokens and
+/// their cost (`engine/meter.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reserve {
+    pub calls: u32,
+    pub tokens: u64,
+    pub cost: f64,
+}
+
+impl Reserve {
+    pub fn add(&mut self, other: &Reserve) {
+        self.calls += other.calls;
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.cost += other.cost;
+    }
+
+    pub fn remove(&mut self, other: &Reserve) {
+        self.calls = self.calls.saturating_sub(other.calls);
+        self.tokens = self.tokens.saturating_sub(other.tokens);
+        self.cost = (self.cost - other.cost).max(0.0);
+    }
+}
+
+/// Whether a model call may start now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    Go,
+    /// Not until a call in flight settles: with what they reserved it might pass a limit.
+    Wait,
+    /// The budget is spent: why.
+    Spent(String),
+}
+
+impl Budget {
+    /// Whether a model call that may use `call` may start, given what was spent and what the
+    /// calls in flight reserved. A spent budget refuses it. With no call in flight it goes
+    /// (it is the one call that may pass the limit). Alongside calls in flight it goes only
+    /// if every limit holds with all of them and it using the most they may; otherwise it
+    /// waits for one of them to settle. So spending passes a limit by at most one call's
+    /// usage, as long as no call uses more than it reserved.
+    pub fn admit_call(&self, spent: &Spent, in_flight: &Reserve, call: &Reserve) -> Admission {
+        if let Some(reason) = self.exceeded(spent) {
+            return Admission::Spent(reason);
+        }
+        if in_flight.calls == 0 {
+            return Admission::Go;
+        }
+        let tokens = spent.day_tokens.saturating_add(in_flight.tokens).saturating_add(call.tokens);
+        let reserved_cost = in_flight.cost + call.cost;
+        let fits = self.tokens_per_day.is_none_or(|limit| tokens <= limit)
+            && self.cost_per_day.is_none_or(|limit| spent.day_cost + reserved_cost <= limit)
+            && self.cost_per_month.is_none_or(|limit| spent.month_cost + reserved_cost <= limit);
+        match fits {
+            true => Admission::Go,
+            false => Admission::Wait,
+        }
+    }
+}
+
 /// What a scope spent in the current day and month (UTC).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -116,6 +175,19 @@ pub struct Spent {
     pub day_cost: f64,
     pub month_tokens: u64,
     pub month_cost: f64,
+}
+
+impl Spent {
+    /// This, and `tokens` and `cost` more in the day and the month.
+    pub fn plus(&self, tokens: u64, cost: f64) -> Spent {
+        Spent {
+            day_tokens: self.day_tokens.saturating_add(tokens),
+            month_tokens: self.month_tokens.saturating_add(tokens),
+            day_cost: self.day_cost + cost,
+            month_cost: self.month_cost + cost,
+            ..self.clone()
+        }
+    }
 }
 
 /// The day and month periods (`d:2026-12-01`, `m:2026-12`) of an RFC 3339 time.
@@ -186,6 +258,32 @@ mod tests {
         assert!(Budget { requests_per_second: Some(f64::NAN), ..Budget::default() }.check().is_err());
         assert!(Budget { tokens_per_day: Some(1 << 53), ..Budget::default() }.check().is_err());
         assert_eq!(periods("2026-12-01T10:00:00.000Z"), ("d:2026-12-01".into(), "m:2026-12".into()));
+    }
+
+    /// Issue 35, finding 6: calls in flight count against what is left.
+    #[test]
+    fn a_call_alongside_others_goes_only_if_all_of_them_fit_and_alone_only_if_anything_is_left() {
+        let budget = Budget { tokens_per_day: Some(100), cost_per_month: Some(1.0), ..Budget::default() };
+        let spent = Spent { day_tokens: 40, month_cost: 0.5, ..Spent::default() };
+        let call = Reserve { calls: 1, tokens: 30, cost: 0.1 };
+        let none = Reserve::default();
+        assert_eq!(budget.admit_call(&spent, &none, &Reserve { tokens: 10_000, ..call }), Admission::Go, "alone");
+        let one = Reserve { calls: 1, tokens: 30, cost: 0.1 };
+        assert_eq!(budget.admit_call(&spent, &one, &call), Admission::Go, "40 + 30 + 30 <= 100");
+        let two = Reserve { calls: 2, tokens: 60, cost: 0.2 };
+        assert_eq!(budget.admit_call(&spent, &two, &call), Admission::Wait, "40 + 60 + 30 > 100");
+        let costly = Reserve { calls: 1, tokens: 0, cost: 0.45 };
+        assert_eq!(budget.admit_call(&spent, &costly, &call), Admission::Wait, "0.5 + 0.45 + 0.1 > 1.0");
+        let spent_all = spent.plus(60, 0.0);
+        assert_eq!((spent_all.day_tokens, spent_all.month_tokens), (100, 60));
+        assert!(matches!(budget.admit_call(&spent_all, &none, &call), Admission::Spent(_)));
+        assert!(matches!(budget.admit_call(&spent_all, &one, &call), Admission::Spent(_)));
+        let mut in_flight = Reserve::default();
+        in_flight.add(&call);
+        in_flight.add(&call);
+        in_flight.remove(&call);
+        assert_eq!(in_flight, call);
+        assert_eq!(Budget::default().admit_call(&spent, &two, &call), Admission::Go, "no limit, no wait");
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub use audit::{
     audited_arguments, digested_arguments, truncated, AuditEntry, DecidedBy, Decision as AuditDecision, ARGUMENTS_CHARS,
 };
 pub use book::Rulebook;
-pub use budget::{periods, Bucket, Budget, BudgetError, Spent};
+pub use budget::{periods, Admission, Bucket, Budget, BudgetError, Reserve, Spent};
 pub use command::CommandLine;
 pub use loads_code::LoadsCode;
 pub use paths::PathNames;

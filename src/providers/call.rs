@@ -192,6 +192,24 @@ impl Route {
         self
     }
 
+    /// The most one call may use, as tokens and their cost: for each candidate, `input_tokens`
+    /// and the `max_tokens` it sends (`default_output` where it sends none) at its prices;
+    /// the largest of each. A budget reserves this while the call is in flight
+    /// (`engine/meter.rs`).
+    pub fn most_used(&self, input_tokens: u64, default_output: u64) -> (u64, f64) {
+        self.candidates.iter().fold((0, 0.0), |(tokens, cost), candidate| {
+            let output = candidate.wire.max_tokens(candidate.model.max_tokens).map_or(default_output, u64::from);
+            let usage = crate::domain::Usage {
+                input_tokens,
+                output_tokens: output,
+                total_tokens: input_tokens + output,
+                ..Default::default()
+            };
+            let priced = candidate.model.pricing.as_ref().map_or(0.0, |pricing| pricing.cost(&usage).amount);
+            (tokens.max(input_tokens + output), cost.max(priced))
+        })
+    }
+
     /// What the first candidate is.
     pub fn target(&self) -> Target {
         self.candidates[0].target()

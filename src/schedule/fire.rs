@@ -31,16 +31,37 @@ pub(super) fn fire(context: &Context, schedule: &Schedule, due_ms: i64, next_at:
     Some(record)
 }
 
-/// A fire that did not happen, recorded and announced (a start's missed fires).
-pub(super) fn skip(context: &Context, schedule: &Schedule, due_ms: i64, reason: &str, next_at: Option<i64>) {
+/// A fire that did not happen, recorded with `next_at` and announced (a start's missed
+/// fires, a fire too soon after the last). `None` when the schedule was deleted meanwhile.
+pub(super) fn skip(
+    context: &Context,
+    schedule: &Schedule,
+    due_ms: i64,
+    reason: &str,
+    next_at: Option<i64>,
+) -> Option<Fire> {
     let sent = Sent::Skipped { session_id: None, reason: reason.to_string() };
     let record = record(context, schedule, due_ms, sent);
     let fired = ScheduleWrite::Fired { fire: record.clone(), next_at };
-    if let Err(error) = context.engine.store().write(vec![WriteOp::Schedule(fired)]) {
-        log::error!("schedule {}: its skip was not recorded: {error}", schedule.id);
-        return;
+    match context.engine.store().write(vec![WriteOp::Schedule(fired)]) {
+        Ok(()) => {}
+        Err(crate::store::StoreError::NotFound) => return None,
+        Err(error) => log::error!("schedule {}: its skip was not recorded: {error}", schedule.id),
     }
     context.engine.announce(&schedule.tenant, announcement(&record));
+    Some(record)
+}
+
+/// The reason of a fire skipped for coming too soon after the last (`too_soon`).
+pub(super) const MIN_INTERVAL: &str = "min_interval";
+
+/// When `schedule` last fired less than `schedules.min_interval_secs` before `now_ms`: the
+/// first time it may fire again. `None`: it may fire now.
+pub(super) fn too_soon(context: &Context, schedule: &Schedule, now_ms: i64) -> Option<i64> {
+    let last = schedule.last_fired_at.as_deref()?;
+    let last_ms = chrono::DateTime::parse_from_rfc3339(last).ok()?.timestamp_millis();
+    let allowed_from = last_ms.saturating_add(context.min_interval_ms);
+    (now_ms < allowed_from).then_some(allowed_from)
 }
 
 fn record(context: &Context, schedule: &Schedule, due_ms: i64, sent: Sent) -> Fire {
@@ -87,6 +108,7 @@ fn reason(error: &EngineError) -> String {
         EngineError::SessionBusy => "session_busy".into(),
         EngineError::SessionNotFound => "session_not_found".into(),
         EngineError::BudgetExceeded(_) => "budget_exceeded".into(),
+        EngineError::SessionLimit(_) => "session_limit".into(),
         EngineError::ShuttingDown => "shutting_down".into(),
         EngineError::InvalidModel(_) => "invalid_model".into(),
         EngineError::InvalidWorkspace(_) | EngineError::WorkspaceForbidden(_) => "invalid_workspace".into(),

@@ -90,7 +90,8 @@ pub struct Fire {
     pub at: String,
     /// `fired` or `skipped`.
     pub outcome: FireOutcome,
-    /// Why it was skipped: `session_busy`, `missed`, `session_not_found`, `budget_exceeded`, …
+    /// Why it was skipped: `session_busy`, `missed`, `min_interval`, `session_limit`,
+    /// `session_not_found`, `budget_exceeded`, …
     pub reason: Option<String>,
     pub session_id: Option<String>,
     pub run_id: Option<String>,
@@ -117,6 +118,16 @@ impl FireOutcome {
             _ => None,
         }
     }
+}
+
+/// Fires of a new schedule looked at for its shortest gap (`Timing::shortest_gap`).
+const FIRES_LOOKED_AT: usize = 1_000;
+/// How far from its first fire a new schedule's fires are looked at.
+const GAP_HORIZON_MS: i64 = 2 * 366 * 86_400_000;
+
+/// `ms` down to its whole second.
+fn whole_second(ms: i64) -> i64 {
+    ms.div_euclid(1000) * 1000
 }
 
 /// A cron expression in a time zone: five fields (minute hour day month weekday), or six with
@@ -160,18 +171,40 @@ impl Timing {
         Ok(Timing { cron, zone })
     }
 
-    /// The first time it matches strictly after `after_ms`, in ms since the epoch.
+    /// The first time it matches strictly after `after_ms`, in ms since the epoch: always a
+    /// whole second. The search starts from the whole second at or before `after_ms`, since
+    /// `croner` keeps the fraction of the time it starts from (a schedule made at `…00.640`
+    /// fired 640 ms late); a match strictly after that second is past `after_ms` too.
     pub fn next_after(&self, after_ms: i64) -> Option<i64> {
-        let after = chrono::DateTime::from_timestamp_millis(after_ms)?.with_timezone(&self.zone);
+        let second = whole_second(after_ms);
+        let after = chrono::DateTime::from_timestamp_millis(second)?.with_timezone(&self.zone);
         let next = self.cron.find_next_occurrence(&after, false).ok()?;
-        Some(next.timestamp_millis())
+        Some(whole_second(next.timestamp_millis()))
     }
 
-    /// The last time it matches at or before `at_ms`.
+    /// The last time it matches at or before `at_ms`: a whole second.
     pub fn last_at_or_before(&self, at_ms: i64) -> Option<i64> {
-        let at = chrono::DateTime::from_timestamp_millis(at_ms)?.with_timezone(&self.zone);
+        let at = chrono::DateTime::from_timestamp_millis(whole_second(at_ms))?.with_timezone(&self.zone);
         let previous = self.cron.find_previous_occurrence(&at, true).ok()?;
-        Some(previous.timestamp_millis())
+        Some(whole_second(previous.timestamp_millis()))
+    }
+
+    /// The shortest time between two of its fires, in ms, over its next `FIRES_LOOKED_AT`
+    /// fires from `from_ms` or the two years after the first, whichever ends first: a cron's
+    /// fields repeat within a year, and one that fires often shows its shortest gap in its
+    /// first thousand fires. `None` when it fires once at most in that time.
+    pub fn shortest_gap(&self, from_ms: i64) -> Option<i64> {
+        let first = self.next_after(from_ms)?;
+        let horizon = first.saturating_add(GAP_HORIZON_MS);
+        let mut previous = first;
+        let mut shortest: Option<i64> = None;
+        for _ in 0..FIRES_LOOKED_AT {
+            let Some(next) = self.next_after(previous).filter(|next| *next <= horizon) else { break };
+            let gap = next - previous;
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+            previous = next;
+        }
+        shortest
     }
 }
 
@@ -196,6 +229,36 @@ mod tests {
         assert!(matches!(Timing::parse("0 0 9 * * * 2027", "UTC"), Err(TimingError::Cron(_))));
         assert!(matches!(Timing::parse("61 * * * *", "UTC"), Err(TimingError::Cron(_))));
         assert!(matches!(Timing::parse("0 9 * * *", "Mars/Olympus"), Err(TimingError::Timezone(_))));
+    }
+
+    /// Issue 35, finding 17: a schedule made at `…00.640` fired 640 ms late.
+    #[test]
+    fn fires_fall_on_whole_seconds_whatever_the_milliseconds_of_now() {
+        let minutely = Timing::parse("* * * * *", "UTC").unwrap();
+        assert_eq!(minutely.next_after(at("2026-03-02T12:00:00.640Z")), Some(at("2026-03-02T12:01:00Z")));
+        assert_eq!(minutely.next_after(at("2026-03-02T12:00:59.999Z")), Some(at("2026-03-02T12:01:00Z")));
+        let every_second = Timing::parse("* * * * * *", "UTC").unwrap();
+        assert_eq!(every_second.next_after(at("2026-03-02T12:00:00.640Z")), Some(at("2026-03-02T12:00:01Z")));
+        assert_eq!(every_second.next_after(at("2026-03-02T12:00:01Z")), Some(at("2026-03-02T12:00:02Z")));
+        assert_eq!(minutely.last_at_or_before(at("2026-03-02T12:01:00.640Z")), Some(at("2026-03-02T12:01:00Z")));
+    }
+
+    /// What `schedules.min_interval_secs` is checked against at create.
+    #[test]
+    fn the_shortest_gap_between_fires_is_found_however_rarely_it_comes() {
+        let now = at("2026-03-02T12:00:00.640Z");
+        let gap = |cron: &str| Timing::parse(cron, "UTC").unwrap().shortest_gap(now);
+        assert_eq!(gap("* * * * * *"), Some(1_000));
+        assert_eq!(gap("*/10 * * * * *"), Some(10_000));
+        assert_eq!(gap("0,30 * * * * *"), Some(30_000));
+        assert_eq!(gap("* * * * *"), Some(60_000));
+        assert_eq!(gap("0 9 * * *"), Some(86_400_000));
+        assert_eq!(gap("59 23 * * *"), Some(86_400_000));
+        // Four times a day, 23:59 and the next day's 00:00 a minute apart.
+        assert_eq!(gap("0,59 0,23 * * *"), Some(60_000));
+        // Every second, on one day of the year only.
+        assert_eq!(gap("* * * 1 1 *"), Some(1_000));
+        assert_eq!(gap("0 0 1 1 *"), Some(365 * 86_400_000));
     }
 }
 

@@ -28,6 +28,8 @@ pub(super) struct Context {
     pub(super) engine: Engine,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) plan: PlanFactory,
+    /// The shortest time between two fires of one schedule (`schedules.min_interval_secs`).
+    pub(super) min_interval_ms: i64,
 }
 
 /// The API's handle on the schedules.
@@ -63,6 +65,12 @@ pub struct NewSchedule {
 #[derive(Debug)]
 pub enum ScheduleError {
     Timing(TimingError),
+    /// The cron fires more often than `schedules.min_interval_secs`: its shortest gap and the
+    /// minimum, in seconds.
+    TooFrequent {
+        gap_secs: f64,
+        min_secs: i64,
+    },
     /// A message that is empty or too long: why.
     Message(String),
     NotFound,
@@ -75,6 +83,11 @@ impl std::fmt::Display for ScheduleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ScheduleError::Timing(error) => write!(f, "{error}"),
+            ScheduleError::TooFrequent { gap_secs, min_secs } => write!(
+                f,
+                "`cron` fires twice within {gap_secs} s; on this server a schedule fires at most once every \
+                 {min_secs} s (`schedules.min_interval_secs`)"
+            ),
             ScheduleError::Message(why) => write!(f, "{why}"),
             ScheduleError::NotFound => write!(f, "no schedule with that id"),
             ScheduleError::TooMany => write!(f, "a tenant may have at most {MAX_PER_TENANT} schedules"),
@@ -104,13 +117,15 @@ impl Schedules {
         engine: Engine,
         clock: Arc<dyn Clock>,
         plan: PlanFactory,
+        settings: &crate::config::SchedulesConfig,
     ) -> std::io::Result<(Schedules, SchedulerHandle)> {
         let (wake, inbox) = unbounded();
         let waker = wake.clone();
         clock.on_change(Box::new(move || {
             let _ = waker.send(Msg::Wake);
         }));
-        let context = Arc::new(Context { engine, clock, plan });
+        let min_interval_ms = i64::try_from(settings.min_interval_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let context = Arc::new(Context { engine, clock, plan, min_interval_ms });
         let scheduler = Scheduler { context: Arc::clone(&context), due: BTreeSet::new(), next: HashMap::new() };
         let thread =
             std::thread::Builder::new().name("kestrel-scheduler".into()).spawn(move || scheduler.run(inbox))?;
@@ -131,8 +146,12 @@ impl Schedules {
         if engine.store().readers().schedules_of(tenant)?.len() >= MAX_PER_TENANT {
             return Err(ScheduleError::TooMany);
         }
-        let next_at =
-            timing.next_after(self.context.clock.now_ms()).ok_or(ScheduleError::Timing(TimingError::Never))?;
+        let now_ms = self.context.clock.now_ms();
+        let next_at = timing.next_after(now_ms).ok_or(ScheduleError::Timing(TimingError::Never))?;
+        let min_interval = self.context.min_interval_ms;
+        if let Some(gap) = timing.shortest_gap(now_ms).filter(|gap| *gap < min_interval) {
+            return Err(ScheduleError::TooFrequent { gap_secs: gap as f64 / 1000.0, min_secs: min_interval / 1000 });
+        }
         let now = crate::time::now_rfc3339();
         let schedule = Schedule {
             id: crate::domain::new_id("sch"),
@@ -185,11 +204,16 @@ impl Schedules {
         Ok(())
     }
 
-    /// Fires a schedule now, paused or not; its next fire stays as it was.
+    /// Fires a schedule now, paused or not, unless it fired less than the minimum interval
+    /// ago (then the fire is skipped); its next fire stays as it was.
     pub fn run_now(&self, tenant: &str, id: &str) -> Result<Fire, ScheduleError> {
         let schedule = self.owned(tenant, id)?;
         let now = self.context.clock.now_ms();
-        fire::fire(&self.context, &schedule, now, schedule.next_at).ok_or(ScheduleError::NotFound)
+        let done = match fire::too_soon(&self.context, &schedule, now) {
+            Some(_) => fire::skip(&self.context, &schedule, now, fire::MIN_INTERVAL, schedule.next_at),
+            None => fire::fire(&self.context, &schedule, now, schedule.next_at),
+        };
+        done.ok_or(ScheduleError::NotFound)
     }
 
     fn owned(&self, tenant: &str, id: &str) -> Result<Schedule, ScheduleError> {
@@ -290,16 +314,35 @@ impl Scheduler {
     /// A schedule whose fire at `missed` passed while the server was down.
     fn catch_up(&mut self, schedule: &Schedule, missed: i64, now: i64) {
         let Ok(timing) = Timing::parse(&schedule.cron, &schedule.timezone) else { return };
-        let next = timing.next_after(now);
-        match schedule.catch_up {
-            CatchUp::None => fire::skip(&self.context, schedule, missed, "missed", next),
+        let next = match schedule.catch_up {
+            CatchUp::None => {
+                let next = timing.next_after(now);
+                fire::skip(&self.context, schedule, missed, "missed", next);
+                next
+            }
             CatchUp::Latest => {
                 let latest = timing.last_at_or_before(now).unwrap_or(missed);
-                fire::fire(&self.context, schedule, latest, next);
+                self.fire_paced(schedule, &timing, latest, now)
             }
-        }
+        };
         if let Some(next) = next {
             self.keep(&schedule.id, next);
+        }
+    }
+
+    /// Fires `schedule`, due at `due`, unless it fired less than the minimum interval before
+    /// `now`: then the fire is skipped, and its next fire is the first the interval allows
+    /// (one skip recorded per interval, however often the cron says). The next fire.
+    fn fire_paced(&self, schedule: &Schedule, timing: &Timing, due: i64, now: i64) -> Option<i64> {
+        match fire::too_soon(&self.context, schedule, now) {
+            Some(allowed_from) => {
+                let next = timing.next_after(allowed_from - 1);
+                fire::skip(&self.context, schedule, due, fire::MIN_INTERVAL, next).and(next)
+            }
+            None => {
+                let next = timing.next_after(now);
+                fire::fire(&self.context, schedule, due, next).and(next)
+            }
         }
     }
 
@@ -316,11 +359,12 @@ impl Scheduler {
                     continue;
                 }
             };
-            let next = Timing::parse(&schedule.cron, &schedule.timezone).ok().and_then(|t| t.next_after(now));
-            if fire::fire(&self.context, &schedule, at, next).is_some() {
-                if let Some(next) = next {
-                    self.keep(&id, next);
-                }
+            let Ok(timing) = Timing::parse(&schedule.cron, &schedule.timezone) else {
+                log::error!("schedule {id}'s cron no longer parses; it fires no more");
+                continue;
+            };
+            if let Some(next) = self.fire_paced(&schedule, &timing, at, now) {
+                self.keep(&id, next);
             }
         }
     }

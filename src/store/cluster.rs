@@ -254,6 +254,7 @@ pub fn sessions_written<'a>(ops: impl Iterator<Item = &'a WriteOp>) -> Vec<Strin
                 }
             }
             WriteOp::InsertSession(_)
+            | WriteOp::SessionRoom { .. }
             | WriteOp::RecoverTurns { .. }
             | WriteOp::RecordIdempotent(_)
             | WriteOp::Bae(_)

@@ -201,13 +201,23 @@ pub trait ScheduleReads: Send + Sync {
     fn fires(&self, schedule_id: &str, limit: usize) -> Result<Vec<Fire>, StoreError>;
 }
 
+/// What a read of due deliveries leaves out: endpoints with a delivery in flight, and tenants
+/// with as many in flight as they may have (`webhooks/deliver.rs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Busy<'a> {
+    pub webhooks: &'a [String],
+    pub tenants: &'a [String],
+}
+
 /// Reads of webhook endpoints and their deliveries.
 pub trait WebhookReads: Send + Sync {
     /// A tenant's endpoints, oldest first.
     fn webhooks_of(&self, tenant: &str) -> Result<Vec<Webhook>, StoreError>;
     fn webhook(&self, id: &str) -> Result<Option<Webhook>, StoreError>;
-    /// Pending deliveries of enabled endpoints due by `now_ms`, soonest first.
-    fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError>;
+    /// Pending deliveries of enabled endpoints due by `now_ms`, soonest first, each with its
+    /// endpoint's tenant; none of the endpoints or tenants `busy` names.
+    fn due_deliveries(&self, now_ms: i64, limit: usize, busy: &Busy<'_>)
+        -> Result<Vec<(String, Delivery)>, StoreError>;
     /// When the next pending delivery of an enabled endpoint is due.
     fn next_delivery_at(&self) -> Result<Option<i64>, StoreError>;
     /// Whether any endpoint is enabled (without one, no delivery can be made or sent).

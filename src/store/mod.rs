@@ -34,7 +34,7 @@ use crate::domain::{Message, SessionRecord, SessionStatus, ToolCall};
 pub use bae::{BaeSessionRecord, BaeState, BaeWrite, EventPage, KeyRecord, Page, ProfileRecord, BAE_TENANT};
 pub use checkpoints::{CheckpointEntry, CheckpointKind, CheckpointRecord, Manifest};
 pub use contract::{
-    Backend, BaeReads, CheckpointReads, Claims, Committed, LogReads, PolicyReads, Reads, Recovery, Reply,
+    Backend, BaeReads, Busy, CheckpointReads, Claims, Committed, LogReads, PolicyReads, Reads, Recovery, Reply,
     ScheduleReads, Seqs, SessionReads, TurnClaim, WebhookReads, Writes,
 };
 pub use policy::{AuditQuery, PolicyWrite};
@@ -70,6 +70,8 @@ pub enum StoreError {
     NotFound,
     /// The profile still has this many active client keys.
     InUse(u64),
+    /// The tenant has this many sessions already, as many as it may (`WriteOp::SessionRoom`).
+    SessionLimit(u64),
     /// A turn already holds the session (a claim lost its compare-and-set).
     Busy,
     /// The database cannot be reached for now (a restart, a failover, a timed-out
@@ -100,6 +102,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Conflict(message) => write!(f, "conflict: {message}"),
             StoreError::NotFound => write!(f, "no such row"),
             StoreError::InUse(count) => write!(f, "still used by {count} active key(s)"),
+            StoreError::SessionLimit(max) => write!(f, "the tenant has {max} sessions, as many as it may"),
             StoreError::Locked { dir, holder } => {
                 write!(f, "the data dir {} is in use by another Kestrel server", dir.display())?;
                 match holder {
@@ -127,6 +130,7 @@ impl StoreError {
             StoreError::Conflict(why) => StoreError::Conflict(why.clone()),
             StoreError::NotFound => StoreError::NotFound,
             StoreError::InUse(count) => StoreError::InUse(*count),
+            StoreError::SessionLimit(max) => StoreError::SessionLimit(*max),
             StoreError::Busy => StoreError::Busy,
             StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
             StoreError::Connect(error) => StoreError::Backend(error.to_string()),
@@ -168,6 +172,14 @@ pub struct SessionPatch {
 /// One change to the database. A batch of ops sent together commits atomically.
 #[derive(Debug, Clone)]
 pub enum WriteOp {
+    /// Fails the write with `SessionLimit(max)` when `tenant` has `max` sessions or more; it
+    /// goes before the `InsertSession` it guards, in the same write, so the count and the
+    /// insert commit together (one writer per process; PostgreSQL takes a lock per tenant
+    /// first, so the nodes of a cluster count in turn).
+    SessionRoom {
+        tenant: String,
+        max: u64,
+    },
     InsertSession(SessionRecord),
     UpdateSession {
         id: String,

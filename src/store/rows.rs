@@ -313,6 +313,11 @@ pub(crate) fn webhook(row: &impl Cells) -> Result<Webhook, StoreError> {
 pub(crate) const DELIVERY_COLUMNS: &str = "id, webhook_id, seq, type, at, session_id, body, form, state, attempts,
      next_at, created_ms, last_status, last_error, last_latency_ms, delivered_at";
 
+/// A due delivery: `DELIVERY_COLUMNS`, then its endpoint's tenant.
+pub(crate) fn due_delivery(row: &impl Cells) -> Result<(String, Delivery), StoreError> {
+    Ok((row.text(16)?, delivery(row)?))
+}
+
 pub(crate) fn delivery(row: &impl Cells) -> Result<Delivery, StoreError> {
     let state = row.text(8)?;
     let state = DeliveryState::parse(&state).ok_or_else(|| corrupt(format!("delivery state {state:?}")))?;

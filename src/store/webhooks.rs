@@ -4,6 +4,7 @@
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use super::contract::Busy;
 use super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::{LoggedEvent, StoreError};
 use crate::domain::STORED_FORM;
@@ -229,16 +230,27 @@ impl super::contract::WebhookReads for super::sqlite::Sqlite {
         })
     }
 
-    fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+    fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &Busy<'_>,
+    ) -> Result<Vec<(String, Delivery)>, StoreError> {
+        let webhooks = serde_json::json!(busy.webhooks).to_string();
+        let tenants = serde_json::json!(busy.tenants).to_string();
         self.with(|conn| {
             let sql = format!(
-                "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries
-                 WHERE state = 'pending' AND next_at <= ?1
-                   AND webhook_id IN (SELECT id FROM webhooks WHERE enabled = 1)
-                 ORDER BY next_at, seq LIMIT ?2"
+                "SELECT {DELIVERY_COLUMNS}, (SELECT w.tenant FROM webhooks w WHERE w.id = d.webhook_id)
+                 FROM webhook_deliveries d
+                 WHERE d.state = 'pending' AND d.next_at <= ?1
+                   AND d.webhook_id IN (SELECT id FROM webhooks
+                                        WHERE enabled = 1 AND tenant NOT IN (SELECT value FROM json_each(?3)))
+                   AND d.webhook_id NOT IN (SELECT value FROM json_each(?4))
+                 ORDER BY d.next_at, d.seq LIMIT ?2"
             );
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map(params![now_ms, limit as i64], |row| Ok(rows::delivery(row)))?;
+            let rows = statement
+                .query_map(params![now_ms, limit as i64, tenants, webhooks], |row| Ok(rows::due_delivery(row)))?;
             rows.map(|row| row?).collect()
         })
     }

@@ -203,6 +203,15 @@ fn remember_last_seq(tx: &Transaction<'_>) -> Result<(), StoreError> {
 /// Applies one op; a log append answers with its first seq.
 fn apply(tx: &Transaction<'_>, op: &WriteOp, trim: &mut Trim, seqs: &mut SeqCursor) -> Result<Option<u64>, StoreError> {
     match op {
+        WriteOp::SessionRoom { tenant, max } => {
+            // Counted on the index by tenant, inside the write that inserts.
+            let count: i64 = tx
+                .prepare_cached("SELECT count(*) FROM sessions WHERE tenant = ?1")?
+                .query_row([tenant], |row| row.get(0))?;
+            if count as u64 >= *max {
+                return Err(StoreError::SessionLimit(*max));
+            }
+        }
         WriteOp::InsertSession(record) => {
             let s = &record.summary;
             tx.prepare_cached(

@@ -1,25 +1,33 @@
 //! The `kestrel-webhooks` thread and its `kestrel-webhook-send` workers: the dispatcher reads
 //! the outbox for deliveries due (every `POLL` while an endpoint is enabled, or at once when
 //! woken; with none it only waits to be woken, by a new or enabled endpoint) and hands each to a
-//! worker, which signs it, POSTs it (no redirects, addresses checked at the connection, the
-//! answer read at most `ANSWER_READ` bytes), and records the attempt with what comes next: done,
-//! a retry after a doubling delay with jitter, or failed once the retry period is over. An
-//! endpoint failing `disable_after_failures` times in a row is disabled, with a notice.
+//! free worker, which signs it, POSTs it (no redirects, addresses checked at the connection,
+//! the whole attempt, connection, head and body, within `timeout_ms`, the answer read at most
+//! `ANSWER_READ` bytes), and records the attempt with what comes next: done, a retry after a
+//! doubling delay with jitter, or failed once the retry period is over. An endpoint failing
+//! `disable_after_failures` times in a row is disabled, with a notice.
+//!
+//! Fairness (`shares.rs`): an endpoint has one delivery in flight at most, a tenant
+//! `senders_per_tenant`; the outbox is read past the endpoints and tenants that may start no
+//! more, so one tenant's hanging endpoints never hold every sender and the other tenants'
+//! deliveries go out on the rest, and a free worker goes first to the tenant with the fewest
+//! deliveries in flight. A job is handed over only to a free worker: at most `senders` are in
+//! flight, and the job channel holds that many.
 
-use std::collections::HashSet;
 use std::io::Read;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 
 use super::registry::Webhooks;
+use super::shares::Shares;
 use super::target::GuardedResolver;
 use super::{sign, Attempt, Delivery, DeliveryState, Settings};
 use crate::bus::Bus;
 use crate::domain::{Event, NoticeLevel};
-use crate::store::{LoggedEvent, Store, WebhookWrite, WriteOp};
+use crate::store::{Busy, LoggedEvent, Store, WebhookWrite, WriteOp};
 
 /// Appends an event as the door renders it (Kestrel's wire form); `false` when it has none.
 pub type Render = fn(&Event, &mut Vec<u8>) -> bool;
@@ -59,7 +67,8 @@ pub fn start(
     let settings = Arc::new(settings);
     let (wake_tx, wake) = bounded(1);
     let (stop, stopped) = bounded::<()>(0);
-    let (jobs_tx, jobs) = bounded::<Delivery>(settings.senders * 2);
+    // The dispatcher hands a job only to a free worker, so it never waits for room.
+    let (jobs_tx, jobs) = bounded::<Delivery>(settings.senders);
     let (done_tx, done) = unbounded::<String>();
     let mut threads = Vec::new();
     for _ in 0..settings.senders {
@@ -74,7 +83,8 @@ pub fn start(
         })?;
         threads.push(thread);
     }
-    let dispatcher = Dispatcher { store: store.clone(), in_flight: Mutex::new(HashSet::new()) };
+    let shares = Shares::new(settings.senders, settings.senders_per_tenant);
+    let mut dispatcher = Dispatcher { store: store.clone(), shares };
     let thread = std::thread::Builder::new()
         .name("kestrel-webhooks".into())
         .spawn(move || dispatcher.run(&jobs_tx, (&wake, &done, &stopped)))?;
@@ -106,11 +116,16 @@ impl Drop for WebhookSender {
 
 struct Dispatcher {
     store: Store,
-    in_flight: Mutex<HashSet<String>>,
+    /// What is in flight, by endpoint and tenant; only this thread changes it.
+    shares: Shares,
 }
 
 impl Dispatcher {
-    fn run(&self, jobs: &Sender<Delivery>, (wake, done, stopped): (&Receiver<()>, &Receiver<String>, &Receiver<()>)) {
+    fn run(
+        &mut self,
+        jobs: &Sender<Delivery>,
+        (wake, done, stopped): (&Receiver<()>, &Receiver<String>, &Receiver<()>),
+    ) {
         loop {
             self.dispatch(jobs);
             // No enabled endpoint: no delivery can appear until the API makes or enables one,
@@ -124,7 +139,7 @@ impl Dispatcher {
                 recv(wake) -> _ => {}
                 recv(done) -> id => {
                     if let Ok(id) = id {
-                        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                        self.shares.end(&id);
                     }
                 }
                 default(poll) => {}
@@ -132,22 +147,42 @@ impl Dispatcher {
         }
     }
 
-    /// Hands the due deliveries not already in flight to the workers, as many as they take.
-    fn dispatch(&self, jobs: &Sender<Delivery>) {
-        let due = match self.store.readers().due_deliveries(crate::time::now_millis(), BATCH) {
-            Ok(due) => due,
-            Err(error) => return log::error!("the webhook outbox was not read: {error}"),
-        };
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        for delivery in due {
-            if in_flight.contains(&delivery.id) {
-                continue;
+    /// Hands due deliveries to the free workers, fairly: level by level, first to the tenants
+    /// with nothing in flight, then to those with one, and so on to their share; so a free
+    /// worker goes to the tenant with the fewest deliveries in flight that has one due,
+    /// however many of other tenants' come before it in the outbox. Each read leaves out the
+    /// busy endpoints and the tenants at the level; a batch read whole may hide more, so it is
+    /// read again (each read starts at least one, or every worker is busy).
+    fn dispatch(&mut self, jobs: &Sender<Delivery>) {
+        for level in 1..=self.shares.per_tenant() {
+            loop {
+                if self.shares.full() {
+                    return;
+                }
+                let (webhooks, tenants) = (self.shares.busy_webhooks(), self.shares.tenants_at(level));
+                let busy = Busy { webhooks: &webhooks, tenants: &tenants };
+                let due = match self.store.readers().due_deliveries(crate::time::now_millis(), BATCH, &busy) {
+                    Ok(due) => due,
+                    Err(error) => return log::error!("the webhook outbox was not read: {error}"),
+                };
+                let whole_batch = due.len() == BATCH;
+                let mut started = false;
+                for (tenant, delivery) in due {
+                    let below = self.shares.of_tenant(&tenant) < level;
+                    if !below || !self.shares.may_start(&delivery.id, &delivery.webhook_id, &tenant) {
+                        continue;
+                    }
+                    let (id, webhook) = (delivery.id.clone(), delivery.webhook_id.clone());
+                    if jobs.try_send(delivery).is_err() {
+                        return;
+                    }
+                    self.shares.start(&id, &webhook, &tenant);
+                    started = true;
+                }
+                if !whole_batch || !started {
+                    break;
+                }
             }
-            let id = delivery.id.clone();
-            if jobs.try_send(delivery).is_err() {
-                return;
-            }
-            in_flight.insert(id);
         }
     }
 }
@@ -155,7 +190,7 @@ impl Dispatcher {
 impl Worker {
     fn new(store: Store, settings: Arc<Settings>, render: Render, bus: Bus) -> Worker {
         let agent = ureq::AgentBuilder::new()
-            .resolver(GuardedResolver { allow_private: settings.allow_private_targets })
+            .resolver(GuardedResolver::system(settings.allow_private_targets))
             .redirects(0)
             .timeout(Duration::from_millis(settings.timeout_ms))
             .user_agent(concat!("kestrel-webhooks/", env!("CARGO_PKG_VERSION")))

@@ -2,12 +2,15 @@
 //! each subscribed to event types. Deliveries come from a durable outbox the store writes in
 //! the same transaction as each event (`store/webhooks.rs`), so a crash between the two neither
 //! loses nor invents one; the `kestrel-webhooks` thread sends them (`deliver.rs`), signed per
-//! Standard Webhooks (`sign.rs`), retried with backoff and jitter, to addresses checked again at
-//! every connection (`target.rs`).
+//! Standard Webhooks (`sign.rs`), retried with backoff and jitter, fairly across tenants and
+//! endpoints (`shares.rs`), to addresses checked again at every connection (`target.rs`)
+//! against one table of special-purpose addresses (`special.rs`).
 
 mod deliver;
 mod registry;
+mod shares;
 pub mod sign;
+pub mod special;
 pub mod target;
 
 pub use deliver::{start, Render, WebhookSender};
@@ -147,4 +150,6 @@ pub struct Settings {
     pub timeout_ms: u64,
     /// Deliveries in flight at once.
     pub senders: usize,
+    /// Deliveries of one tenant in flight at once (at most `senders`).
+    pub senders_per_tenant: usize,
 }

@@ -1,11 +1,14 @@
 //! Where a webhook may point: `http` or `https`, no credentials in the URL, and unless
-//! `allow_private_targets` no loopback, private, link-local, shared or multicast address,
-//! checked when the endpoint is made and again at every connection (`GuardedResolver`, which
-//! ureq asks for the addresses it connects to), so a name that later resolves to an inside
-//! address is refused then too.
+//! `allow_private_targets` no address of the special-purpose table (`special.rs`: loopback,
+//! private, link-local, shared, multicast, reserved, and IPv6 forms carrying such an IPv4
+//! address), checked when the endpoint is made and again at every connection. ureq connects
+//! only to the addresses its resolver gives (one after the other until one answers), and the
+//! resolver here (`GuardedResolver`) gives only those the table allows; so the socket's peer
+//! is always an address that was checked, and a name that later resolves to an inside
+//! address, or to an inside and an outside one, never reaches the inside one.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
 /// The longest URL an endpoint may have.
 pub const MAX_URL: usize = 2048;
@@ -26,7 +29,7 @@ impl std::fmt::Display for TargetError {
             TargetError::Invalid(why) => write!(f, "`url` {why}"),
             TargetError::Private(host) => write!(
                 f,
-                "`url` resolves to a loopback, private or link-local address ({host}); the server sends webhooks to public addresses only"
+                "`url` resolves to a loopback, private, link-local or other special-purpose address ({host}); the server sends webhooks to public addresses only"
             ),
             TargetError::Unresolvable(host) => write!(f, "`url`'s host {host} does not resolve"),
         }
@@ -61,50 +64,35 @@ pub fn check(text: &str, allow_private: bool) -> Result<String, TargetError> {
     Ok(url.to_string())
 }
 
-/// Whether the server may send to `ip` when private targets are not allowed.
+/// Whether the server may send to `ip` when private targets are not allowed: no row of the
+/// special-purpose table holds it (`special.rs`).
 pub fn is_public(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => public_v4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => public_v4(v4),
-            None => public_v6(v6),
-        },
-    }
+    super::special::is_public(ip)
 }
 
-fn public_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
-    let shared = a == 100 && (64..128).contains(&b); // 100.64.0.0/10, carrier-grade NAT
-    let this_network = a == 0;
-    !(ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_broadcast()
-        || ip.is_multicast()
-        || ip.is_unspecified()
-        || ip.is_documentation()
-        || shared
-        || this_network
-        || a >= 240)
-}
-
-fn public_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
-    let unique_local = (first & 0xfe00) == 0xfc00;
-    let link_local = (first & 0xffc0) == 0xfe80;
-    let nat64 = first == 0x64 && ip.segments()[1] == 0xff9b;
-    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || unique_local || link_local || nat64)
-}
+/// How a name is looked up: `host:port` to its addresses.
+pub type Lookup = std::sync::Arc<dyn Fn(&str) -> io::Result<Vec<SocketAddr>> + Send + Sync>;
 
 /// ureq's resolver for webhook connections: the addresses a name resolves to, inside ones
-/// dropped unless allowed; none left is an error, so nothing connects.
+/// dropped unless allowed; none left is an error, so nothing connects. ureq connects only to
+/// what this returns, so the peer of every webhook connection is an address checked here.
 pub struct GuardedResolver {
     pub allow_private: bool,
+    /// The system's resolver (`GuardedResolver::system`), or a test's.
+    pub lookup: Lookup,
+}
+
+impl GuardedResolver {
+    /// Over the system's resolver.
+    pub fn system(allow_private: bool) -> GuardedResolver {
+        let lookup: Lookup = std::sync::Arc::new(|netloc: &str| Ok(netloc.to_socket_addrs()?.collect()));
+        GuardedResolver { allow_private, lookup }
+    }
 }
 
 impl ureq::Resolver for GuardedResolver {
     fn resolve(&self, netloc: &str) -> io::Result<Vec<SocketAddr>> {
-        let addresses: Vec<SocketAddr> = netloc.to_socket_addrs()?.collect();
+        let addresses: Vec<SocketAddr> = (self.lookup)(netloc)?;
         if self.allow_private {
             return Ok(addresses);
         }
@@ -144,6 +132,20 @@ mod tests {
         }
     }
 
+    /// The seven encodings issue 35 found accepted: an IPv4 loopback inside IPv6 forms,
+    /// deprecated and reserved IPv6 space, and IPv4 special-purpose blocks.
+    #[test]
+    fn the_special_purpose_addresses_issue_35_found_are_refused() {
+        for inside in
+            ["::127.0.0.1", "::ffff:0:7f00:1", "2002:7f00:1::", "fec0::1", "100::1", "198.18.0.1", "192.0.0.1"]
+        {
+            assert!(!is_public(inside.parse().unwrap()), "{inside}");
+            let url =
+                format!("http://{}/hook", if inside.contains(':') { format!("[{inside}]") } else { inside.into() });
+            assert!(matches!(check(&url, false), Err(TargetError::Private(_))), "{url}");
+        }
+    }
+
     #[test]
     fn urls_are_checked_for_shape_and_address() {
         assert!(matches!(check("ftp://example.com/", true), Err(TargetError::Invalid(_))));
@@ -153,10 +155,46 @@ mod tests {
         assert!(matches!(check("http://localhost:9/hook", false), Err(TargetError::Private(_))));
         assert!(matches!(check("http://[::1]:9/hook", false), Err(TargetError::Private(_))));
         assert_eq!(check("http://127.0.0.1:9/hook", true).unwrap(), "http://127.0.0.1:9/hook");
-        let refused = GuardedResolver { allow_private: false };
+        let refused = GuardedResolver::system(false);
         assert_eq!(
             ureq::Resolver::resolve(&refused, "127.0.0.1:80").unwrap_err().kind(),
             io::ErrorKind::PermissionDenied
         );
+    }
+
+    /// A name that resolves to an inside address first and an outside one second: the
+    /// connection never reaches the inside one. With inside addresses allowed, the same
+    /// agent connects to the first address the resolver gives: ureq's peer is the resolver's.
+    #[test]
+    fn a_name_resolving_inside_and_outside_never_reaches_the_inside_address() {
+        use std::io::{Read, Write};
+        let inside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let inside_addr = inside.local_addr().unwrap();
+        // Public: unreachable from here, or answered by whatever stands in for the internet.
+        let outside: SocketAddr = "203.0.114.1:9".parse().unwrap();
+        let lookup: Lookup = std::sync::Arc::new(move |_: &str| Ok(vec![inside_addr, outside]));
+        let guarded = GuardedResolver { allow_private: false, lookup: lookup.clone() };
+        assert_eq!(ureq::Resolver::resolve(&guarded, "hook.example:80").unwrap(), vec![outside]);
+        let agent = |resolver| {
+            ureq::AgentBuilder::new().resolver(resolver).timeout(std::time::Duration::from_millis(500)).build()
+        };
+        match agent(guarded).post("http://hook.example/x").send_bytes(b"{}") {
+            Ok(answer) | Err(ureq::Error::Status(_, answer)) => assert_eq!(answer.remote_addr(), outside),
+            Err(ureq::Error::Transport(_)) => {}
+        }
+        inside.set_nonblocking(true).unwrap();
+        assert_eq!(inside.accept().unwrap_err().kind(), io::ErrorKind::WouldBlock, "nothing reached the inside");
+
+        inside.set_nonblocking(false).unwrap();
+        let answering = std::thread::spawn(move || {
+            let (mut socket, _) = inside.accept().unwrap();
+            let mut head = [0u8; 1024];
+            let _ = socket.read(&mut head);
+            socket.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+        });
+        let open = GuardedResolver { allow_private: true, lookup };
+        let answer = agent(open).post("http://hook.example/x").send_bytes(b"{}").unwrap();
+        assert_eq!(answer.remote_addr(), inside_addr);
+        answering.join().unwrap();
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::support::{event_type, TestServer};
 
-fn at(text: &str) -> i64 {
+pub(crate) fn at(text: &str) -> i64 {
     chrono::DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis()
 }
 
@@ -20,6 +20,8 @@ fn server(clock: &Arc<ManualClock>) -> TestServer {
     TestServer::start_with(|config| {
         config.clock = clock;
         config.agent.permissions.insert("run_command".into(), Permission::Ask);
+        // One test fires every ten seconds.
+        config.schedules.min_interval_secs = 10;
     })
 }
 
@@ -30,7 +32,7 @@ fn create(server: &TestServer, body: Value) -> Value {
 }
 
 /// The next schedule event of `schedule` on `stream`.
-fn next_fire(stream: &mut crate::support::SseClient, schedule: &str) -> Value {
+pub(crate) fn next_fire(stream: &mut crate::support::SseClient, schedule: &str) -> Value {
     let events = stream.collect_until(|e| {
         matches!(event_type(e), "schedule.fired" | "schedule.skipped") && e["event"]["scheduleId"] == schedule
     });

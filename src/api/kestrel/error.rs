@@ -109,6 +109,7 @@ impl From<EngineError> for ApiError {
             EngineError::EditDenied(_) => ApiError::new(403, "forbidden", message),
             EngineError::InvalidDecision(_) => ApiError::bad_request("invalid_decision", message),
             EngineError::BudgetExceeded(_) => ApiError::new(429, "budget_exceeded", message),
+            EngineError::SessionLimit(_) => ApiError::new(429, "session_limit", message),
             EngineError::InvalidResponseFormat(_) => ApiError::bad_request("invalid_response_format", message),
             // A run's end, never a request's answer.
             EngineError::StructuredOutputInvalid(_) => ApiError::new(422, "structured_output_invalid", message),

@@ -16,7 +16,9 @@ impl From<ScheduleError> for ApiError {
     fn from(error: ScheduleError) -> ApiError {
         let message = error.to_string();
         match error {
-            ScheduleError::Timing(_) | ScheduleError::Message(_) => ApiError::bad_request("invalid_schedule", message),
+            ScheduleError::Timing(_) | ScheduleError::TooFrequent { .. } | ScheduleError::Message(_) => {
+                ApiError::bad_request("invalid_schedule", message)
+            }
             ScheduleError::NotFound => ApiError::new(404, "schedule_not_found", message),
             ScheduleError::TooMany => ApiError::new(409, "schedule_limit", message),
             ScheduleError::Engine(error) => ApiError::from(error),

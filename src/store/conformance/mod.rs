@@ -4,6 +4,7 @@
 //! `sqlite.rs` runs it on a SQLite file shared by several handles, each with its own writer
 //! connection, as several processes would have.
 
+mod limits;
 mod messages;
 mod schedules;
 
@@ -32,6 +33,8 @@ pub fn run_all(open: Open<'_>) {
     rules_keep_to_their_tenant_and_session_and_the_audit_log_pages_and_trims(open);
     schedules::schedules_keep_to_their_tenant_and_their_last_fires(open);
     messages::messages_by_id_finds_each_listed_message_of_its_session(open);
+    limits::a_tenant_s_sessions_stop_at_the_room_asked_for_on_every_node(open);
+    limits::due_deliveries_leave_out_busy_endpoints_and_full_tenants(open);
 }
 
 /// A store under a fresh directory, opened `nodes` times.

@@ -10,6 +10,15 @@ use crate::domain::{Message, SessionStatus, STORED_FORM};
 /// Applies one op; a log append answers with its first seq.
 pub(super) fn apply(tx: &mut Tx<'_>, op: &WriteOp, trim: &mut Trim) -> Result<Option<u64>, StoreError> {
     match op {
+        WriteOp::SessionRoom { tenant, max } => {
+            // The nodes of a cluster count a tenant's sessions in turn: the lock is held to
+            // the commit, so the next one's count sees this insert.
+            tx.exec("SELECT pg_advisory_xact_lock(hashtext('kestrel.sessions:' || $1))", &[tenant])?;
+            let count: i64 = tx.one("SELECT count(*) FROM sessions WHERE tenant = $1", &[tenant])?.get(0);
+            if count as u64 >= *max {
+                return Err(StoreError::SessionLimit(*max));
+            }
+        }
         WriteOp::InsertSession(record) => {
             let s = &record.summary;
             let forked_from = s.forked_from.as_ref().map(|from| serde_json::json!(from).to_string());

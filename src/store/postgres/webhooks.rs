@@ -2,6 +2,7 @@
 //! (`store/webhooks.rs` says what each write means). `enqueue` runs in the log append's
 //! transaction, so an event and its deliveries commit together.
 
+use super::super::contract::Busy;
 use super::super::rows::{self, ATTEMPT_COLUMNS, DELIVERY_COLUMNS, WEBHOOK_COLUMNS};
 use super::super::webhooks::WebhookWrite;
 use super::super::{LoggedEvent, StoreError};
@@ -185,15 +186,23 @@ impl super::super::contract::WebhookReads for Postgres {
         })
     }
 
-    fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+    fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &Busy<'_>,
+    ) -> Result<Vec<(String, Delivery)>, StoreError> {
         self.with(|conn| {
             let sql = format!(
-                "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries
-                 WHERE state = 'pending' AND next_at <= $1
-                   AND webhook_id IN (SELECT id FROM webhooks WHERE enabled = 1)
-                 ORDER BY next_at, seq LIMIT $2"
+                "SELECT {DELIVERY_COLUMNS}, (SELECT w.tenant FROM webhooks w WHERE w.id = d.webhook_id)
+                 FROM webhook_deliveries d
+                 WHERE d.state = 'pending' AND d.next_at <= $1
+                   AND d.webhook_id IN (SELECT id FROM webhooks WHERE enabled = 1 AND NOT (tenant = ANY($3)))
+                   AND NOT (d.webhook_id = ANY($4))
+                 ORDER BY d.next_at, d.seq LIMIT $2"
             );
-            decode(conn.query(&sql, &[&now_ms, &(limit as i64)])?, rows::delivery)
+            let (tenants, webhooks) = (busy.tenants.to_vec(), busy.webhooks.to_vec());
+            decode(conn.query(&sql, &[&now_ms, &(limit as i64), &tenants, &webhooks])?, rows::due_delivery)
         })
     }
 

@@ -84,7 +84,6 @@ impl BaeRun<'_> {
             .summarize_messages(&chain, &mut recorded, &history, prompt, None)
             .map_err(|why| EngineError::Compaction(why.to_string()))?;
         usage.add(&written.usage);
-        self.count_usage(primary, &written.usage);
         let preamble = flagged(Message::text_of(Role::User, PREAMBLE), "compaction_preamble", true);
         let summary = Message::text_of(Role::Assistant, written.text);
         let (preamble_event, summary_event) = self.store_pair(preamble, summary)?;

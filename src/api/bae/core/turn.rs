@@ -190,11 +190,14 @@ impl BaeRun<'_> {
         }
         let request =
             CompletionRequest { system_prompt: None, messages: &history, tools: &tools, response_format: None };
+        // The profile's budget first (`engine/meter.rs`): a spent one ends the turn.
+        let Some(reservation) = self.reserve_call(chain, &request)? else { return Ok(Step::Cancelled) };
         let mut recorded = Recorded { run: self.run, stored, fault_first: true };
-        match chain.call(&request, &mut recorded, &self.cancel) {
+        let called = chain.call(&request, &mut recorded, &self.cancel);
+        self.settle_call(reservation, called.as_ref().ok());
+        match called {
             Ok(answered) => {
                 usage.add(&answered.completion.usage);
-                self.count_usage(&answered.target.model, &answered.completion.usage);
                 let completion = answered.completion;
                 let mut answer = Message::new(Role::Assistant);
                 answer.model = Some(answered.target.model.clone());

@@ -194,9 +194,10 @@ fn a_command_changes_only_its_workspace_and_reads_none_of_the_servers_files_or_a
     assert!(!tmp_escape.exists(), "/tmp is private");
 
     // Nothing of the server's, nothing of a home, nothing in the host's /tmp.
-    assert!(data_dir.join("kestrel.db").exists(), "the data dir holds the store");
+    // The lock file is in the data dir on either store (SQLite's file is too, when it is the store).
+    assert!(data_dir.join("kestrel.lock").exists(), "the data dir holds the server's files");
     let reads = format!(
-        "ls -A kestrel-data | wc -l; cat kestrel-data/kestrel.db {} {} {} 2>/dev/null; cat /proc/{}/environ 2>/dev/null; true",
+        "ls -A kestrel-data | wc -l; cat kestrel-data/kestrel.lock kestrel-data/kestrel.db {} {} {} 2>/dev/null; cat /proc/{}/environ 2>/dev/null; true",
         config_file.display(),
         home_secret.0.display(),
         host_tmp.display(),

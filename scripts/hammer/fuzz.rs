@@ -362,7 +362,7 @@ impl Fuzzer {
 
     /// The request as bytes with its head mangled: flipped bits, non-ASCII, lying lengths.
     fn mangle(&mut self, method: &str, path: &str, headers: &[(String, String)], body: &[u8]) -> Vec<u8> {
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: kestrel\r\n");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
         for (name, value) in headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }

@@ -1,6 +1,7 @@
 //! The integration suite: every test starts a real server on 127.0.0.1:0 and talks HTTP.
 
 mod acp;
+mod acp_local;
 mod auth;
 mod bae;
 mod browser;
@@ -9,6 +10,7 @@ mod checkpoints;
 mod cli;
 mod cluster;
 mod cluster_nodes;
+mod config_view;
 mod console;
 mod console_permissions;
 mod context;
@@ -29,6 +31,7 @@ pub mod mcp;
 mod metrics;
 mod migrate;
 mod openapi;
+mod origin;
 mod permissions;
 mod pg_cluster;
 mod plugins;

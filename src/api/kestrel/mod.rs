@@ -34,6 +34,7 @@ use crate::api::routes::{self, RouteDef};
 use crate::auth::{self, TokenSet};
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
+use crate::http::origin::Exposure;
 use crate::http::{EdgeError, Handler, Reply, Request};
 pub use error::ApiError;
 
@@ -254,7 +255,7 @@ impl KestrelApi {
         self.engine.admit_request(&self.engine.tenant_allowance(&caller.tenant)).map_err(ApiError::rate_limited)?;
         match (found.kind(), method.as_str()) {
             (Kind::Bootstrap, _) => meta::bootstrap(self),
-            (Kind::Config, _) => Ok(json(200, &self.config_view)),
+            (Kind::Config, _) => meta::config(self, &caller),
             (Kind::Metrics, _) => Ok(metrics_reply(self.engine.render_metrics()?)),
             (Kind::Plugins, _) => meta::plugins(self),
             (Kind::Sessions, "GET") => sessions::list(self, &caller, request),
@@ -320,6 +321,16 @@ impl Handler for KestrelApi {
 
     fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
         ApiError::from(error).into_reply()
+    }
+
+    /// The console's files and plugins' web files are public, as the spec says of static
+    /// assets: any page may load them. Every other route is the API's.
+    fn exposure(&self, method: &str, path: &str) -> Exposure {
+        let kind = routes::find(ROUTES, path).map(|found| found.kind());
+        match (kind, method) {
+            (Some(Kind::Console | Kind::Asset | Kind::PluginAsset), "GET" | "HEAD") => Exposure::Asset,
+            _ => Exposure::Api { bodies: crate::http::origin::JSON },
+        }
     }
 }
 

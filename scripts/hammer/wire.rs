@@ -46,6 +46,14 @@ impl Outcome {
     }
 }
 
+/// `Host: localhost`, unless the caller sends a Host of its own.
+fn default_host(headers: &[(&str, &str)]) -> &'static str {
+    match headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        true => "",
+        false => "Host: localhost\r\n",
+    }
+}
+
 /// A keep-alive connection that reconnects when the server closed it.
 pub struct Client {
     host: String,
@@ -60,7 +68,7 @@ impl Client {
 
     /// A request built from its parts, with `Content-Length` for the body.
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
-        let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n").into_bytes();
+        let mut bytes = format!("{method} {path} HTTP/1.1\r\n{}", default_host(headers)).into_bytes();
         for (name, value) in headers {
             bytes.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
         }
@@ -121,7 +129,7 @@ impl Client {
     /// then hangs up: for replies that stream for as long as the client listens.
     pub fn head_status(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
         let Ok(socket) = TcpStream::connect(&self.host) else { return Outcome::Closed };
-        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\n");
+        let mut request = format!("{method} {path} HTTP/1.1\r\n{}", default_host(headers));
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));
         }

@@ -3,7 +3,7 @@
 //! PostgreSQL client accepts, never appears in the config view, the server's start-up error
 //! line or `kestrel migrate`'s output.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use kestrel::config::TokenConfig;
 
@@ -92,20 +92,7 @@ fn a_password_in_any_parameter_stays_out_of_start_up_and_migrate_errors() {
         format!("postgres://kestrel@[::1/kestrel?password={PASSWORD}"),
     ];
     for url in urls {
-        let migrate = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-            .args(["migrate", "--database-url", &url])
-            .env_remove("KESTREL_DATABASE_URL")
-            .output()
-            .unwrap();
-        let serve = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-            .env("KESTREL_DATABASE_URL", &url)
-            .env("KESTREL_ADDR", "127.0.0.1:0")
-            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
-            .env("KESTREL_DATA_DIR", data.path())
-            .env("KESTREL_WORKSPACE", data.path())
-            .env("RUST_LOG", "debug")
-            .output()
-            .unwrap();
+        let (migrate, serve) = (crate::postgres::migrate(&url), crate::postgres::serve(&url, data.path(), "debug"));
         for (what, output) in [("migrate", migrate), ("serve", serve)] {
             let said = text(&output);
             assert_eq!(output.status.code(), Some(1), "{what} {url}: {said}");

@@ -324,8 +324,13 @@ impl Fuzzer {
                 (pair("Host", host), FORBIDDEN)
             }
             1 => {
-                let origin =
-                    self.random.pick(&["http://evil.example", "null", "http://localhost:1", "file://", "https://evil.example"]);
+                let origin = self.random.pick(&[
+                    "http://evil.example",
+                    "null",
+                    "http://localhost:1",
+                    "file://",
+                    "https://evil.example",
+                ]);
                 (pair("Origin", origin), FORBIDDEN)
             }
             2 => (pair("Sec-Fetch-Site", self.random.pick(&["cross-site", "same-site"])), FORBIDDEN),

@@ -222,7 +222,7 @@ fn values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
 /// Whether the request carries a body: a `Content-Length` above 0, or any transfer coding.
 fn has_body(headers: &[(String, String)]) -> bool {
     headers.iter().any(|(name, value)| {
-        (name.eq_ignore_ascii_case("content-length") && value.trim().trim_start_matches('0') != "")
+        (name.eq_ignore_ascii_case("content-length") && !value.trim().trim_start_matches('0').is_empty())
             || name.eq_ignore_ascii_case("transfer-encoding")
     })
 }

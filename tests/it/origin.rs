@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 
 use crate::support::{event_type, host_of, raw, RawAnswer, TestServer, WAIT};
 
+/// A header as sent: its name and value.
+type Header<'a> = (&'a str, &'a str);
+
 /// One request on a connection of its own, with exactly these headers.
 fn ask(base: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> RawAnswer {
     let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
@@ -276,7 +279,7 @@ fn a_page_cannot_read_the_approval_nor_approve_the_command_it_asked_for() {
         let answer = ask(&server.base, "GET", &path, &[("Host", &rebound), ("Accept", "text/event-stream")], "");
         assert_refused(&answer, &path, 403, "forbidden");
     }
-    let attempts: [(&[(&str, &str)], u16, &str); 6] = [
+    let attempts: [(&[Header], u16, &str); 6] = [
         (&[("Host", &rebound), ("Origin", &rebound_origin), ("Content-Type", "application/json")], 403, "forbidden"),
         (&[("Host", &own), ("Origin", "http://evil.example"), ("Content-Type", "text/plain")], 403, "forbidden"),
         (
@@ -298,4 +301,61 @@ fn a_page_cannot_read_the_approval_nor_approve_the_command_it_asked_for() {
     assert_eq!((denied.status, &denied.json), (200, &json!({ "resolved": true })), "{}", denied.text);
     stream.collect_until(crate::support::is_run_end);
     assert!(!marker.exists(), "the command never ran");
+}
+
+#[test]
+fn the_names_and_origins_an_operator_lists_are_answered() {
+    let server = TestServer::start_with(|config| {
+        config.server.allowed_hosts = vec!["kestrel.example.com".into(), ".corp.example".into()];
+        config.server.allowed_origins = vec!["https://app.example.com".into()];
+    });
+    let port = port_of(&server.base);
+    let json = ("Content-Type", "application/json");
+    // Behind a proxy that passes the public name on: the console's own origin is that name.
+    let public = [("Host", "kestrel.example.com"), ("Origin", "https://kestrel.example.com"), json];
+    assert_eq!(ask(&server.base, "POST", "/api/sessions", &public, "{}").status, 201);
+    for host in ["corp.example", "a.b.corp.example:8443"] {
+        assert_eq!(ask(&server.base, "GET", "/api/health", &[("Host", host)], "").status, 200, "{host}");
+    }
+    for host in ["evil.example", "kestrel.example.com.evil.example", "xcorp.example"] {
+        assert_refused(
+            &ask(&server.base, "GET", "/api/health", &[("Host", host)], ""),
+            "/api/health",
+            403,
+            "forbidden",
+        );
+    }
+    // A web app of a listed origin; an unlisted one is still another origin.
+    let own = format!("127.0.0.1:{port}");
+    let app = [("Host", own.as_str()), ("Origin", "https://app.example.com"), json];
+    assert_eq!(ask(&server.base, "POST", "/api/sessions", &app, "{}").status, 201);
+    let other = [("Host", own.as_str()), ("Origin", "https://other.example.com"), json];
+    assert_refused(&ask(&server.base, "POST", "/api/sessions", &other, "{}"), "/api/sessions", 403, "forbidden");
+    // Behind a proxy that sends its upstream's address, the public origin must be listed.
+    let rewritten = [("Host", own.as_str()), ("Origin", "https://kestrel.example.com"), json];
+    assert_refused(&ask(&server.base, "POST", "/api/sessions", &rewritten, "{}"), "/api/sessions", 403, "forbidden");
+
+    // `*` turns the Host check off; the Origin check stays.
+    let any = TestServer::start_with(|config| config.server.allowed_hosts = vec!["*".into()]);
+    assert_eq!(ask(&any.base, "GET", "/api/health", &[("Host", "anything.example")], "").status, 200);
+    let cross = [("Host", "anything.example"), ("Origin", "http://evil.example")];
+    assert_refused(&ask(&any.base, "GET", "/api/health", &cross, ""), "/api/health", 403, "forbidden");
+
+    // The environment sets both lists; an entry that is no name stops the start.
+    let env = |name: &str| match name {
+        "KESTREL_ALLOWED_HOSTS" => Some("a.example, .b.example".to_string()),
+        "KESTREL_ALLOWED_ORIGINS" => Some("https://c.example".to_string()),
+        _ => None,
+    };
+    let config = kestrel::Config::load(None, &env).unwrap();
+    assert_eq!(config.server.allowed_hosts, ["a.example", ".b.example"]);
+    assert_eq!(config.server.allowed_origins, ["https://c.example"]);
+    for (hosts, origins) in [(vec!["http://a.example".to_string()], vec![]), (vec![], vec!["c.example".to_string()])] {
+        let (data, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut config = crate::support::test_config(data.path(), workspace.path());
+        config.server.allowed_hosts = hosts;
+        config.server.allowed_origins = origins;
+        let error = kestrel::Server::start(config).err().expect("a setting that is no name stops the start");
+        assert!(error.to_string().contains("server.allowed_"), "{error}");
+    }
 }

@@ -329,6 +329,8 @@ impl Handler for KestrelApi {
         let kind = routes::find(ROUTES, path).map(|found| found.kind());
         match (kind, method) {
             (Some(Kind::Console | Kind::Asset | Kind::PluginAsset), "GET" | "HEAD") => Exposure::Asset,
+            // Every other route, and any route added later, is screened as the API's: a new
+            // public file must be named above on purpose.
             _ => Exposure::Api { bodies: crate::http::origin::JSON },
         }
     }

@@ -359,3 +359,33 @@ fn the_names_and_origins_an_operator_lists_are_answered() {
         assert!(error.to_string().contains("server.allowed_"), "{error}");
     }
 }
+
+#[test]
+fn the_consoles_request_at_another_node_is_screened_there_and_served_by_the_holder() {
+    let Some(database) = crate::pg_cluster::database() else { return };
+    let a = crate::cluster::node_leasing(&database.url, "node-a", 10_000);
+    let b = crate::cluster::node_leasing(&database.url, "node-b", 10_000);
+    let user = crate::cluster::USER;
+    let at_a = a.client().with_token(Some(user));
+    let id = at_a.post("/api/sessions", json!({})).json["session"]["id"].as_str().unwrap().to_string();
+    let mut stream = crate::support::SseClient::open(&a.base, &format!("/api/sessions/{id}/events"), Some(user), None);
+    assert_eq!(at_a.post(&format!("/api/sessions/{id}/messages"), json!({ "content": "at A" })).status, 202);
+    stream.collect_until(crate::support::is_run_end);
+
+    // The console loaded from node B: its Origin is B's, which node A, the holder, never is.
+    let host = format!("127.0.0.1:{}", port_of(&b.base));
+    let (origin, bearer) = (format!("http://{host}"), format!("Bearer {user}"));
+    let headers = [
+        ("Host", host.as_str()),
+        ("Origin", origin.as_str()),
+        ("Content-Type", "application/json"),
+        ("Authorization", &bearer),
+    ];
+    let sent = ask(&b.base, "POST", &format!("/api/sessions/{id}/messages"), &headers, r#"{"content":"at B"}"#);
+    assert_eq!(sent.status, 202, "{sent:?}");
+    stream.collect_until(crate::support::is_run_end);
+    // And a page of another origin is refused at B, before anything is forwarded.
+    let cross = [("Host", host.as_str()), ("Origin", "http://evil.example"), ("Content-Type", "application/json")];
+    let refused = ask(&b.base, "POST", &format!("/api/sessions/{id}/messages"), &cross, r#"{"content":"csrf"}"#);
+    assert_refused(&refused, "/api/sessions", 403, "forbidden");
+}

@@ -6,9 +6,12 @@
 //! protocol reads, and bodies built from valid ones and then mutated: fields of the wrong
 //! type, huge or deeply nested values, truncated or flipped bytes, garbage. One request in
 //! twenty is mangled below HTTP: bytes of its head flipped, non-ASCII inserted, lengths that
-//! lie. Any 5xx but the documented 501 of routes not built yet fails the run, and so does a
-//! request with no answer at all (a hang or a silent close) and a server that is not alive
-//! and healthy at the end.
+//! lie. One in eight is what a web page might send (`hostile`): a foreign or doubled `Host`, a
+//! cross-origin or `null` `Origin`, a cross-site `Sec-Fetch-Site`, or a body of a type a page may
+//! send without asking; each must be refused (403, or 415 for the body). Any 5xx but the
+//! documented 501 of routes not built yet fails the run, and so does a request with no answer at
+//! all (a hang or a silent close), a hostile request served, and a server that is not alive and
+//! healthy at the end.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -105,10 +108,14 @@ pub fn run(binary: &Path, requests: usize, seed: u64) -> Report {
                     targets,
                     admin: Client::new(&admin),
                     bae,
+                    expected: None,
                 };
                 while sent.fetch_add(1, Ordering::Relaxed) < requests {
                     let (label, outcome, allowed_501, raw) = fuzzer.one();
                     record(&report, &label, &outcome, allowed_501, raw);
+                    if let Some(expected) = fuzzer.expected.take() {
+                        refused_as(&report, &label, &outcome, expected);
+                    }
                 }
             })
         })
@@ -168,7 +175,27 @@ pub(super) struct Fuzzer {
     /// The BAE admin API.
     pub(super) admin: Client,
     pub(super) bae: Arc<BaeTargets>,
+    /// The statuses the last request must have been refused with, when it was hostile.
+    expected: Option<&'static [u16]>,
 }
+
+/// Fails the run when a hostile request was not refused as it must be.
+fn refused_as(report: &Mutex<Report>, label: &str, outcome: &Outcome, expected: &[u16]) {
+    let status = match outcome {
+        Outcome::Answered { status, .. } => *status,
+        // No answer at all is already a failure of its own.
+        Outcome::Closed | Outcome::Hung => return,
+    };
+    let mut report = report.lock().unwrap_or_else(|e| e.into_inner());
+    if !expected.contains(&status) && report.failures.len() < 100 {
+        report.failures.push(format!("{status} for hostile {label}, not {expected:?}"));
+    }
+}
+
+/// What a hostile `Host`, `Origin` or Fetch Metadata is refused with.
+const FORBIDDEN: &[u16] = &[403];
+/// What a body of a type a page may send is refused with.
+const MEDIA_TYPE: &[u16] = &[415];
 
 /// Routes with the methods they answer; `true` where the route answers 501 for now.
 const ROUTES: &[(&str, &[&str], bool)] = &[
@@ -243,14 +270,27 @@ impl Fuzzer {
         if self.random.chance(10) {
             headers.push(("Idempotency-Key".into(), format!("key-{}", self.random.below(50))));
         }
-        let label = format!("{method} {path}");
+        let mut label = format!("{method} {path}");
+        if self.random.chance(12) {
+            let (hostile, expected) = self.hostile();
+            label = format!("{label} with {hostile:?}");
+            headers.extend(hostile);
+            self.expected = Some(expected);
+        }
         let streaming = template.ends_with("events") && method == "GET";
         if streaming {
+            if self.expected == Some(MEDIA_TYPE) {
+                self.expected = None; // a stream is asked for without a body
+            }
             let refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
             return (label, self.client.stream_status(&path, &refs), not_built, false);
         }
         let body = self.body(template);
-        if self.random.chance(5) {
+        if self.expected == Some(MEDIA_TYPE) && body.is_empty() {
+            // A hostile type on no body at all is no body a page sent: nothing to refuse.
+            self.expected = None;
+        }
+        if self.expected.is_none() && self.random.chance(5) {
             let bytes = self.mangle(&method, &path, &headers, &body);
             let label = format!("mangled {label}: {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(120)]));
             return (label, self.client.raw(&bytes), not_built, true);
@@ -261,6 +301,52 @@ impl Fuzzer {
             self.replace_deleted(&path);
         }
         (label, outcome, not_built, false)
+    }
+
+    /// Headers a web page might send, and the statuses they must be refused with: a `Host`
+    /// that is not the server's, an `Origin` of another site, Fetch Metadata saying so, or a
+    /// body type a page may send without a preflight.
+    fn hostile(&mut self) -> (Vec<(String, String)>, &'static [u16]) {
+        let pair = |name: &str, value: &str| vec![(name.to_string(), value.to_string())];
+        match self.random.below(4) {
+            0 => {
+                let host = self.random.pick(&[
+                    "evil.example",
+                    "evil.example:8080",
+                    "localhost.evil.example",
+                    "127.0.0.1.nip.io",
+                    "2130706433",
+                    "[::1",
+                    "localhost:99999",
+                    "user@localhost",
+                    "",
+                ]);
+                (pair("Host", host), FORBIDDEN)
+            }
+            1 => {
+                let origin = self.random.pick(&[
+                    "http://evil.example",
+                    "null",
+                    "http://localhost:1",
+                    "file://",
+                    "https://evil.example",
+                ]);
+                (pair("Origin", origin), FORBIDDEN)
+            }
+            2 => (pair("Sec-Fetch-Site", self.random.pick(&["cross-site", "same-site"])), FORBIDDEN),
+            _ => {
+                let kind = self.random.pick(&[
+                    "text/plain",
+                    "text/plain;charset=UTF-8",
+                    "application/x-www-form-urlencoded",
+                    "multipart/form-data; boundary=x",
+                    "application/octet-stream",
+                    "text/json",
+                    "",
+                ]);
+                (pair("Content-Type", kind), MEDIA_TYPE)
+            }
+        }
     }
 
     fn fill(&mut self, template: &str) -> String {
@@ -362,7 +448,7 @@ impl Fuzzer {
 
     /// The request as bytes with its head mangled: flipped bits, non-ASCII, lying lengths.
     fn mangle(&mut self, method: &str, path: &str, headers: &[(String, String)], body: &[u8]) -> Vec<u8> {
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: kestrel\r\n");
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n");
         for (name, value) in headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }

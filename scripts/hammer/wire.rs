@@ -46,6 +46,14 @@ impl Outcome {
     }
 }
 
+/// `Host: localhost`, unless the caller sends a Host of its own.
+fn default_host(headers: &[(&str, &str)]) -> &'static str {
+    match headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        true => "",
+        false => "Host: localhost\r\n",
+    }
+}
+
 /// A keep-alive connection that reconnects when the server closed it.
 pub struct Client {
     host: String,
@@ -60,9 +68,13 @@ impl Client {
 
     /// A request built from its parts, with `Content-Length` for the body.
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
-        let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: kestrel\r\n").into_bytes();
+        let mut bytes = format!("{method} {path} HTTP/1.1\r\n{}", default_host(headers)).into_bytes();
         for (name, value) in headers {
             bytes.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        // A body is JSON unless the caller says otherwise (the server refuses any other type).
+        if !body.is_empty() && !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
+            bytes.extend_from_slice(b"Content-Type: application/json\r\n");
         }
         if !body.is_empty() || method == "POST" || method == "PATCH" {
             bytes.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
@@ -117,9 +129,12 @@ impl Client {
     /// then hangs up: for replies that stream for as long as the client listens.
     pub fn head_status(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
         let Ok(socket) = TcpStream::connect(&self.host) else { return Outcome::Closed };
-        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: kestrel\r\n");
+        let mut request = format!("{method} {path} HTTP/1.1\r\n{}", default_host(headers));
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if !body.is_empty() && !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
+            request.push_str("Content-Type: application/json\r\n");
         }
         if !body.is_empty() || method == "POST" {
             request.push_str(&format!("Content-Length: {}\r\n", body.len()));
@@ -218,7 +233,7 @@ impl Client {
     /// moment (what a `lastEventId` replay hands over), then hangs up.
     pub fn replay(&self, path: &str) -> Vec<serde_json::Value> {
         let Ok(mut socket) = TcpStream::connect(&self.host) else { return Vec::new() };
-        let request = format!("GET {path} HTTP/1.1\r\nHost: kestrel\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
         if socket.write_all(request.as_bytes()).is_err() {
             return Vec::new();
         }

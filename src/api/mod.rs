@@ -119,6 +119,10 @@ impl Handler for MainDoor {
     fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply {
         self.door(path).edge_error(path, error)
     }
+
+    fn exposure(&self, method: &str, path: &str) -> crate::http::origin::Exposure {
+        self.door(Some(path)).exposure(method, path)
+    }
 }
 
 /// Which listener a route is served on.

@@ -38,10 +38,12 @@ pub(super) fn death_signal_wrapper() -> Option<PathBuf> {
 }
 
 /// The edge's settings; `max_connections` 0 means what the open-file limit allows.
-pub(super) fn http_config(config: &Config, files: crate::http::FileLimit) -> HttpConfig {
+pub(super) fn http_config(config: &Config, files: crate::http::FileLimit) -> Result<HttpConfig, ConfigError> {
     let server = &config.server;
     let millis = |ms: u64| Duration::from_millis(ms.max(1));
-    HttpConfig {
+    let origin = crate::http::origin::Policy::new(&server.allowed_hosts, &server.allowed_origins, &own_names(config))
+        .map_err(|error| ConfigError::Invalid(error.to_string()))?;
+    Ok(HttpConfig {
         body_limit: server.body_limit_bytes,
         ping_interval: millis(server.sse_ping_interval_ms),
         write_timeout: millis(server.write_timeout_ms),
@@ -54,7 +56,17 @@ pub(super) fn http_config(config: &Config, files: crate::http::FileLimit) -> Htt
             n => n,
         },
         runtime_dir: server.data_dir.join("run"),
-    }
+        origin,
+    })
+}
+
+/// The names this server is reached by as configured: its bind address's host and its
+/// advertised URL's, when those are names rather than IP literals (`http/origin.rs`).
+fn own_names(config: &Config) -> Vec<String> {
+    let bound = config.server.addr.rsplit_once(':').map(|(host, _)| host.to_string());
+    let advertised = config.cluster.advertise_url.as_deref().and_then(|url| url::Url::parse(url).ok());
+    let advertised = advertised.and_then(|url| url.host_str().map(str::to_string));
+    bound.into_iter().chain(advertised).collect()
 }
 
 /// The main port (Kestrel's routes and BAE's client routes) and, when configured, the admin
@@ -103,7 +115,7 @@ pub(super) fn serve(
         let admin = crate::api::bae::admin::AdminApi::new(bae, config.bae.dangerously_disable_admin_auth, views);
         listeners.push((listener, admin));
     }
-    let http_config = http_config(config, crate::http::raise_open_file_limit());
+    let http_config = http_config(config, crate::http::raise_open_file_limit()).map_err(StartError::Config)?;
     let http = HttpServer::start(listeners, http_config).map_err(|e| StartError::Bind(addr, e))?;
     if let Some(admin) = http.addrs().get(1) {
         log::info!("admin API on http://{admin}");

@@ -1,6 +1,7 @@
 //! The `kestrel` command line, as clap parses it: `serve` (the default: no subcommand serves
 //! too, so `cargo run --release` still does) and the client subcommands, which talk HTTP to a
-//! server given by `--url` / `KESTREL_URL` with `--token` / `KESTREL_TOKEN`.
+//! server given by `--url` / `KESTREL_URL` with a token from `KESTREL_TOKEN` or `--token-file`
+//! (`--token` still works, warned about: other local users read command lines).
 
 use std::path::PathBuf;
 
@@ -8,8 +9,8 @@ use clap::{Args, Parser, Subcommand};
 
 /// The environment the server reads, besides the options' own variables.
 const SERVE_ENV: &str = "Environment: KESTREL_ADDR (or BAE_ADDR), KESTREL_DATA_DIR, KESTREL_WORKSPACE, \
-KESTREL_TOKEN, KESTREL_DEFAULT_MODEL, KESTREL_BUILTIN_DELAY_MS, KESTREL_ADMIN_ADDR (or BAE_ADMIN_ADDR), \
-KESTREL_ADMIN_KEY_FILE, BAE_CONFIG, BAE_TURN_TIMEOUT, BAE_SANDBOX_DRIVER, BAE_SUBAGENT_TIMEOUT, \
+KESTREL_TOKEN, KESTREL_ALLOWED_HOSTS, KESTREL_ALLOWED_ORIGINS, KESTREL_DEFAULT_MODEL, KESTREL_BUILTIN_DELAY_MS, \
+KESTREL_ADMIN_ADDR (or BAE_ADMIN_ADDR), KESTREL_ADMIN_KEY_FILE, BAE_CONFIG, BAE_TURN_TIMEOUT, BAE_SANDBOX_DRIVER, BAE_SUBAGENT_TIMEOUT, \
 BAE_MAX_SUBAGENTS_PER_SESSION, BAE_DANGEROUSLY_DISABLE_ADMIN_AUTH, RUST_LOG (or BAE_LOG; default info).";
 
 #[derive(Debug, Parser)]
@@ -69,9 +70,21 @@ pub struct Remote {
     /// The server's base URL.
     #[arg(long, env = "KESTREL_URL", default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
-    /// The bearer token, when the server asks for one.
-    #[arg(long, env = "KESTREL_TOKEN", hide_env_values = true, global = true)]
+    /// The bearer token, when the server asks for one. Every local user can read a command
+    /// line: prefer the KESTREL_TOKEN environment variable or --token-file.
+    #[arg(long, global = true, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// A file holding the bearer token (its first line).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl Remote {
+    /// The token of `--token`, `--token-file` or `KESTREL_TOKEN` (`cli/token.rs`).
+    pub fn token(&self) -> Result<Option<String>, super::CliError> {
+        let env = std::env::var("KESTREL_TOKEN").ok();
+        super::token::resolve(self.token.as_deref(), self.token_file.as_deref(), env)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -171,12 +184,20 @@ pub struct AcpArgs {
     /// A running server's base URL; without one, a server is started here on --data-dir.
     #[arg(long, env = "KESTREL_URL")]
     pub url: Option<String>,
-    /// The running server's bearer token.
-    #[arg(long, env = "KESTREL_TOKEN", hide_env_values = true)]
+    /// The running server's bearer token. Every local user can read a command line: prefer
+    /// the KESTREL_TOKEN environment variable or --token-file.
+    #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// A file holding the running server's bearer token (its first line).
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// The data dir of the server started here (when no --url is given).
     #[arg(long, value_name = "DIR", default_value = "./kestrel-data")]
     pub data_dir: PathBuf,
+    /// A project directory sessions may work in (repeatable); the current directory when none
+    /// is given. With --url, the server's own roots apply as well.
+    #[arg(long = "root", value_name = "DIR")]
+    pub roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]

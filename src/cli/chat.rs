@@ -62,7 +62,7 @@ struct Chat {
 }
 
 pub fn chat(args: &ChatArgs) -> Result<(), CliError> {
-    let client = Client::new(&args.remote);
+    let client = Client::new(&args.remote)?;
     let session = match &args.session {
         Some(id) => client.call("GET", &format!("/api/sessions/{}", segment(id)?), None)?["session"].clone(),
         None => create(&client, args)?,

@@ -46,10 +46,16 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(remote: &Remote) -> Client {
+    /// A client of the server `remote` names, with its token (`cli/token.rs`).
+    pub fn new(remote: &Remote) -> Result<Client, CliError> {
+        Ok(Client::with_token(&remote.url, remote.token()?))
+    }
+
+    /// A client of the server at `base`, with `token` when it asks for one.
+    pub fn with_token(base: &str, token: Option<String>) -> Client {
         let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10)).build();
-        let token = remote.token.clone().filter(|token| !token.is_empty());
-        Client { base: remote.url.trim_end_matches('/').to_string(), token, agent }
+        let token = token.filter(|token| !token.is_empty());
+        Client { base: base.trim_end_matches('/').to_string(), token, agent }
     }
 
     fn request(&self, method: &str, path: &str) -> ureq::Request {

@@ -44,7 +44,7 @@ fn every_session(client: &Client) -> Result<Vec<Value>, CliError> {
 }
 
 pub fn sessions(args: &SessionsArgs) -> Result<(), CliError> {
-    let client = Client::new(&args.remote);
+    let client = Client::new(&args.remote)?;
     match args.action.as_ref().unwrap_or(&SessionsAction::List) {
         SessionsAction::List => {
             let sessions = every_session(&client)?;
@@ -128,7 +128,7 @@ pub(super) fn first_line(text: &str) -> String {
 }
 
 pub fn send(args: &SendArgs) -> Result<(), CliError> {
-    let client = Client::new(&args.remote);
+    let client = Client::new(&args.remote)?;
     let id = segment(&args.session)?;
     // Subscribed before the message goes, so the run's first event cannot be missed.
     let mut body = json!({ "content": args.message });
@@ -247,7 +247,7 @@ pub(super) fn follow(frames: &mut Frames, run_id: &str, mut seen: impl FnMut(&Va
 }
 
 pub fn events(args: &EventsArgs) -> Result<(), CliError> {
-    let client = Client::new(&args.remote);
+    let client = Client::new(&args.remote)?;
     let path = match &args.session {
         Some(id) => format!("/api/sessions/{}/events", segment(id)?),
         None => "/api/events".to_string(),
@@ -260,7 +260,7 @@ pub fn events(args: &EventsArgs) -> Result<(), CliError> {
 }
 
 pub fn health(args: &HealthArgs) -> Result<(), CliError> {
-    let health = Client::new(&args.remote).call("GET", "/api/health", None)?;
+    let health = Client::new(&args.remote)?.call("GET", "/api/health", None)?;
     if args.json {
         return say(&health.to_string());
     }

@@ -6,6 +6,7 @@ pub mod args;
 mod chat;
 mod client;
 mod commands;
+mod token;
 
 pub use client::CliError;
 

@@ -41,8 +41,10 @@ pub const FORWARDED_BY: &str = "Kestrel-Forwarded-By";
 const RELAYED_HEADERS: [&str; 7] =
     ["Retry-After", "Allow", "Idempotency-Replayed", "Cache-Control", "Location", "ETag", "Content-Disposition"];
 
-/// Request headers not sent on: hop-by-hop ones, ones the call sets again, and the cluster's.
-const NOT_SENT_ON: [&str; 12] = [
+/// Request headers not sent on: hop-by-hop ones, ones the call sets again, the cluster's, and
+/// where a browser's request came from, which this node screened (`http/origin.rs`) against
+/// its own address and which would never match the holder's.
+const NOT_SENT_ON: [&str; 14] = [
     "host",
     "connection",
     "keep-alive",
@@ -55,6 +57,8 @@ const NOT_SENT_ON: [&str; 12] = [
     "expect",
     "kestrel-cluster-secret",
     "kestrel-forwarded-by",
+    "origin",
+    "sec-fetch-site",
 ];
 
 /// The largest answer body relayed whole (an answer is bounded by what the owner sends; this

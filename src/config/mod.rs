@@ -92,6 +92,13 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Serve a non-loopback address with no token configured.
     pub allow_unauthenticated: bool,
+    /// Host names answered beyond IP literals, `localhost` and the server's own names: exact
+    /// names, `.example.com` for a domain and the names under it, `"*"` for any
+    /// (`KESTREL_ALLOWED_HOSTS`, comma-separated; docs/security.md).
+    pub allowed_hosts: Vec<String>,
+    /// Origins of web pages that may call the API besides the server's own
+    /// (`KESTREL_ALLOWED_ORIGINS`, comma-separated).
+    pub allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -170,6 +177,8 @@ impl Default for ServerConfig {
             max_header_bytes: 16 * 1024,
             max_connections: 0,
             allow_unauthenticated: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -384,6 +393,13 @@ impl Config {
         }
         if let Some(secret) = env("KESTREL_CLUSTER_SECRET").filter(|secret| !secret.is_empty()) {
             self.cluster.secret = Some(secret);
+        }
+        let list = |text: String| text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        if let Some(hosts) = env("KESTREL_ALLOWED_HOSTS") {
+            self.server.allowed_hosts = list(hosts);
+        }
+        if let Some(origins) = env("KESTREL_ALLOWED_ORIGINS") {
+            self.server.allowed_origins = list(origins);
         }
         if let Some(dir) = env("KESTREL_DATA_DIR") {
             self.server.data_dir = dir.into();

@@ -3,8 +3,8 @@
 //! For each request on its connection the gate reads the head under a deadline
 //! (`header_timeout` from its first byte; for that first byte, `header_timeout` on a new
 //! connection and `keep_alive_timeout` between requests), screens it
-//! (`head.rs`), reads a small body itself or streams a large one to tiny_http on a scoped
-//! `kestrel-body` thread under `body_timeout`, forwards the head over its Unix connection to the
+//! (`head.rs`) and what a web page may have sent (`origin.rs`), reads a small body itself or
+//! streams a large one to tiny_http on a scoped `kestrel-body` thread under `body_timeout`, forwards the head over its Unix connection to the
 //! backend, waits for the request tiny_http parses from it, runs the handler on this thread and
 //! writes the reply straight to the client (`respond.rs`). Requests on one connection are served
 //! one at a time, so replies can never interleave.
@@ -227,6 +227,12 @@ impl Gate {
             Err(HeadEnd::Closed) => return Next::Close,
             Err(HeadEnd::Refused(path, error)) => return self.refuse(path.as_deref(), &error),
         };
+        // Before anything else is done for it (no `100 Continue`, no body read): a request a
+        // web page may have sent is refused on its head alone.
+        let exposure = self.handler.exposure(&head.method, head.path());
+        if let Err(refusal) = super::origin::screen(&self.edge.config.origin, &head.headers, exposure) {
+            return self.refuse(Some(head.path()), &EdgeError::Refused(refusal));
+        }
         let edge = Arc::clone(&self.edge);
         let _open = Counted::new(&edge.gauges.requests);
         if head.expect_continue

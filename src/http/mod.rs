@@ -14,6 +14,8 @@
 //!   and writes the reply straight to the client's socket.
 //! - `backend.rs` (`kestrel-http`): the tiny_http server on that Unix socket and the
 //!   dispatcher that hands each parsed request back to its gate; restarted if it ever dies.
+//! - `origin.rs`: which browsers' requests are answered (`Host`, `Origin`, a body's media
+//!   type), screened by the gate for every listener before any door sees the request.
 //! - `sse.rs`: event-stream bodies. `auth.rs`: constant-time token checks.
 //!
 //! This module knows nothing of routes or JSON shapes: the handler decides those, error
@@ -25,6 +27,7 @@ mod chunked;
 mod gate;
 mod head;
 mod listen;
+pub mod origin;
 pub mod request_id;
 mod respond;
 mod sse;
@@ -133,6 +136,9 @@ pub enum EdgeError {
     Unavailable,
     /// A node-to-node call that does not carry the cluster's secret (`cluster/forward.rs`).
     Forbidden,
+    /// A request a web page may have sent: a foreign `Host`, a cross-origin `Origin`, or a
+    /// body that is not of its door's media type (`origin.rs`).
+    Refused(origin::Refusal),
 }
 
 impl EdgeError {
@@ -147,6 +153,8 @@ impl EdgeError {
             EdgeError::Timeout => 408,
             EdgeError::TooManyConnections | EdgeError::Unavailable => 503,
             EdgeError::Forbidden => 403,
+            EdgeError::Refused(origin::Refusal::Host | origin::Refusal::Origin) => 403,
+            EdgeError::Refused(origin::Refusal::MediaType { .. }) => 415,
         }
     }
 }
@@ -166,6 +174,7 @@ impl std::fmt::Display for EdgeError {
             EdgeError::TooManyConnections => write!(f, "too many open connections; retry shortly"),
             EdgeError::Unavailable => write!(f, "the server is not accepting requests right now"),
             EdgeError::Forbidden => write!(f, "this call between nodes does not carry the cluster's secret"),
+            EdgeError::Refused(refusal) => write!(f, "{refusal}"),
         }
     }
 }
@@ -177,6 +186,11 @@ pub trait Handler: Send + Sync + 'static {
     /// The answer to a request the edge refused; `path` is the request's path when it could be
     /// read, so each protocol can answer in its own error shape.
     fn edge_error(&self, path: Option<&str>, error: &EdgeError) -> Reply;
+    /// What the route of `method` `path` is, for the screening of browsers' requests
+    /// (`origin.rs`): an API route taking JSON bodies unless the door says otherwise.
+    fn exposure(&self, _method: &str, _path: &str) -> origin::Exposure {
+        origin::Exposure::Api { bodies: origin::JSON }
+    }
 }
 
 /// One request, as tiny_http parsed it, with its path split from its decoded query.
@@ -277,6 +291,8 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// A private directory for the Unix socket between the gates and tiny_http.
     pub runtime_dir: PathBuf,
+    /// The names and origins answered beyond the loopback's and the request's own.
+    pub origin: origin::Policy,
 }
 
 /// Counters a test or an operator can read, and what shutdown waits on.

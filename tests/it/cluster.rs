@@ -8,7 +8,7 @@ use crate::support::{wait_until, TestServer};
 
 const SECRET: &str = "cluster-secret-7f3a";
 const ADMIN: &str = "admin-token";
-const USER: &str = "user-token";
+pub(crate) const USER: &str = "user-token";
 const OTHER_TENANT: &str = "other-tenant-token";
 
 /// A node of the cluster on `url`, with an admin token and a plain one.
@@ -17,7 +17,7 @@ fn node(url: &str, id: &str) -> TestServer {
 }
 
 /// A node whose leases last `lease_ms`.
-fn node_leasing(url: &str, id: &str, lease_ms: u64) -> TestServer {
+pub(crate) fn node_leasing(url: &str, id: &str, lease_ms: u64) -> TestServer {
     TestServer::start_with(|config| {
         config.store.url = Some(url.to_string());
         config.cluster.secret = Some(SECRET.into());

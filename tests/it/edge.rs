@@ -17,7 +17,7 @@ fn a_declared_length_past_the_limit_is_413_and_never_read() {
         ("/api/bootstrap", "4611686018427387904"),
         ("/api/nope", "9999999999999999999"),
     ] {
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nabc");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\nabc");
         let answer = raw(&server.base, request.as_bytes());
         answer.assert_error(413, "payload_too_large");
         assert!(answer.closed, "the connection is closed after a 413");
@@ -33,7 +33,7 @@ fn a_declared_length_past_the_limit_is_413_and_never_read() {
 fn garbage_non_ascii_and_http2_get_a_status_instead_of_a_silent_close_or_a_hang() {
     let server = TestServer::start();
     let cases: [(&[u8], u16, &str); 8] = [
-        (b"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"),
+        (b"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, "bad_request"),
         (b"GET /api/health HTTP/1.1\r\nX-Name: caf\xc3\xa9\r\n\r\n", 400, "bad_request"),
         (b"GET /api/health HTTP/2.0\r\n\r\n", 505, "http_version_not_supported"),
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, "http_version_not_supported"),
@@ -67,7 +67,7 @@ fn stalled_heads_and_bodies_are_cut_off_at_their_deadlines() {
     // A head that never ends, and one that trickles a byte at a time: both hit the deadline,
     // which counts from the first byte, not per read.
     let mut stalled = TcpStream::connect(&host).unwrap();
-    stalled.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    stalled.write_all(b"GET /api/health HTTP/1.1\r\nHost: localhost\r\n").unwrap();
     read_answer(&mut stalled, WAIT).assert_error(408, "request_timeout");
 
     // Each byte comes well within a per-read timeout, and the whole head would take about five
@@ -85,10 +85,16 @@ fn stalled_heads_and_bodies_are_cut_off_at_their_deadlines() {
 
     // A small body (read by the gate) and a large one (streamed to tiny_http) that stop halfway.
     let mut small = TcpStream::connect(&host).unwrap();
-    small.write_all(b"POST /api/sessions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"title\":").unwrap();
+    small
+        .write_all(
+            b"POST /api/sessions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"title\":",
+        )
+        .unwrap();
     read_answer(&mut small, WAIT).assert_error(408, "request_timeout");
     let mut large = TcpStream::connect(&host).unwrap();
-    large.write_all(b"POST /api/sessions HTTP/1.1\r\nContent-Length: 200000\r\n\r\n").unwrap();
+    large
+        .write_all(b"POST /api/sessions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n")
+        .unwrap();
     large.write_all(&[b' '; 100_000]).unwrap();
     read_answer(&mut large, WAIT).assert_error(408, "request_timeout");
     let sessions = server.get("/api/sessions");
@@ -130,7 +136,7 @@ fn hundreds_of_stalled_connections_are_all_dropped_and_streams_outlive_the_deadl
 fn an_idle_keep_alive_connection_is_closed_after_its_timeout() {
     let server = TestServer::start_with(|config| config.server.keep_alive_timeout_ms = 200);
     let mut socket = TcpStream::connect(host_of(&server.base)).unwrap();
-    socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     let answer = read_answer(&mut socket, WAIT);
     assert_eq!(answer.status, 200);
     assert!(answer.closed, "closed once idle past the keep-alive timeout");
@@ -143,9 +149,14 @@ fn keep_alive_and_pipelined_requests_are_answered_in_order() {
     let mut socket = TcpStream::connect(host_of(&server.base)).unwrap();
     let body = br#"{"title":"piped"}"#;
     let mut requests = Vec::new();
-    requests.extend_from_slice(b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n");
-    requests
-        .extend_from_slice(format!("POST /api/sessions HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes());
+    requests.extend_from_slice(b"GET /api/health HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    requests.extend_from_slice(
+        format!(
+            "POST /api/sessions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
     requests.extend_from_slice(body);
     requests.extend_from_slice(b"GET /api/nope HTTP/1.1\r\nConnection: close\r\n\r\n");
     socket.write_all(&requests).unwrap();
@@ -161,7 +172,7 @@ fn past_the_connection_cap_a_client_gets_503_and_serving_goes_on() {
     let server = TestServer::start_with(|config| config.server.max_connections = 8);
     let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(host_of(&server.base)).unwrap()).collect();
     wait_until("eight connections open", || server.stats().open_connections == 8);
-    let answer = raw(&server.base, b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let answer = raw(&server.base, b"GET /api/health HTTP/1.1\r\nHost: localhost\r\n\r\n");
     answer.assert_error(503, "unavailable");
     assert!(answer.head.contains("Retry-After: 1"), "{}", answer.head);
     assert_eq!(server.stats().refused_connections, 1);
@@ -278,7 +289,7 @@ fn under_a_low_file_limit_connections_past_the_budget_get_503() {
     let refused: Vec<u16> = (0..40)
         .map(|_| {
             let mut socket = TcpStream::connect(host_of(&base)).unwrap();
-            let _ = socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n");
+            let _ = socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: localhost\r\n\r\n");
             read_answer(&mut socket, WAIT).status
         })
         .collect();
@@ -298,7 +309,7 @@ fn running_out_of_file_descriptors_never_stops_the_listener() {
     let flood: Vec<TcpStream> = (0..400)
         .filter_map(|_| {
             let mut socket = TcpStream::connect(host_of(&base)).ok()?;
-            let _ = socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n");
+            let _ = socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: localhost\r\n\r\n");
             Some(socket)
         })
         .collect();
@@ -323,7 +334,12 @@ fn a_large_body_a_route_does_not_read_is_not_waited_for() {
     let server = TestServer::start();
     for (path, status) in [("/api/events", 400), ("/api/nope", 404), ("/api/health", 200)] {
         let mut socket = TcpStream::connect(host_of(&server.base)).unwrap();
-        socket.write_all(format!("GET {path} HTTP/1.1\r\nContent-Length: 200000\r\n\r\n").as_bytes()).unwrap();
+        socket
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n")
+                    .as_bytes(),
+            )
+            .unwrap();
         socket.write_all(&[b'x'; 100_000]).unwrap();
         let answer = read_answer(&mut socket, WAIT);
         assert!(answer.closed, "{path}: closed without waiting for the rest of the body");
@@ -347,7 +363,7 @@ fn chunked(body: &[u8], size: usize) -> Vec<u8> {
 #[test]
 fn chunked_bodies_are_decoded_within_the_limit() {
     let server = TestServer::start_with(|config| config.server.body_limit_bytes = 300_000);
-    let head = "POST /api/sessions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let head = "POST /api/sessions HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
     let mut request = head.as_bytes().to_vec();
     request.extend_from_slice(&chunked(br#"{"title":"in chunks"}"#, 5));
     request.extend_from_slice(b"GET /api/health HTTP/1.1\r\nConnection: close\r\n\r\n");
@@ -364,7 +380,7 @@ fn chunked_bodies_are_decoded_within_the_limit() {
     let content = "w ".repeat(100_000);
     let body = serde_json::json!({ "content": content.trim() }).to_string();
     let mut request =
-        format!("POST /api/sessions/{id}/messages HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
+        format!("POST /api/sessions/{id}/messages HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
     request.extend_from_slice(&chunked(body.as_bytes(), 7000));
     assert_eq!(raw(&server.base, &request).status, 202);
 

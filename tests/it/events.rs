@@ -143,7 +143,7 @@ fn a_burst_of_stream_clients_is_served_promptly() {
             std::thread::spawn(move || {
                 use std::io::{Read, Write};
                 let mut socket = std::net::TcpStream::connect(&host).unwrap();
-                socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+                socket.write_all(b"GET /api/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
                 let mut answer = String::new();
                 socket.read_to_string(&mut answer).unwrap();
                 assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -194,7 +194,7 @@ fn a_client_that_stops_reading_is_cut_off_without_slowing_the_run_or_others() {
     let mut stalled = std::net::TcpStream::connect(&host).unwrap();
     std::io::Write::write_all(
         &mut stalled,
-        format!("GET /api/sessions/{id}/events HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        format!("GET /api/sessions/{id}/events HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes(),
     )
     .unwrap();
     wait_until("the stalled stream to open", || server.stats().open_streams == 1);

@@ -1,6 +1,7 @@
 //! The integration suite: every test starts a real server on 127.0.0.1:0 and talks HTTP.
 
 mod acp;
+mod acp_local;
 mod audit_content;
 mod auth;
 mod bae;
@@ -12,6 +13,7 @@ mod cli;
 mod cluster;
 mod cluster_auth;
 mod cluster_nodes;
+mod config_view;
 mod console;
 mod console_permissions;
 mod context;
@@ -32,6 +34,7 @@ pub mod mcp;
 mod metrics;
 mod migrate;
 mod openapi;
+mod origin;
 mod permissions;
 mod pg_cluster;
 mod plugins;

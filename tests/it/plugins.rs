@@ -110,7 +110,7 @@ fn raw_get(base: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut socket = std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap();
     socket.set_read_timeout(Some(crate::support::WAIT)).unwrap();
-    write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(socket, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
     let mut answer = String::new();
     let _ = socket.read_to_string(&mut answer);
     answer

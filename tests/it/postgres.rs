@@ -7,10 +7,23 @@ use std::process::{Command, Output};
 
 use crate::pg_cluster::{self, PASSWORD};
 
-fn migrate(url: &str) -> Output {
+pub(crate) fn migrate(url: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kestrel"))
         .args(["migrate", "--database-url", url])
         .env_remove("KESTREL_DATABASE_URL")
+        .output()
+        .unwrap()
+}
+
+/// The server started with `url` in its environment (until it fails, or stops), logging at `log`.
+pub(crate) fn serve(url: &str, data: &std::path::Path, log: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .env("KESTREL_DATABASE_URL", url)
+        .env("KESTREL_ADDR", "127.0.0.1:0")
+        .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
+        .env("KESTREL_DATA_DIR", data)
+        .env("KESTREL_WORKSPACE", data)
+        .env("RUST_LOG", log)
         .output()
         .unwrap()
 }
@@ -104,16 +117,7 @@ fn every_wrong_url_stops_with_one_line_naming_the_problem_and_never_the_password
     let data = tempfile::tempdir().unwrap();
     for (url, problem) in cases {
         // `kestrel migrate`, and the server's start with the URL in its environment.
-        let serve = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-            .env("KESTREL_DATABASE_URL", &url)
-            .env("KESTREL_ADDR", "127.0.0.1:0")
-            .env("KESTREL_ADMIN_ADDR", "127.0.0.1:0")
-            .env("KESTREL_DATA_DIR", data.path())
-            .env("KESTREL_WORKSPACE", data.path())
-            .env("RUST_LOG", "off")
-            .output()
-            .unwrap();
-        for output in [migrate(&url), serve] {
+        for output in [migrate(&url), serve(&url, data.path(), "off")] {
             let (stdout, stderr) = text(&output);
             assert_eq!(output.status.code(), Some(1), "{url}: {stdout} {stderr}");
             assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");

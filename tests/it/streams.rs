@@ -61,6 +61,7 @@ fn config(dir: &std::path::Path) -> HttpConfig {
         max_head_bytes: 16 * 1024,
         max_connections: 100,
         runtime_dir: dir.join("run"),
+        origin: Default::default(),
     }
 }
 

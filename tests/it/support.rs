@@ -379,7 +379,7 @@ impl SseClient {
 
     /// The status a stream request with one extra header gets.
     pub fn open_with_header(base: &str, path: &str, name: &str, value: &str) -> u16 {
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{name}: {value}\r\nConnection: close\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{name}: {value}\r\nConnection: close\r\n\r\n");
         let mut socket = TcpStream::connect(host_of(base)).unwrap();
         socket.write_all(request.as_bytes()).unwrap();
         let mut line = String::new();

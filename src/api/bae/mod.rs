@@ -25,6 +25,7 @@ use crate::api::routes::{self, RouteDef};
 use crate::api::{Door, Rate};
 use crate::auth::keys::KeyRole;
 use crate::auth::{self, BearerError};
+use crate::http::origin::{self, Exposure};
 use crate::http::{EdgeError, Handler, Reply, Request};
 use crate::store::{BaeSessionRecord, KeyRecord};
 use problem::Problem;
@@ -260,6 +261,24 @@ impl Handler for ClientApi {
 
     fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
         Problem::from(error).into_reply()
+    }
+
+    /// `/rpc` takes NDJSON as BAE's reference documents it, and JSON as BAE's SDKs send it.
+    fn exposure(&self, _method: &str, path: &str) -> Exposure {
+        let bodies = match routes::find(ROUTES, path).map(|found| found.kind()) {
+            Some(Kind::Rpc) => origin::JSON_OR_NDJSON,
+            Some(
+                Kind::Health
+                | Kind::Meta
+                | Kind::Sessions
+                | Kind::Session
+                | Kind::Join
+                | Kind::Events
+                | Kind::Participants,
+            )
+            | None => origin::JSON,
+        };
+        Exposure::Api { bodies }
     }
 }
 

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::api::bae::core::{BaeError, Denied};
 use crate::engine::EngineError;
+use crate::http::origin::Refusal;
 use crate::http::{EdgeError, Reply};
 use crate::store::StoreError;
 
@@ -161,7 +162,8 @@ impl From<&EdgeError> for Problem {
             EdgeError::BodyTooLarge { .. } => "payload_too_large",
             EdgeError::Timeout => "request_timeout",
             EdgeError::TooManyConnections | EdgeError::Unavailable => "unavailable",
-            EdgeError::Forbidden => "forbidden",
+            EdgeError::Forbidden | EdgeError::Refused(Refusal::Host | Refusal::Origin) => "forbidden",
+            EdgeError::Refused(Refusal::MediaType { .. }) => "unsupported_media_type",
             _ => "bad_request",
         };
         Problem::new(error.status(), slug, error.to_string())

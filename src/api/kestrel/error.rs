@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use crate::engine::EngineError;
+use crate::http::origin::Refusal;
 use crate::http::{BodyError, EdgeError, Reply};
 use crate::store::StoreError;
 use crate::tools::workspace::PathError;
@@ -176,6 +177,8 @@ impl From<&EdgeError> for ApiError {
             EdgeError::Timeout => "request_timeout",
             EdgeError::TooManyConnections | EdgeError::Unavailable => "unavailable",
             EdgeError::Forbidden => "forbidden",
+            EdgeError::Refused(Refusal::Host | Refusal::Origin) => "forbidden",
+            EdgeError::Refused(Refusal::MediaType { .. }) => "unsupported_media_type",
         };
         ApiError::new(error.status(), code, error.to_string())
     }

@@ -1,4 +1,5 @@
-//! `health`, `bootstrap` and `plugins`: what a client asks before anything else.
+//! `health`, `bootstrap` and `plugins`: what a client asks before anything else; and the
+//! admin's views of the server: its config and its cluster.
 
 use super::wire::{WireSandbox, WireTool};
 use serde_json::json;
@@ -36,6 +37,16 @@ pub fn cluster(api: &KestrelApi, caller: &super::Caller) -> Result<Reply, ApiErr
     };
     let nodes = node.nodes().map_err(|error| ApiError::store_unavailable(&error))?;
     Ok(json(200, &json!({ "clustered": true, "node": node.id(), "leaseMs": node.lease_ms(), "nodes": nodes })))
+}
+
+/// `GET /api/config`: admin tokens only (the whole sanitized config names every tenant, its
+/// roots, budgets, rules and token variables); the one user of a server without tokens is its
+/// admin.
+pub fn config(api: &KestrelApi, caller: &super::Caller) -> Result<Reply, ApiError> {
+    if !caller.admin {
+        return Err(ApiError::new(403, "forbidden", "the server's config is for admin tokens"));
+    }
+    Ok(json(200, &api.config_view))
 }
 
 /// `GET /api/bootstrap`: besides the protocol's fields, how the caller's commands are

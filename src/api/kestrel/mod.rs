@@ -35,6 +35,7 @@ use crate::api::{Door, Rate};
 use crate::auth::{self, TokenSet};
 use crate::config::DEFAULT_TENANT;
 use crate::engine::Engine;
+use crate::http::origin::Exposure;
 use crate::http::{EdgeError, Handler, Reply, Request};
 pub use error::ApiError;
 
@@ -256,7 +257,7 @@ impl KestrelApi {
         let method = request.method().to_string();
         match (kind, method.as_str()) {
             (Kind::Bootstrap, _) => meta::bootstrap(self, &caller),
-            (Kind::Config, _) => Ok(json(200, &self.config_view)),
+            (Kind::Config, _) => meta::config(self, &caller),
             (Kind::Metrics, _) => Ok(metrics_reply(self.engine.render_metrics()?)),
             (Kind::Plugins, _) => meta::plugins(self),
             (Kind::Sessions, "GET") => sessions::list(self, &caller, request),
@@ -364,6 +365,18 @@ impl Handler for KestrelApi {
 
     fn edge_error(&self, _path: Option<&str>, error: &EdgeError) -> Reply {
         ApiError::from(error).into_reply()
+    }
+
+    /// The console's files and plugins' web files are public, as the spec says of static
+    /// assets: any page may load them. Every other route is the API's.
+    fn exposure(&self, method: &str, path: &str) -> Exposure {
+        let kind = routes::find(ROUTES, path).map(|found| found.kind());
+        match (kind, method) {
+            (Some(Kind::Console | Kind::Asset | Kind::PluginAsset), "GET" | "HEAD") => Exposure::Asset,
+            // Every other route, and any route added later, is screened as the API's: a new
+            // public file must be named above on purpose.
+            _ => Exposure::Api { bodies: crate::http::origin::JSON },
+        }
     }
 }
 

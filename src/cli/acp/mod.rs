@@ -1,7 +1,10 @@
 //! `kestrel acp`: Kestrel as an agent of the Agent Client Protocol (v1) over stdio, so an
 //! editor (Zed, JetBrains, any ACP client) drives Kestrel sessions (docs/acp.md). It is a
-//! client of a Kestrel server over the public protocol: a running one (`--url`, `--token`)
-//! or, with neither, one it starts in this process on a local data dir (`Server::start`).
+//! client of a Kestrel server over the public protocol: a running one (`--url`, with a token
+//! from `KESTREL_TOKEN` or `--token-file`) or, without one, one it starts in this process on a
+//! local data dir (`Server::start`), which answers only this process (a token minted here and
+//! kept in memory) and whose sessions work only in the editor's project directories
+//! (`--root`, the current directory by default).
 //!
 //! The main thread reads the editor's lines; each `session/prompt` runs on a thread of its own
 //! (`turn.rs`), so a `session/cancel` and the answers to permission requests are read while it
@@ -16,7 +19,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::args::{AcpArgs, Remote};
+use super::args::AcpArgs;
 use super::client::{CliError, Client};
 use rpc::{Peer, RpcError, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
 
@@ -28,10 +31,10 @@ const LINE_LIMIT: u64 = 64 * 1024 * 1024;
 const LIST_PAGE: usize = 50;
 
 pub fn acp(args: &AcpArgs) -> Result<(), CliError> {
-    let (remote, server) = backend(args)?;
-    let client = Client::new(&remote);
+    let roots = roots(args)?;
+    let (client, server) = backend(args, &roots)?;
     let peer = Peer::new(Box::new(std::io::stdout()));
-    let agent = Agent { client: std::sync::Arc::new(client), peer: peer.clone() };
+    let agent = Agent { client: std::sync::Arc::new(client), peer: peer.clone(), roots };
     let mut input = std::io::stdin().lock();
     loop {
         let mut line = Vec::new();
@@ -62,27 +65,69 @@ fn skip_rest_of_line(input: &mut impl BufRead) {
     }
 }
 
-/// The server to talk to: the one named, or one started here on `--data-dir`.
-fn backend(args: &AcpArgs) -> Result<(Remote, Option<crate::Server>), CliError> {
-    if let Some(url) = &args.url {
-        return Ok((Remote { url: url.clone(), token: args.token.clone() }, None));
+/// The editor's project directories sessions may work in, resolved: `--root`s, or the
+/// directory the editor started this process in. With `--url` and no `--root`, none: the
+/// server's roots for the token's tenant decide alone.
+fn roots(args: &AcpArgs) -> Result<Vec<PathBuf>, CliError> {
+    let named = match (&args.url, args.roots.is_empty()) {
+        (Some(_), true) => return Ok(Vec::new()),
+        (None, true) => vec![PathBuf::from(".")],
+        (_, false) => args.roots.clone(),
+    };
+    let roots = named
+        .iter()
+        .map(|root| match std::fs::canonicalize(root) {
+            Ok(path) if path.is_dir() => Ok(path),
+            Ok(_) => Err(CliError::Usage(format!("--root {}: not a directory", root.display()))),
+            Err(error) => Err(CliError::Usage(format!("--root {}: {error}", root.display()))),
+        })
+        .collect::<Result<Vec<PathBuf>, CliError>>()?;
+    // Started in `/` with no project named, the whole file system would be the project.
+    if args.roots.is_empty() && roots.iter().any(|root| root.parent().is_none()) {
+        return Err(CliError::Usage(
+            "started in /: name the project directories with --root (or start kestrel acp in one)".into(),
+        ));
     }
+    Ok(roots)
+}
+
+/// The server to talk to: the one named, with its token; or one started here on `--data-dir`
+/// that answers only this process: its token is minted here, at random, and kept in memory
+/// only (never on a command line, in the environment or in a file), and its sessions work
+/// only in `roots`.
+fn backend(args: &AcpArgs, roots: &[PathBuf]) -> Result<(Client, Option<crate::Server>), CliError> {
+    if let Some(url) = &args.url {
+        let env = std::env::var("KESTREL_TOKEN").ok();
+        let token = super::token::resolve(args.token.as_deref(), args.token_file.as_deref(), env)?;
+        return Ok((Client::with_token(url, token), None));
+    }
+    // Commands the agent runs are this user's processes too: none of them may read this
+    // process's memory, where the token is (`/proc/<pid>/mem`, `environ`, ptrace).
+    if let Err(error) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("kestrel acp: cannot mark the process non-dumpable: {error}");
+    }
+    let token = crate::auth::keys::new_id("kacp_");
     let mut config = crate::Config::default();
     config.server.addr = "127.0.0.1:0".into();
     config.server.data_dir = args.data_dir.clone();
-    // An editor opens projects anywhere; the data dir stays out of reach of every session.
-    config.agent.workspace_roots = vec![PathBuf::from("/")];
+    config.auth.token = Some(token.clone());
+    config.agent.workspace_roots = roots.to_vec();
+    config.agent.workspace = roots.first().cloned();
     config.bae.admin_addr = String::new();
     std::fs::create_dir_all(&args.data_dir)
         .map_err(|e| CliError::Failed(format!("the data dir {}: {e}", args.data_dir.display())))?;
     let server = crate::Server::start(config).map_err(|error| CliError::Failed(error.to_string()))?;
     let url = format!("http://{}", server.addr());
-    Ok((Remote { url, token: None }, Some(server)))
+    eprintln!("kestrel acp: a server for this process only on {url} (with a token of its own)");
+    Ok((Client::with_token(&url, Some(token)), Some(server)))
 }
 
 struct Agent {
     client: std::sync::Arc<Client>,
     peer: Peer,
+    /// The project directories a new session's `cwd` must be inside; none to leave it to the
+    /// server.
+    roots: Vec<PathBuf>,
 }
 
 impl Agent {
@@ -147,9 +192,32 @@ impl Agent {
 
     fn new_session(&self, params: &Value) -> Result<Value, RpcError> {
         let cwd = params["cwd"].as_str().ok_or_else(|| RpcError::invalid_params("`cwd` is required"))?;
+        self.check_cwd(cwd)?;
         let body = json!({ "workspace": cwd, "title": format!("ACP: {cwd}") });
         let created = self.client.call("POST", "/api/sessions", Some(&body)).map_err(server_error)?;
         Ok(json!({ "sessionId": created["session"]["id"] }))
+    }
+
+    /// Refuses a `cwd` that is not an absolute path to a directory inside one of the roots
+    /// (links resolved); the server checks its own roots again.
+    fn check_cwd(&self, cwd: &str) -> Result<(), RpcError> {
+        let path = std::path::Path::new(cwd);
+        if !path.is_absolute() {
+            return Err(RpcError::invalid_params(format!("`cwd` must be an absolute path, not {cwd:?}")));
+        }
+        if self.roots.is_empty() {
+            return Ok(());
+        }
+        let resolved =
+            std::fs::canonicalize(path).map_err(|error| RpcError::invalid_params(format!("`cwd` {cwd}: {error}")))?;
+        if self.roots.iter().any(|root| resolved.starts_with(root)) {
+            return Ok(());
+        }
+        let roots: Vec<String> = self.roots.iter().map(|root| root.display().to_string()).collect();
+        Err(RpcError::invalid_params(format!(
+            "`cwd` {cwd} is outside this agent's project directories ({}); start it with --root for each",
+            roots.join(", ")
+        )))
     }
 
     /// Replays the stored transcript as `session/update`s, then answers.

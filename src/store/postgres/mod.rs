@@ -11,6 +11,7 @@
 //!   what an error means (`StoreError::Unavailable` for a lost server).
 //! - `reads.rs` and the table modules: the reads, on pooled connections.
 //! - `blobs.rs`: checkpoint contents in the database.
+//! - `shown.rs`: a store URL as it may be shown, every secret redacted.
 
 mod apply;
 mod bae;
@@ -25,6 +26,7 @@ mod migrate;
 mod policy;
 mod reads;
 mod schedules;
+mod shown;
 mod webhooks;
 mod writer;
 
@@ -38,6 +40,8 @@ use super::contract::{Claims, Recovery, Reply, Seqs, Writes};
 use super::{StoreError, WriteOp, WriterHandle, WriterMsg};
 pub use import::{from_sqlite, ImportError, Imported};
 pub use migrate::{migrate, Migrated, VERSIONS};
+pub use shown::redacted;
+use shown::scrub;
 
 /// Capacity of the writer's inbox (as SQLite's): when full, senders wait.
 const WRITER_INBOX: usize = 8192;
@@ -156,19 +160,6 @@ impl std::fmt::Display for PgError {
 
 impl std::error::Error for PgError {}
 
-/// A URL as it may be shown: the password replaced by `***`.
-pub fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(parsed) => parsed.to_string(),
-        // Not a URL: show none of it, it may be a password mistyped into the wrong place.
-        Err(_) => "(an unreadable URL)".into(),
-    }
-}
-
 /// Connects, with the statement timeout set for the session: `STATEMENT_TIMEOUT`, unless the
 /// URL's own `options` set one (`?options=-c%20statement_timeout%3D5000`); and the same for
 /// `IDLE_IN_TRANSACTION_TIMEOUT`.
@@ -200,14 +191,6 @@ fn classify(error: &postgres::Error, url: &str) -> PgError {
             let why = std::error::Error::source(error).map_or_else(|| error.to_string(), |source| source.to_string());
             PgError::Unreachable(shown, scrub(&why, url))
         }
-    }
-}
-
-/// A message with the URL's password taken out, should the client have quoted it.
-fn scrub(message: &str, url: &str) -> String {
-    match url::Url::parse(url).ok().and_then(|parsed| parsed.password().map(str::to_string)) {
-        Some(password) if !password.is_empty() => message.replace(&password, "***"),
-        _ => message.to_string(),
     }
 }
 
@@ -248,9 +231,6 @@ mod tests {
 
     #[test]
     fn passwords_are_never_shown() {
-        assert_eq!(redacted("postgres://k:s3cret@db:5432/kestrel"), "postgres://k:***@db:5432/kestrel");
-        assert_eq!(redacted("postgres://k@db/kestrel"), "postgres://k@db/kestrel");
-        assert_eq!(redacted("s3cret"), "(an unreadable URL)");
         let error = connect("postgres://k:s3cret@db:notaport/kestrel").err().expect("a bad port").to_string();
         assert!(!error.contains("s3cret") && error.starts_with("store.url is not a PostgreSQL URL"), "{error}");
     }

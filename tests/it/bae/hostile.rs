@@ -46,7 +46,7 @@ fn absurd_truncated_and_nested_bodies_are_refused_and_serving_goes_on() {
         [(bae.base(), rpc.as_str(), &harness.session_key), (&bae.admin, "/admin/v1/profiles", &bae.admin_key)]
     {
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {bearer}\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n{{"
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {bearer}\r\nContent-Type: application/json\r\nContent-Length: 1000000000000\r\n\r\n{{"
         );
         let answer = raw_exchange(base, head.as_bytes());
         assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
@@ -60,7 +60,7 @@ fn absurd_truncated_and_nested_bodies_are_refused_and_serving_goes_on() {
 
     // A body cut short by a client that goes away: no answer owed, nothing stored, no wedge.
     let head = format!(
-        "POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{{\"tools\":["
+        "POST /api/v1/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{{\"tools\":["
     );
     let answer = raw_exchange(bae.base(), head.as_bytes());
     assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 400"), "{answer}");

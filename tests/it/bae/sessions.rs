@@ -104,7 +104,8 @@ fn every_kind_of_bad_key_is_a_401_with_bae_wording() {
     // `Bearer`, which is not a bearer header at all (BAE's server answers the same).
     let raw = crate::support::raw(
         bae.base(),
-        b"POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        b"POST /api/v1/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer \r\nContent-Type: application/json\r\n\
+          Content-Length: 2\r\nConnection: close\r\n\r\n{}",
     );
     assert_eq!((raw.status, raw.json["type"].as_str()), (401, Some("unauthorized")), "{raw:?}");
     // A session key opens nothing, and works only for its own session.

@@ -99,7 +99,10 @@ pub(super) fn serve(
     let cluster = services.cluster.clone();
     let kestrel = KestrelApi::new(
         engine.clone(),
-        TokenSet::new(tokens),
+        TokenSet::new(tokens).serving(match config.server.allow_unauthenticated {
+            true => crate::auth::Tokenless::Anyone,
+            false => crate::auth::Tokenless::OwnUser,
+        }),
         config.sanitized(),
         config.agent.file_read_limit_bytes.max(1),
         services,

@@ -48,8 +48,19 @@ pub enum Principal {
     Tenant(String),
 }
 
+/// Whom a server with no token serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tokenless {
+    /// Only the user the server runs as (and root), on the loopback: the default, so that
+    /// another account of the machine cannot drive it (`http::peer`).
+    OwnUser,
+    /// Anyone who reaches it (`server.allow_unauthenticated`).
+    Anyone,
+}
+
 pub struct TokenSet {
     tokens: Vec<TenantToken>,
+    tokenless: Tokenless,
     /// Each token's SHA-256 digest, in the order of `tokens`: what a presented token is
     /// compared with.
     digests: Vec<[u8; 32]>,
@@ -58,7 +69,17 @@ pub struct TokenSet {
 impl TokenSet {
     pub fn new(tokens: Vec<TenantToken>) -> TokenSet {
         let digests = tokens.iter().map(|token| digest(&token.token)).collect();
-        TokenSet { tokens, digests }
+        TokenSet { tokens, digests, tokenless: Tokenless::OwnUser }
+    }
+
+    /// The same tokens; with none, serving `whom`.
+    pub fn serving(self, whom: Tokenless) -> TokenSet {
+        TokenSet { tokenless: whom, ..self }
+    }
+
+    /// Whom the server serves when `is_open`.
+    pub fn tokenless(&self) -> Tokenless {
+        self.tokenless
     }
 
     /// True when no token is configured: every request is the default tenant's.

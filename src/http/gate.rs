@@ -89,6 +89,7 @@ impl Edge {
             return Ok(());
         }
         let id = edge.next_id.fetch_add(1, Ordering::Relaxed);
+        let peer = Arc::new(super::peer::PeerUser::new(tcp.local_addr().ok(), tcp.peer_addr().ok()));
         let link = Arc::new(Link { tcp, idle: AtomicBool::new(false) });
         let requests = edge.backends.routes().register(id);
         edge.links(id).insert(id, Arc::clone(&link));
@@ -101,6 +102,7 @@ impl Edge {
             requests,
             backend: None,
             served: 0,
+            peer,
         };
         let spawned = crate::workers::CONNECTIONS.spawn(move || gate.run());
         match spawned {
@@ -196,6 +198,8 @@ struct Gate {
     backend: Option<(Arc<Backend>, UnixStream)>,
     /// Requests read on this connection so far.
     served: usize,
+    /// Who is on the other end, looked up the first time a request asks.
+    peer: Arc<super::peer::PeerUser>,
 }
 
 impl Gate {
@@ -307,7 +311,7 @@ impl Gate {
             }
             return Served::Done(self.refuse(Some(head.path()), &EdgeError::Unavailable));
         };
-        let mut request = super::Request::new(request, self.edge.config.body_limit);
+        let mut request = super::Request::new(request, self.edge.config.body_limit, Arc::clone(&self.peer));
         let handler = self.handler.as_ref();
         let started = std::time::Instant::now();
         let id = super::request_id::for_request(request.header("X-Request-Id"));

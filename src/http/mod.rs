@@ -28,6 +28,7 @@ mod gate;
 mod head;
 mod listen;
 pub mod origin;
+pub mod peer;
 pub mod request_id;
 mod respond;
 mod sse;
@@ -202,13 +203,20 @@ pub struct Request {
     body_limit: usize,
     /// The route template the handler matched, for metrics.
     route: &'static str,
+    /// The connection's other end.
+    peer: Arc<peer::PeerUser>,
 }
 
 impl Request {
-    fn new(inner: tiny_http::Request, body_limit: usize) -> Request {
+    fn new(inner: tiny_http::Request, body_limit: usize, peer: Arc<peer::PeerUser>) -> Request {
         let (path, query) = split_url(inner.url());
         let method = inner.method().as_str().to_ascii_uppercase();
-        Request { method, inner, path, query, body_limit, route: "(unmatched)" }
+        Request { method, inner, path, query, body_limit, route: "(unmatched)", peer }
+    }
+
+    /// Who sent the request: the user owning the client's socket, on the loopback.
+    pub fn peer(&self) -> &peer::PeerUser {
+        &self.peer
     }
 
     /// Says which route template this request matched (metrics label it by that, never by

@@ -28,6 +28,7 @@ mod http;
 mod idempotency;
 mod invariants;
 mod local_model;
+mod local_users;
 mod logs;
 mod markdown;
 pub mod mcp;

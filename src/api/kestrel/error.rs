@@ -60,6 +60,15 @@ impl ApiError {
         ApiError::new(401, "unauthorized", "a valid bearer token is required")
     }
 
+    /// A server with no token, reached by another user of the machine than the one it runs as.
+    pub fn not_own_user() -> ApiError {
+        ApiError::new(
+            403,
+            "forbidden",
+            "this server has no token, so it serves only the user it runs as; configure a token to serve others",
+        )
+    }
+
     /// A 500 whose message says nothing; the detail goes to the log.
     pub fn internal(detail: &dyn std::fmt::Display) -> ApiError {
         log::error!("internal error: {detail}");

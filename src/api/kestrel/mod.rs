@@ -223,7 +223,11 @@ impl KestrelApi {
     /// node counted it (`Rate::Counted`): the one place the Kestrel door authenticates.
     fn authenticate(&self, request: &Request, rate: Rate) -> Result<Caller, ApiError> {
         let caller = if self.tokens.is_open() {
-            // No token: a loopback server with one user, who is its operator.
+            // No token: a loopback server with one user, who is its operator; another account
+            // of the machine reaches the port too, and is refused.
+            if self.tokens.tokenless() == auth::Tokenless::OwnUser && !request.peer().is_own_user() {
+                return Err(ApiError::not_own_user());
+            }
             Caller { tenant: DEFAULT_TENANT.to_string(), name: None, admin: true }
         } else {
             // `?token=` is for clients that cannot set headers (EventSource).

@@ -218,6 +218,15 @@ impl Server {
             death_signal_wrapper: death_signal_wrapper(),
             sandbox: Arc::new(command_sandbox(&config)?),
         };
+        if tokens.is_empty() && tool_settings.sandbox.state(crate::config::DEFAULT_TENANT).network {
+            // A command runs as this server's user, which a server with no token serves: one
+            // that reaches the loopback can call the API and approve its own calls.
+            log::warn!(
+                "this server has no token and its commands can reach the network (sandbox off, \
+                 unavailable, or sandbox_network = true): a command could call this server's API \
+                 as its user; configure a token (docs/security.md)"
+            );
+        }
         crate::tools::register_builtins(&mut tools, &tool_settings);
         // Long-lived children (stdio MCP servers) start from a thread that lives as long as
         // the server, so `setpriv`'s death signal ties them to the server, not to a request.

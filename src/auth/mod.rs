@@ -118,7 +118,8 @@ fn digest(token: &str) -> [u8; 32] {
 
 /// Compares two digests over all their bytes, whatever differs first.
 fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |difference, (x, y)| difference | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]

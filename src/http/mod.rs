@@ -16,7 +16,9 @@
 //!   dispatcher that hands each parsed request back to its gate; restarted if it ever dies.
 //! - `origin.rs`: which browsers' requests are answered (`Host`, `Origin`, a body's media
 //!   type), screened by the gate for every listener before any door sees the request.
-//! - `sse.rs`: event-stream bodies. `auth.rs`: constant-time token checks.
+//! - `peer.rs`: the user owning a loopback client's socket, for a door that serves only the
+//!   server's own user (a server with no token).
+//! - `sse.rs`: event-stream bodies.
 //!
 //! This module knows nothing of routes or JSON shapes: the handler decides those, error
 //! bodies included (`Handler::edge_error`).

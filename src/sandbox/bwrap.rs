@@ -28,6 +28,19 @@ pub const ETC_SECRETS: &[&str] = &[
 /// How long the probe may take before bubblewrap counts as not working.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The isolation every sandboxed process gets besides its mounts, whichever sandbox runs it:
+/// every namespace of its own (the network's too, unless `network`), no capabilities (a server
+/// run as root would otherwise give its commands the power to remount the host writable or
+/// unmount a mask), and an end with the server.
+pub fn isolation(network: bool) -> Vec<&'static str> {
+    let mut flags = vec!["--unshare-all"];
+    if network {
+        flags.push("--share-net");
+    }
+    flags.extend(["--cap-drop", "ALL", "--die-with-parent"]);
+    flags
+}
+
 /// A bubblewrap that works here, with the layout it was probed with.
 #[derive(Debug, Clone)]
 pub struct Bwrap {

@@ -33,11 +33,13 @@ pub struct Local {
 /// Host trees a command may read (when they exist).
 const SYSTEM_TREES: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
 
-/// What every command gets besides its mounts: a private `/dev`, `/proc` and `/tmp`, every
-/// namespace of its own (no network), no capabilities (a server run as root would otherwise
-/// give its commands the power to remount the host writable), an end with the server.
-const FLAGS: &[&str] =
-    &["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-all", "--cap-drop", "ALL", "--die-with-parent"];
+/// What every command gets besides its mounts: a private `/dev`, `/proc` and `/tmp`, and
+/// bubblewrap's isolation with no network (`bwrap::isolation`).
+fn flags() -> Vec<&'static str> {
+    let mut flags = vec!["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"];
+    flags.extend(super::bwrap::isolation(false));
+    flags
+}
 
 impl Local {
     /// Sandboxes under `root`; bubblewrap is used if `bwrap` runs here. `hidden` are the
@@ -45,7 +47,7 @@ impl Local {
     /// lie under a tree the sandbox shows.
     pub fn new(root: &Path, setpriv: Option<PathBuf>, hidden: &[PathBuf]) -> Local {
         let bwrap = mounts(root, hidden).ok().and_then(|mounts| {
-            let probe: Vec<OsString> = mounts.iter().cloned().chain(FLAGS.iter().map(OsString::from)).collect();
+            let probe: Vec<OsString> = mounts.iter().cloned().chain(flags().into_iter().map(OsString::from)).collect();
             let found = Bwrap::probe(Path::new("bwrap"), &probe);
             if let Err(why) = &found {
                 log::warn!("BAE's local sandboxes run commands unsandboxed: {why}");
@@ -117,7 +119,7 @@ impl Driver for Local {
             Some((bwrap, mounts)) => {
                 let mut wrapped = Command::new(&bwrap.program);
                 wrapped.args(mounts);
-                wrapped.args(FLAGS);
+                wrapped.args(flags());
                 wrapped.arg("--bind").arg(&dir).arg(&dir).arg("--chdir").arg(&dir);
                 wrapped.args(["--new-session", "sh", "-c", script.text, "sh"]);
                 wrapped

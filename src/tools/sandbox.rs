@@ -225,14 +225,11 @@ fn covered(mount: &Mount) -> &Path {
     }
 }
 
-/// bubblewrap's flags after the mounts: every namespace of its own (the network's too unless
-/// `network`), no capabilities, no terminal, an end with the server, a `TMPDIR` it can write.
+/// bubblewrap's flags after the mounts: its isolation (`bwrap::isolation`), no terminal, a
+/// `TMPDIR` it can write.
 fn flags(network: bool) -> Vec<&'static str> {
-    let mut flags = vec!["--unshare-all"];
-    if network {
-        flags.push("--share-net");
-    }
-    flags.extend(["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--setenv", "TMPDIR", "/tmp"]);
+    let mut flags = crate::sandbox::bwrap::isolation(network);
+    flags.extend(["--new-session", "--setenv", "TMPDIR", "/tmp"]);
     flags
 }
 

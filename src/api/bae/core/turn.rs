@@ -282,7 +282,9 @@ impl BaeRun<'_> {
             let result = match call.dispatch {
                 Dispatch::Sandbox => self.call_sandbox(call),
                 Dispatch::Subagent => Some(self.call_subagent(turn, call)),
-                _ => self.call_mcp(call, route),
+                // A call no MCP server routes is answered so by `call_mcp` too.
+                Dispatch::Mcp { .. } | Dispatch::Server => self.call_mcp(call, route),
+                Dispatch::Client => unreachable!("the client's calls are left out of this loop"),
             };
             // `None`: a shutdown cut the call. Its mark stays unsettled, and the next start
             // records it as a killed server's call (`recovery.rs`), never run again.

@@ -327,6 +327,36 @@ mod tests {
         assert_eq!(again.tally().asked, ["b/secret.txt", "a/secret.txt.bak"]);
     }
 
+    /// A directory shown by name and allowed is allowed for the rules that withheld it only:
+    /// another ask rule still withholds what it covers inside, which the person never saw.
+    #[test]
+    fn an_allowed_directory_answers_only_the_rules_that_withheld_it() {
+        use Outcome::*;
+        let (_dir, workspace) = workspace();
+        let m = Matching::default();
+        let rules = vec![
+            compiled("*", Some("secrets/**"), Ask, m),
+            compiled("*", Some("**/*.key"), Ask, m),
+            compiled("*", Some("**/.env"), Deny, m),
+        ];
+        let first = judge(rules, &workspace);
+        assert!(!first.directory("secrets"));
+        assert!(!first.file("a.key"));
+        assert_eq!(first.tally().asked, ["secrets/", "a.key"]);
+        let again = first.allowing(vec!["secrets/".into()]);
+        assert!(again.directory("secrets"));
+        assert!(again.directory("secrets/deep"));
+        assert!(again.file("secrets/notes.txt"), "what only the directory's rule covers");
+        assert!(!again.file("secrets/api.key"), "another ask rule's file, never shown");
+        assert!(!again.file("secrets/deep/id.key"));
+        assert!(!again.file("secrets/.env"), "a deny holds inside it");
+        assert!(!again.file("a.key"), "not among those allowed");
+        assert_eq!(again.tally().asked, ["secrets/api.key", "secrets/deep/id.key", "a.key"]);
+        // A path the first judge never asked about is allowed for no rule.
+        let stray = first.allowing(vec!["elsewhere/".into(), "b.key".into()]);
+        assert!(!stray.file("elsewhere/x.key") && !stray.file("b.key"));
+    }
+
     #[test]
     fn an_ask_answered_for_the_call_is_not_asked_again_for_its_paths() {
         let (_dir, workspace) = workspace();

@@ -123,7 +123,11 @@ impl Run {
             Outcome::Allow => (AuditDecision::Allowed, Some(verdict)),
             Outcome::Ask => (AuditDecision::Asked, Some(verdict)),
         };
-        self.shared.audit(self.audit_entry(call, decision, by));
+        let mut entry = self.audit_entry(call, decision, by);
+        if !judged.read_whole {
+            entry.note = Some(policy::NOT_READ_WHOLE.to_string());
+        }
+        self.shared.audit(entry);
         let (edited, approved) = match verdict.outcome {
             Outcome::Deny => {
                 self.finish_noted(failed_result(call, permissions::denied_text(verdict), "denied"), meta)?;

@@ -27,6 +27,8 @@ pub(crate) struct Judged {
     rules: Option<Vec<policy::Compiled>>,
     /// The ask rules that apply to the call itself, for a walking tool's call that asks.
     asking: Vec<String>,
+    /// Whether the rules read the call whole (`policy::Call::read_whole`).
+    pub read_whole: bool,
 }
 
 /// How far a remembered decision reaches.
@@ -80,19 +82,21 @@ impl Shared {
         let Some(permission) = self.tools.permission(&call.name) else {
             // Nobody registered it: it runs nothing and is answered so.
             let verdict = Verdict { outcome: Outcome::Allow, rule: None };
-            return Judged { verdict, rules: Some(Vec::new()), asking: Vec::new() };
+            return Judged { verdict, rules: Some(Vec::new()), asking: Vec::new(), read_whole: true };
         };
         let content = self.tools.content_arguments(&call.name);
         let read = Call::read(&call.name, &call.arguments, self.tools.matches_on(&call.name), content, workspace);
+        let read_whole = read.read_whole();
         let Some(rules) = self.rules_or_deny(tenant, session_id, read.tool) else {
-            return Judged { verdict: Verdict { outcome: Outcome::Deny, rule: None }, rules: None, asking: Vec::new() };
+            let verdict = Verdict { outcome: Outcome::Deny, rule: None };
+            return Judged { verdict, rules: None, asking: Vec::new(), read_whole };
         };
         let verdict = policy::decide(&read, permission.outcome(), &rules);
         let asking = match verdict.outcome == Outcome::Ask && self.tools.walks(&call.name) {
             true => policy::asking_rules(&read, &rules),
             false => Vec::new(),
         };
-        Judged { verdict, rules: Some(rules), asking }
+        Judged { verdict, rules: Some(rules), asking, read_whole }
     }
 
     /// The verdict on a call read for the rules, whose tool's own permission is `default`: what

@@ -6,11 +6,27 @@
 //! pattern never allows it. For `deny` and `ask`, the line is cut at every control character
 //! (inside quotes too: cutting too often can only find more to deny), each part is read as
 //! words the way the shell would (quotes and escapes removed), and a rule is tried against
-//! every tail of every part, with the first word also by its base name, and, for a program
-//! whose subcommand follows options of its own, without those (`global_options.rs`). `env rm
-//! -rf x`, `sudo /bin/rm -rf x`, `bash -c 'rm -rf x'` and `echo ok; rm -rf x` all meet `rm *`,
-//! and `git -C . push` meets `git push*`. A line whose program is given an option that loads
-//! code or config (`loads_code.rs`) is never allowed by a pattern either.
+//! every tail of every part, with the first word also by its base name. `env rm -rf x`, `sudo
+//! /bin/rm -rf x`, `bash -c 'rm -rf x'` and `echo ok; rm -rf x` all meet `rm *`.
+//!
+//! A program's subcommand may follow options of its own that no table can list in full
+//! (`kubectl --log-file x delete`, `terraform -chdir=infra destroy`), so every word that is
+//! not an option is also read as a program followed by each later suffix of its part: `git -C
+//! . push` meets `git push*` as `git push`, and `kubectl --log-file x delete ns prod` meets
+//! `kubectl delete*`. This over-approximates, as the tails already do (`echo rm -rf x` meets
+//! `rm *`; `git checkout push-fix` meets `git push*`): a deny or ask can only meet more.
+//!
+//! Those texts grow with the square of a part's words, and a line comes from the model, so
+//! they are capped (`MAX_CANDIDATES`, `MAX_CANDIDATE_BYTES`): a line past the caps is read in
+//! part, the tails of every part first. What was read still denies or asks; no pattern allows
+//! the line, and `decide` makes it ask at least (docs/permissions.md, "Cost").
+//!
+//! A line whose program is given an option that loads code or config (`loads_code.rs`) is
+//! never allowed by a pattern either.
+
+use std::collections::HashSet;
+
+use super::loads_code::{loads_code, LoadsCode};
 
 /// Characters that chain, substitute, redirect or background a command.
 const CONTROL: &[char] = &[';', '&', '|', '`', '>', '<', '\n', '\r', '(', ')'];
@@ -19,8 +35,17 @@ const CONTROL: &[char] = &[';', '&', '|', '`', '>', '<', '\n', '\r', '(', ')'];
 /// that a pattern cannot see through (escapes, quotes are handled by the word reader).
 const EXPANDING: &[char] = &['$', '*', '?', '[', ']', '{', '}', '~', '\\', '!'];
 
-use super::global_options::without_global_options;
-use super::loads_code::{loads_code, LoadsCode};
+/// Distinct texts, at most, that one line gives the deny and ask rules to try. A part of about
+/// 140 short words, all different, reaches it.
+pub const MAX_CANDIDATES: usize = 10_000;
+
+/// Bytes of text, at most, formed for one line's candidates (repeats and quoted scripts
+/// included): what reading the line and matching each rule against it cost. A part of about
+/// 85 words of six or seven letters reaches it; 80 such words are read whole.
+pub const MAX_CANDIDATE_BYTES: usize = 1 << 20;
+
+/// Levels of quoted scripts in scripts read, at most (`bash -c "sh -c 'rm -rf x'"` is two).
+const MAX_SCRIPT_DEPTH: usize = 8;
 
 /// A command line, read.
 #[derive(Debug, Clone)]
@@ -29,49 +54,158 @@ pub struct CommandLine {
     /// one that a pattern may allow.
     pub simple: Option<String>,
     /// Every text a `deny` or `ask` pattern is tried against.
-    pub candidates: Vec<String>,
-    /// The first option found, in any part, that makes its program load code or config: no
-    /// pattern allows the line then.
+    pub candidates: HashSet<String>,
+    /// An option found, in any part, that makes its program load code or config: no pattern
+    /// allows the line then.
     pub loads_code: Option<&'static LoadsCode>,
+    /// Whether every candidate was formed. `false`: the line passed the caps and was read in
+    /// part; no pattern allows it, and it asks at least.
+    pub whole: bool,
 }
 
 impl CommandLine {
     pub fn read(line: &str) -> CommandLine {
         let simple = simple_form(line);
-        let mut candidates = Vec::new();
-        let mut found = None;
-        for part in line.split(|c: char| CONTROL.contains(&c) || c == '$') {
-            let words = words_of(part);
-            for start in 0..words.len() {
-                let tail = &words[start..];
-                found = found.or_else(|| loads_code(tail));
-                let mut forms = vec![tail.to_vec()];
-                if let Some(base) = tail[0].rsplit('/').next().filter(|base| *base != tail[0]) {
-                    let mut renamed = vec![base.to_string()];
-                    renamed.extend(tail[1..].iter().cloned());
-                    forms.push(renamed);
-                }
-                // `git -C . push`: the program and its subcommand, as a deny names them.
-                let stripped: Vec<Vec<String>> = forms.iter().filter_map(|form| without_global_options(form)).collect();
-                forms.extend(stripped);
-                for form in forms {
-                    push_unique(&mut candidates, form.join(" "));
-                }
-                // `bash -c 'rm -rf x'`: a quoted script is itself a command line.
-                if tail[0].contains(' ') && start > 0 {
-                    let inner = CommandLine::read(&tail[0]);
-                    found = found.or(inner.loads_code);
-                    for candidate in inner.candidates {
-                        push_unique(&mut candidates, candidate);
-                    }
+        let mut reader = Reader::default();
+        let mut parts = Vec::new();
+        reader.parts_of(line, 0, &mut parts);
+        // Tails first, and the shortest parts first: a line past the caps is then read for its
+        // plain commands before the programs' later suffixes, and a long part cannot hide a
+        // short one after it (`echo <20,000 words>; rm -rf x` still meets `rm *`).
+        parts.sort_by_key(|part| part.text.len());
+        // The simple form, when there is one, is the one part's first tail.
+        let read = parts.iter().all(|part| reader.tails_of(part)) && parts.iter().all(|part| reader.suffixes_of(part));
+        CommandLine { simple, candidates: reader.seen, loads_code: reader.found, whole: read && !reader.too_deep }
+    }
+}
+
+/// One part of a line: its words, and their text joined by single spaces, so that every tail
+/// is a slice of one string rather than a string of its own.
+struct Part {
+    words: Vec<String>,
+    text: String,
+    /// Where each word starts in `text`.
+    starts: Vec<usize>,
+}
+
+impl Part {
+    fn new(words: Vec<String>) -> Part {
+        let text = words.join(" ");
+        let mut starts = Vec::with_capacity(words.len());
+        let mut at = 0;
+        for word in &words {
+            starts.push(at);
+            at += word.len() + 1;
+        }
+        Part { words, text, starts }
+    }
+
+    /// The words from `start` on, as one text (empty past the end).
+    fn from(&self, start: usize) -> &str {
+        self.starts.get(start).map_or("", |&at| &self.text[at..])
+    }
+}
+
+/// Forms a line's candidates within the caps.
+#[derive(Default)]
+struct Reader {
+    seen: HashSet<String>,
+    /// Bytes formed so far, repeats included.
+    bytes: usize,
+    /// A cap was reached: what is left of the line is not read.
+    over: bool,
+    /// Scripts nested past `MAX_SCRIPT_DEPTH` were not read.
+    too_deep: bool,
+    /// An option that loads code or config, found in a tail read.
+    found: Option<&'static LoadsCode>,
+}
+
+impl Reader {
+    /// Every part of `line`, cut at control characters, and of every quoted script in it
+    /// (`bash -c 'rm -rf x'`: a word with a space after a part's first word is itself a command
+    /// line). Each level of scripts is at most as long as the line; past `MAX_SCRIPT_DEPTH`
+    /// levels the line is not read whole.
+    fn parts_of(&mut self, line: &str, depth: usize, into: &mut Vec<Part>) {
+        if depth > MAX_SCRIPT_DEPTH {
+            self.too_deep = true;
+            return;
+        }
+        for piece in line.split(|c: char| CONTROL.contains(&c) || c == '$') {
+            let words = words_of(piece);
+            if words.is_empty() {
+                continue;
+            }
+            let part = Part::new(words);
+            let scripts: Vec<String> = part.words.iter().skip(1).filter(|w| w.contains(' ')).cloned().collect();
+            into.push(part);
+            for script in scripts {
+                self.parts_of(&script, depth + 1, into);
+            }
+        }
+    }
+
+    /// Every tail of `part`, with its first word also by its base name; `false` once a cap is
+    /// reached.
+    fn tails_of(&mut self, part: &Part) -> bool {
+        for start in 0..part.words.len() {
+            let (first, rest) = (&part.words[start], part.from(start + 1));
+            if !self.add(first, rest) || base_name(first).is_some_and(|base| !self.add(base, rest)) {
+                return false;
+            }
+            // After the charge for the tail: the scan is as long as the tail.
+            if self.found.is_none() {
+                self.found = loads_code(&part.words[start..]);
+            }
+        }
+        true
+    }
+
+    /// Every word of `part` that may be a program (not an option, not a script), followed by
+    /// every later suffix of the part that is not already a tail of it; `false` once a cap is
+    /// reached.
+    fn suffixes_of(&mut self, part: &Part) -> bool {
+        for (index, program) in part.words.iter().enumerate() {
+            if program.starts_with('-') || program.contains(' ') {
+                continue;
+            }
+            for suffix in index + 2..part.words.len() {
+                let rest = part.from(suffix);
+                if !self.add(program, rest) || base_name(program).is_some_and(|base| !self.add(base, rest)) {
+                    return false;
                 }
             }
         }
-        if let Some(simple) = &simple {
-            push_unique(&mut candidates, simple.clone());
-        }
-        CommandLine { simple, candidates, loads_code: found }
+        true
     }
+
+    /// Adds `first rest` (`first` alone when `rest` is empty); `false` when it would pass a cap.
+    fn add(&mut self, first: &str, rest: &str) -> bool {
+        if !self.charge(first.len() + 1 + rest.len()) {
+            return false;
+        }
+        let text = if rest.is_empty() { first.to_string() } else { format!("{first} {rest}") };
+        if text.is_empty() || self.seen.contains(&text) {
+            return true;
+        }
+        if self.seen.len() >= MAX_CANDIDATES {
+            self.over = true;
+            return false;
+        }
+        self.seen.insert(text);
+        true
+    }
+
+    /// Counts `bytes` against `MAX_CANDIDATE_BYTES`; `false` (and over) past it.
+    fn charge(&mut self, bytes: usize) -> bool {
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.over |= self.bytes > MAX_CANDIDATE_BYTES;
+        !self.over
+    }
+}
+
+/// The base name of a word that names a program by a path (`/bin/rm`: `rm`).
+fn base_name(word: &str) -> Option<&str> {
+    word.rsplit('/').next().filter(|base| !base.is_empty() && *base != word)
 }
 
 /// Whether `word` runs `program`: its base name is the name, or the name and a version
@@ -108,12 +242,6 @@ fn words_of(part: &str) -> Vec<String> {
         .collect()
 }
 
-fn push_unique(into: &mut Vec<String>, text: String) {
-    if !text.is_empty() && !into.contains(&text) {
-        into.push(text);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,7 +250,8 @@ mod tests {
     fn a_plain_command_is_simple_in_normal_form() {
         let line = CommandLine::read("git   status  'short'");
         assert_eq!(line.simple.as_deref(), Some("git status short"));
-        assert!(line.candidates.contains(&"status short".to_string()));
+        assert!(line.candidates.contains("status short"));
+        assert!(line.whole);
     }
 
     #[test]
@@ -150,9 +279,11 @@ mod tests {
         }
     }
 
-    /// The bypasses of issue 35: each meets the deny rule it was written to get past.
+    /// The bypasses of issue 35 and of its review: each line is also read as a program followed
+    /// by each later suffix of its words, so it meets the deny rule it was written to get past,
+    /// whatever options no table lists come between.
     #[test]
-    fn global_options_are_removed_for_deny_rules() {
+    fn a_program_is_also_read_with_every_later_suffix() {
         for (line, expected) in [
             ("git -C . push", "git push"),
             ("git --no-pager push origin", "git push origin"),
@@ -162,10 +293,64 @@ mod tests {
             ("ls; git -p push", "git push"),
             ("bash -c 'git -C . push'", "git push"),
             ("kubectl -n prod delete pod x", "kubectl delete pod x"),
+            ("kubectl --log-file x delete ns prod", "kubectl delete ns prod"),
+            ("npm --tag beta publish", "npm publish"),
+            ("helm --burst-limit 100 uninstall x", "helm uninstall x"),
+            ("systemctl --job-mode fail stop x", "systemctl stop x"),
+            ("terraform -chdir=infra destroy", "terraform destroy"),
+            ("aws --profile p s3 rm s3://b/k", "aws s3 rm s3://b/k"),
+            ("/opt/bin/gh --repo r repo delete", "gh repo delete"),
+            ("x; sh -c \"gh --repo r repo delete\"", "gh repo delete"),
         ] {
             let line = CommandLine::read(line);
-            assert!(line.candidates.contains(&expected.to_string()), "{expected:?} in {:?}", line.candidates);
+            assert!(line.candidates.contains(expected), "{expected:?} in {:?}", line.candidates);
+            assert!(line.whole);
         }
+        let line = CommandLine::read("git --force -C . push");
+        assert!(!line.candidates.contains("--force push"), "an option is never read as a program");
+    }
+
+    /// A prompt-injected line of 20,000 words: read in part, within the caps, and said so; a
+    /// short command in any part is still read, however long the others.
+    #[test]
+    fn a_line_past_the_caps_is_read_in_part_and_says_so() {
+        let words = vec!["word"; 20_000].join(" ");
+        for line in [format!("echo {words}; rm -rf x"), format!("rm -rf x; git -C . {words}")] {
+            let read = CommandLine::read(&line);
+            assert!(!read.whole, "not read whole");
+            assert!(read.candidates.len() <= MAX_CANDIDATES);
+            assert!(read.candidates.iter().map(String::len).sum::<usize>() <= MAX_CANDIDATE_BYTES);
+            assert!(read.candidates.contains("rm -rf x"), "the short part is read first");
+        }
+        // Repeats cost what they form: a line of one word said 20,000 times passes the caps too.
+        assert!(!CommandLine::read(&format!("git {}", vec!["git"; 20_000].join(" "))).whole);
+        // A long but ordinary command is read whole: 60 words in one part.
+        let ordinary = format!("cargo test {}", (0..58).map(|n| format!("--flag{n}")).collect::<Vec<_>>().join(" "));
+        assert!(CommandLine::read(&ordinary).whole);
+        let prose = format!("git commit -m {}", (0..60).map(|n| format!("lorem{n}")).collect::<Vec<_>>().join(" "));
+        assert!(CommandLine::read(&prose).whole);
+    }
+
+    /// What docs/permissions.md says this reading costs, and what it does not cover.
+    #[test]
+    fn the_documented_price_and_limit() {
+        assert!(CommandLine::read("git checkout push-fix").candidates.contains("git push-fix"), "the price");
+        assert!(CommandLine::read("git log --grep push").candidates.contains("git push"), "the price");
+        let between = CommandLine::read("aws s3 --profile p rm x");
+        assert!(!between.candidates.contains("aws s3 rm x"), "an option between a subcommand's words");
+        assert!(between.candidates.contains("aws s3 --profile p rm x"));
+    }
+
+    #[test]
+    fn scripts_nested_past_the_depth_are_not_read_whole() {
+        let mut line = "rm -rf x".to_string();
+        for _ in 0..=MAX_SCRIPT_DEPTH {
+            line = format!("sh -c {}", shlex::try_quote(&line).unwrap());
+        }
+        let read = CommandLine::read(&line);
+        assert!(!read.whole);
+        let shallow = CommandLine::read("sh -c 'bash -c \"rm -rf x\"'");
+        assert!(shallow.whole && shallow.candidates.contains("rm -rf x"));
     }
 
     #[test]
@@ -194,7 +379,7 @@ mod tests {
     fn every_part_and_tail_is_a_candidate() {
         let line = CommandLine::read("echo ok; sudo /bin/rm -rf /tmp/x | bash -c 'rm -rf y'");
         for expected in ["echo ok", "rm -rf /tmp/x", "/bin/rm -rf /tmp/x", "rm -rf y"] {
-            assert!(line.candidates.contains(&expected.to_string()), "{expected:?} in {:?}", line.candidates);
+            assert!(line.candidates.contains(expected), "{expected:?} in {:?}", line.candidates);
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Programs whose subcommand comes after options of the program's own (`git -C . push`,
-//! `kubectl -n prod delete`), and the command read with those options removed, so that a deny
-//! or ask rule on `git push*` meets `git -C . push` (`command.rs` adds the form to the
-//! candidates; docs/permissions.md, "Global options").
+//! `kubectl -n prod delete`), and where those options end: what `loads_code.rs` needs for its
+//! rows that count only before the subcommand (`git -c`, `git -C`), and for its rows on a
+//! subcommand (`git config`).
 //!
-//! Pure. Removing too much can only make a deny meet more; the risk is removing too little,
-//! so every word before the subcommand that starts with `-` (or `+`, cargo's toolchain) goes,
-//! and each option of the table below takes the next word with it unless written `--opt=value`.
+//! Pure. Deny and ask rules do not rely on this table: `command.rs` reads every program with
+//! each later suffix of its words, whatever options come between. Every word before the
+//! subcommand that starts with `-` (or `+`, cargo's toolchain) is a global option, and each
+//! option of the table below takes the next word with it unless written `--opt=value`.
 
 /// One program: its name (a base name; `command::is_program` also accepts a version suffix)
 /// and its global options that take their value as the next word.
@@ -160,59 +161,50 @@ pub(super) fn global_span(program: &Program, arguments: &[String]) -> usize {
     index.min(arguments.len())
 }
 
-/// `words` without the program's global options, when it is one of `PROGRAMS` and had any.
-pub(super) fn without_global_options(words: &[String]) -> Option<Vec<String>> {
-    let program = program_of(words)?;
-    let span = global_span(program, &words[1..]);
-    if span == 0 {
-        return None;
-    }
-    let mut kept = vec![words[0].clone()];
-    kept.extend(words[1 + span..].iter().cloned());
-    Some(kept)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn stripped(line: &str) -> Option<String> {
+    /// The subcommand of `line`: the word after the program's global options.
+    fn subcommand(line: &str) -> Option<String> {
         let words: Vec<String> = line.split(' ').map(str::to_string).collect();
-        without_global_options(&words).map(|words| words.join(" "))
+        let program = program_of(&words)?;
+        let span = global_span(program, &words[1..]);
+        words.get(1 + span).cloned()
     }
 
-    /// A command per program: its global options (a value-taking one among them) go, and the
-    /// subcommand with its own options stays.
+    /// A command per program: its global options (a value-taking one among them) are passed
+    /// over, up to the subcommand.
     #[test]
-    fn each_programs_global_options_are_removed_up_to_the_subcommand() {
+    fn each_programs_global_options_end_at_the_subcommand() {
         let table = [
-            ("git -C . --no-pager -c a.b=c push --force origin", "git push --force origin"),
-            ("git --git-dir=.git --work-tree . push", "git push"),
-            ("docker --context prod -H ssh://h rm -f x", "docker rm -f x"),
-            ("podman --connection prod --remote rm x", "podman rm x"),
-            ("kubectl -n prod --context c delete pod x", "kubectl delete pod x"),
-            ("helm --kube-context c -n prod uninstall x", "helm uninstall x"),
-            ("npm --prefix sub -w pkg publish --tag x", "npm publish --tag x"),
-            ("pnpm -C sub --filter pkg publish", "pnpm publish"),
-            ("yarn --cwd sub publish", "yarn publish"),
-            ("cargo +nightly -Z unstable-options --config x=y publish", "cargo publish"),
-            ("systemctl --user -H host stop x", "systemctl stop x"),
+            ("git -C . --no-pager -c a.b=c push --force origin", "push"),
+            ("git --git-dir=.git --work-tree . config x y", "config"),
+            ("docker --context prod -H ssh://h rm -f x", "rm"),
+            ("podman --connection prod --remote rm x", "rm"),
+            ("kubectl -n prod --context c delete pod x", "delete"),
+            ("helm --kube-context c -n prod uninstall x", "uninstall"),
+            ("npm --prefix sub -w pkg publish --tag x", "publish"),
+            ("pnpm -C sub --filter pkg publish", "publish"),
+            ("yarn --cwd sub publish", "publish"),
+            ("cargo +nightly -Z unstable-options --config x=y publish", "publish"),
+            ("systemctl --user -H host stop x", "stop"),
         ];
         for program in PROGRAMS {
             assert!(table.iter().any(|(line, _)| line.starts_with(&format!("{} ", program.name))), "{}", program.name);
         }
         for (line, expected) in table {
-            assert_eq!(stripped(line).as_deref(), Some(expected), "{line}");
+            assert_eq!(subcommand(line).as_deref(), Some(expected), "{line}");
         }
     }
 
     #[test]
-    fn nothing_to_remove_is_no_new_form_and_a_lone_option_is_all_options() {
-        assert_eq!(stripped("git push"), None);
-        assert_eq!(stripped("ls -la"), None, "not a program of the table");
-        assert_eq!(stripped("git -C"), Some("git".into()), "a value that never came");
-        assert_eq!(stripped("/usr/bin/git -C . push"), Some("/usr/bin/git push".into()));
-        assert_eq!(stripped("git2.47 -C . push"), Some("git2.47 push".into()), "a versioned name");
-        assert_eq!(stripped("git -- push"), Some("git push".into()));
+    fn no_option_a_lone_option_a_path_and_a_version() {
+        assert_eq!(subcommand("git push").as_deref(), Some("push"));
+        assert_eq!(subcommand("ls -la"), None, "not a program of the table");
+        assert_eq!(subcommand("git -C"), None, "a value that never came");
+        assert_eq!(subcommand("/usr/bin/git -C . push").as_deref(), Some("push"));
+        assert_eq!(subcommand("git2.47 -C . push").as_deref(), Some("push"), "a versioned name");
+        assert_eq!(subcommand("git -- push").as_deref(), Some("push"));
     }
 }

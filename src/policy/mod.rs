@@ -14,7 +14,8 @@
 //! - when no rule applies, the tool's own permission (`[agent.permissions]`) decides;
 //! - a pattern never allows a command with shell control syntax or expansion (`command.rs`),
 //!   nor one carrying an option that loads code or config (`loads_code.rs`), nor a path that
-//!   leaves the workspace (`paths.rs`);
+//!   leaves the workspace (`paths.rs`); a command too long for the rules to read whole asks
+//!   at least, whatever its tool's own permission (`command.rs`, `decide`);
 //! - a tool that walks the workspace has each path it reaches judged by its deny and ask
 //!   rules (`walk.rs`).
 
@@ -216,7 +217,9 @@ impl Compiled {
             (_, None, _) => true,
             (Subject::Command(line), Some(pattern), _) => match allow {
                 true => {
-                    line.loads_code.is_none() && line.simple.as_deref().is_some_and(|simple| pattern.is_match(simple))
+                    line.whole
+                        && line.loads_code.is_none()
+                        && line.simple.as_deref().is_some_and(|simple| pattern.is_match(simple))
                 }
                 false => line.candidates.iter().any(|c| pattern.is_match(c)),
             },
@@ -303,6 +306,15 @@ impl<'a> Call<'a> {
         Call { tool, subject, canonical: canonical_arguments(&digested_arguments(arguments, content)) }
     }
 
+    /// Whether the rules read the call whole: `false` for a command past the candidate caps
+    /// (`command.rs`), which no allow holds for and which asks at least.
+    pub fn read_whole(&self) -> bool {
+        match &self.subject {
+            Subject::Command(line) => line.whole,
+            Subject::Path(_) | Subject::Other => true,
+        }
+    }
+
     /// The pattern `remember` adds when it is given none: this exact command or path (as a
     /// glob that matches only it), or `None` for a tool that has neither (then the rule holds
     /// the exact arguments).
@@ -338,9 +350,23 @@ impl Verdict {
     }
 }
 
+/// What the audit log notes of a call the rules did not read whole (`Call::read_whole`).
+pub const NOT_READ_WHOLE: &str = "the command is too long for the rules to read whole: \
+no allow holds for it and it asks at least (docs/permissions.md, \"Cost\")";
+
 /// The strictest outcome of every rule that applies to `call`; the tool's own permission
-/// (`default`) when none does. A tool whose own permission is `deny` stays denied.
+/// (`default`) when none does. A tool whose own permission is `deny` stays denied. A call the
+/// rules did not read whole asks at least, whatever allowed it: only a deny in what was read
+/// is stricter.
 pub fn decide(call: &Call<'_>, default: Outcome, rules: &[Compiled]) -> Verdict {
+    let verdict = strictest(call, default, rules);
+    match verdict.outcome {
+        Outcome::Allow if !call.read_whole() => Verdict { outcome: Outcome::Ask, rule: None },
+        Outcome::Allow | Outcome::Ask | Outcome::Deny => verdict,
+    }
+}
+
+fn strictest(call: &Call<'_>, default: Outcome, rules: &[Compiled]) -> Verdict {
     if default == Outcome::Deny {
         return Verdict { outcome: Outcome::Deny, rule: None };
     }

@@ -35,6 +35,21 @@ fn server_rules(matching: Matching) -> Vec<Compiled> {
         rule("run_command", Some("find *"), Allow),
         rule("run_command", Some("rm *"), Deny),
         rule("run_command", Some("curl *"), Deny),
+        // Programs whose subcommand a deny names, each allowed as a whole.
+        rule("run_command", Some("kubectl *"), Allow),
+        rule("run_command", Some("kubectl delete*"), Deny),
+        rule("run_command", Some("npm *"), Allow),
+        rule("run_command", Some("npm publish*"), Deny),
+        rule("run_command", Some("helm *"), Allow),
+        rule("run_command", Some("helm uninstall*"), Deny),
+        rule("run_command", Some("systemctl *"), Allow),
+        rule("run_command", Some("systemctl stop*"), Deny),
+        rule("run_command", Some("terraform *"), Allow),
+        rule("run_command", Some("terraform destroy*"), Deny),
+        rule("run_command", Some("aws *"), Allow),
+        rule("run_command", Some("aws s3 rm*"), Deny),
+        rule("run_command", Some("gh *"), Allow),
+        rule("run_command", Some("gh repo delete*"), Ask),
         rule("read_file", Some(".env"), Deny),
         rule("read_file", Some("**/.env"), Deny),
         rule("read_file", Some("secrets/**"), Deny),
@@ -178,6 +193,19 @@ fn bypass_attempts_end_in_deny_or_ask() {
         (command("/usr/bin/git -p push"), Deny),
         (command("sudo -u root git -C . push"), Deny),
         (command("git status; git -C . push"), Deny),
+        // Options no table lists, before the subcommand a deny or ask names: the program is
+        // also read with every later suffix of its words (the review of issue 35).
+        (command("kubectl --log-file x delete ns prod"), Deny),
+        (command("kubectl --log-file=x -v 9 delete ns prod"), Deny),
+        (command("/usr/local/bin/kubectl --log-file x delete ns prod"), Deny),
+        (command("npm --tag beta publish"), Deny),
+        (command("helm --burst-limit 100 uninstall x"), Deny),
+        (command("systemctl --job-mode fail stop x"), Deny),
+        (command("terraform -chdir=infra destroy"), Deny),
+        (command("aws --profile p s3 rm s3://bucket/key"), Deny),
+        (command("sudo -E aws --region eu-west-1 --profile p s3 rm s3://b/k"), Deny),
+        (command("gh --repo owner/r repo delete owner/r --yes"), Ask),
+        (command("ls; gh -R owner/r repo delete"), Ask),
         // An allowed program given an option that loads code or config.
         (command("git -c core.fsmonitor=./evil.sh status"), Ask),
         (command("git --config-env=core.pager=X status"), Ask),
@@ -211,6 +239,9 @@ fn what_the_rules_allow_is_allowed() {
         ("run_command", json!({ "command": "git --no-pager log --oneline" })),
         ("run_command", json!({ "command": "git commit -c HEAD" })),
         ("run_command", json!({ "command": "find . -name x -print" })),
+        ("run_command", json!({ "command": "kubectl --log-file x get ns prod" })),
+        ("run_command", json!({ "command": "terraform -chdir=infra plan" })),
+        ("run_command", json!({ "command": "aws --profile p s3 ls s3://bucket" })),
         ("write_file", json!({ "path": "src/main.rs", "content": "" })),
         ("write_file", json!({ "path": "./src/new/x.rs", "content": "" })),
         ("read_file", json!({ "path": "README.md" })),
@@ -219,6 +250,29 @@ fn what_the_rules_allow_is_allowed() {
         let got = verdict(tool, arguments.clone(), Matching::default(), &workspace);
         assert_eq!(got.outcome, Outcome::Allow, "{tool} {arguments}");
     }
+}
+
+/// A prompt-injected command of 20,000 words: read within the caps (no timing asserted), never
+/// allowed by a pattern or by its tool's own `allow`, and a deny in what was read still holds.
+#[test]
+fn a_line_past_the_candidate_caps_asks_even_where_it_would_be_allowed() {
+    let long = |first: &str| format!("{first} {}", vec!["word"; 20_000].join(" "));
+    let allow_echo = [Compiled::new(rule("run_command", Some("echo *"), Outcome::Allow), Matching::default()).unwrap()];
+    let rules = server_rules(Matching::default());
+    let read = |line: &str| {
+        let arguments = json!({ "command": line });
+        let call = Call::read("run_command", arguments.as_object().unwrap(), MatchOn::Command("command"), &[], None);
+        let by_rule = decide(&call, Outcome::Allow, &allow_echo);
+        (by_rule, decide(&call, Outcome::Allow, &[]), decide(&call, Outcome::Allow, &rules))
+    };
+    let (by_rule, by_default, _) = read(&long("echo"));
+    assert_eq!(by_rule.outcome, Outcome::Ask, "an allow rule does not hold for it");
+    assert!(by_rule.rule.is_none(), "no rule asked: the caps did");
+    assert_eq!(by_default.outcome, Outcome::Ask, "nor does the tool's own `allow`");
+    let (_, _, denied) = read(&format!("rm -rf x; {}", long("echo")));
+    assert_eq!(denied.outcome, Outcome::Deny, "a deny in what was read wins");
+    let (short, _, _) = read("echo word word word");
+    assert_eq!(short.outcome, Outcome::Allow, "a short line is read whole");
 }
 
 #[test]

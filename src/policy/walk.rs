@@ -6,8 +6,12 @@
 //! the tally once the tool is done). The judge holds the tool's deny and ask rules that have a
 //! pattern, compiled once per call; each path is read the way a file tool's path argument is
 //! (`PathNames`: normalized, links inside the workspace followed, the same case rules), so a
-//! walk reaches nothing that a call naming the path would be refused.
+//! walk reaches nothing that a call naming the path would be refused. A person who allows
+//! withheld paths answers, for each, only the ask rules that withheld it (`allowing`): an
+//! allowed directory lets through what those rules cover in it, not what another ask rule
+//! covers, which the person never saw.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::{Compiled, Outcome, PathNames, Rule};
@@ -27,9 +31,10 @@ pub struct PathJudge {
     /// The tool's deny and ask rules with a path pattern; none: every path is reachable.
     rules: Vec<Compiled>,
     workspace: Option<Workspace>,
-    /// Paths a person allowed though an ask rule covers them; a directory (ending in `/`)
-    /// allows everything in it too.
-    allowed: Vec<String>,
+    /// Paths a person allowed, each with the ids of the ask rules that withheld it when the
+    /// person was asked: only those rules are answered for it, and for everything in it when
+    /// it is a directory (ending in `/`). Another ask rule still withholds what it covers.
+    allowed: Vec<(String, Vec<String>)>,
     /// The rules could not be read: every path is withheld.
     closed: bool,
     tally: Mutex<Tally>,
@@ -47,6 +52,9 @@ pub struct Tally {
     pub over: usize,
     /// The first ask rule that withheld a path.
     pub rule: Option<Arc<Rule>>,
+    /// For each path of `asked`, the ids of the ask rules that withheld it: what a person who
+    /// allows that path answers.
+    pub withheld_by: BTreeMap<String, Vec<String>>,
 }
 
 impl PathJudge {
@@ -73,13 +81,23 @@ impl PathJudge {
         PathJudge { rules, workspace, ..PathJudge::default() }
     }
 
-    /// The same judge, with a fresh tally, letting through `paths` (as a person allowed them)
-    /// where only an ask rule withheld them.
+    /// The same judge, with a fresh tally, letting through `paths` (as a person allowed them,
+    /// of those this judge asked about) for the ask rules that withheld each: a directory's
+    /// rules are answered for everything in it, and no other rule is. A path this judge never
+    /// asked about is allowed for no rule.
     pub fn allowing(&self, paths: Vec<String>) -> PathJudge {
+        let withheld_by = self.tally().withheld_by;
+        let allowed = paths
+            .into_iter()
+            .map(|path| {
+                let rules = withheld_by.get(&path).cloned().unwrap_or_default();
+                (path, rules)
+            })
+            .collect();
         PathJudge {
             rules: self.rules.clone(),
             workspace: self.workspace.clone(),
-            allowed: paths,
+            allowed,
             closed: self.closed,
             tally: Mutex::default(),
         }
@@ -120,39 +138,48 @@ impl PathJudge {
             let named = by_name && (names.names.is_empty() || names.names.iter().any(|n| rule.path_matches(n)));
             named || (by_contents && names.names.iter().any(|n| covers_contents(rule, n)))
         };
-        // Deny over ask; the first of the strictest, as `decide` does.
-        let strictest =
-            self.rules.iter().filter(|rule| applies(rule)).fold(None::<&Compiled>, |best, rule| match best {
-                Some(best) if best.rule.outcome >= rule.rule.outcome => Some(best),
-                _ => Some(rule),
-            });
-        let Some(rule) = strictest else { return true };
-        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        match rule.rule.outcome {
-            Outcome::Allow => true,
-            Outcome::Deny => {
-                tally.denied += 1;
-                false
-            }
-            Outcome::Ask if self.is_allowed(relative) => true,
-            Outcome::Ask => {
-                tally.rule.get_or_insert_with(|| Arc::clone(&rule.rule));
-                match tally.asked.len() < ASKED_AT_MOST {
-                    true => tally.asked.push(if directory { format!("{relative}/") } else { relative.to_string() }),
-                    false => tally.over += 1,
-                }
-                false
+        // Deny over ask, as `decide` does; an ask withholds unless a person answered that very
+        // rule for this path or a directory it is in.
+        let (mut denied, mut withholding) = (false, Vec::new());
+        for rule in self.rules.iter().filter(|rule| applies(rule)) {
+            match rule.rule.outcome {
+                Outcome::Deny => denied = true,
+                Outcome::Ask if self.answered(relative, &rule.rule.id) => {}
+                Outcome::Ask => withholding.push(rule),
+                // `new` keeps no allow: an allow withholds nothing.
+                Outcome::Allow => {}
             }
         }
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        if denied {
+            tally.denied += 1;
+            return false;
+        }
+        let Some(first) = withholding.first() else { return true };
+        tally.rule.get_or_insert_with(|| Arc::clone(&first.rule));
+        if tally.asked.len() < ASKED_AT_MOST {
+            let listed = if directory { format!("{relative}/") } else { relative.to_string() };
+            tally.withheld_by.insert(listed.clone(), withholding.iter().map(|rule| rule.rule.id.clone()).collect());
+            tally.asked.push(listed);
+        } else {
+            tally.over += 1;
+        }
+        false
     }
 
-    fn is_allowed(&self, relative: &str) -> bool {
-        self.allowed.iter().any(|allowed| match allowed.strip_suffix('/') {
-            Some(".") => true,
-            Some(directory) => {
-                relative == directory || relative.strip_prefix(directory).is_some_and(|rest| rest.starts_with('/'))
-            }
-            None => allowed == relative,
+    /// Whether a person allowed `relative` for the ask rule `rule`: the path itself, or a
+    /// directory it is in, was allowed, and that rule withheld it.
+    fn answered(&self, relative: &str, rule: &str) -> bool {
+        self.allowed.iter().any(|(allowed, rules)| {
+            rules.iter().any(|id| id == rule)
+                && match allowed.strip_suffix('/') {
+                    Some(".") => true,
+                    Some(directory) => {
+                        relative == directory
+                            || relative.strip_prefix(directory).is_some_and(|rest| rest.starts_with('/'))
+                    }
+                    None => allowed == relative,
+                }
         })
     }
 }
@@ -325,6 +352,36 @@ mod tests {
         assert!(!again.file("b/secret.txt"), "not among those allowed");
         assert!(!again.file("a/secret.txt.bak"));
         assert_eq!(again.tally().asked, ["b/secret.txt", "a/secret.txt.bak"]);
+    }
+
+    /// A directory shown by name and allowed is allowed for the rules that withheld it only:
+    /// another ask rule still withholds what it covers inside, which the person never saw.
+    #[test]
+    fn an_allowed_directory_answers_only_the_rules_that_withheld_it() {
+        use Outcome::*;
+        let (_dir, workspace) = workspace();
+        let m = Matching::default();
+        let rules = vec![
+            compiled("*", Some("secrets/**"), Ask, m),
+            compiled("*", Some("**/*.key"), Ask, m),
+            compiled("*", Some("**/.env"), Deny, m),
+        ];
+        let first = judge(rules, &workspace);
+        assert!(!first.directory("secrets"));
+        assert!(!first.file("a.key"));
+        assert_eq!(first.tally().asked, ["secrets/", "a.key"]);
+        let again = first.allowing(vec!["secrets/".into()]);
+        assert!(again.directory("secrets"));
+        assert!(again.directory("secrets/deep"));
+        assert!(again.file("secrets/notes.txt"), "what only the directory's rule covers");
+        assert!(!again.file("secrets/api.key"), "another ask rule's file, never shown");
+        assert!(!again.file("secrets/deep/id.key"));
+        assert!(!again.file("secrets/.env"), "a deny holds inside it");
+        assert!(!again.file("a.key"), "not among those allowed");
+        assert_eq!(again.tally().asked, ["secrets/api.key", "secrets/deep/id.key", "a.key"]);
+        // A path the first judge never asked about is allowed for no rule.
+        let stray = first.allowing(vec!["elsewhere/".into(), "b.key".into()]);
+        assert!(!stray.file("elsewhere/x.key") && !stray.file("b.key"));
     }
 
     #[test]

@@ -205,3 +205,33 @@ fn the_chat_shows_withheld_paths_and_allows_them_once() {
     assert!(errors.contains("`approved` and `note` only"), "{errors}");
     assert!(printed.contains("✓ search_text: sub/secret.txt:1: s3cret-value words"), "{printed}");
 }
+
+/// Allowing a directory withheld by name allows it for the rule that withheld it only (the
+/// review of issue 35): a file another ask rule covers inside it, which the person never saw
+/// listed, stays withheld.
+#[test]
+fn an_allowed_directory_does_not_answer_another_rules_ask_inside_it() {
+    let server = TestServer::start_with(|config| {
+        config.builtin.delay_ms = 0;
+        config.agent.rules =
+            vec![spec("search_text", Some("secrets/**"), Ask), spec("search_text", Some("**/*.key"), Ask)];
+    });
+    let root = &server.workspace;
+    std::fs::create_dir_all(root.join("secrets")).unwrap();
+    std::fs::write(root.join("secrets/notes.txt"), "words of the notes\n").unwrap();
+    std::fs::write(root.join("secrets/api.key"), "words of the key\n").unwrap();
+    std::fs::write(root.join("readme.md"), "words for all\n").unwrap();
+    let session = server.create_session(json!({}));
+
+    let (mut stream, approval) = withheld_approval(&server, &session, &json!({ "pattern": "words" }));
+    assert_eq!(approval["withheld"], json!(["secrets/"]), "the directory, by name: {approval}");
+    let path = format!("/api/sessions/{session}/approvals/{}", approval["id"].as_str().unwrap());
+    assert_eq!(server.post(&path, json!({ "approved": true })).status, 200);
+    let events = stream.collect_until(is_run_end);
+    let finished = events.iter().find(|e| event_type(e) == "tool.finished").expect("the call finished");
+    let result = &finished["event"]["result"];
+    let content = result["content"].as_str().unwrap();
+    assert!(content.contains("secrets/notes.txt:1: words of the notes"), "{content}");
+    assert!(!content.contains("words of the key"), "the key was never shown to the person: {content}");
+    assert_eq!(result["data"]["withheld"], json!({ "unasked": 1 }), "{result}");
+}

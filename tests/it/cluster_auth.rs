@@ -179,13 +179,13 @@ impl Tap {
         *self.target.lock().unwrap() = Some(base.trim_start_matches("http://").to_string());
     }
 
-    /// Whether any request the tap passed on named `id`.
-    fn heard(&self, id: &str) -> bool {
-        String::from_utf8_lossy(&self.heard.lock().unwrap()).contains(id)
+    /// How many times the requests the tap passed on named `id`.
+    fn times(&self, id: &str) -> usize {
+        String::from_utf8_lossy(&self.heard.lock().unwrap()).matches(id).count()
     }
 }
 
-/// The calls of the Kestrel door that name session `id`, each with its body.
+/// A call on each route of the Kestrel door that names a session, naming `id`, with a body.
 fn session_calls(id: &str) -> Vec<(&'static str, String, Option<&'static [u8]>)> {
     let json: &'static [u8] = b"{}";
     vec![
@@ -199,8 +199,14 @@ fn session_calls(id: &str) -> Vec<(&'static str, String, Option<&'static [u8]>)>
         ("GET", format!("/api/sessions/{id}/events"), None),
         ("POST", format!("/api/sessions/{id}/approvals/apr_0"), Some(br#"{"approved":true}"#.as_slice())),
         ("GET", format!("/api/sessions/{id}/files"), None),
+        ("GET", format!("/api/sessions/{id}/file?path=README.md"), None),
+        ("GET", format!("/api/sessions/{id}/checkpoints"), None),
         ("POST", format!("/api/sessions/{id}/checkpoints"), Some(json)),
+        ("POST", format!("/api/sessions/{id}/checkpoints/chk_0/restore"), Some(json)),
+        ("POST", format!("/api/sessions/{id}/rewind"), Some(br#"{"messageId":"msg_0"}"#.as_slice())),
         ("GET", format!("/api/sessions/{id}/rules"), None),
+        ("POST", format!("/api/sessions/{id}/rules"), Some(br#"{"tool":"*","outcome":"allow"}"#.as_slice())),
+        ("DELETE", format!("/api/sessions/{id}/rules/rul_0"), None),
     ]
 }
 
@@ -250,7 +256,7 @@ fn a_tenant_naming_another_tenants_sessions_is_answered_404_where_it_lands_and_m
     assert_eq!(leases_of(&database.url, "node-b"), Vec::<String>::new(), "B claimed no lease");
     assert_eq!(leases_of(&database.url, "node-a"), held_sorted, "A's leases stay A's");
     for id in &attacked {
-        assert!(!tap.heard(id), "nothing naming {id} was forwarded to A");
+        assert_eq!(tap.times(id), 0, "nothing naming {id} was forwarded to A");
     }
 
     // The victim's own requests are still served wherever its sessions are: B claims a free
@@ -262,7 +268,7 @@ fn a_tenant_naming_another_tenants_sessions_is_answered_404_where_it_lands_and_m
     assert_eq!(victim_at_b.get(&format!("/api/sessions/{}", held[1])).status, 200);
     let sent = victim_at_b.post(&format!("/api/sessions/{}/messages", held[0]), json!({ "content": "to A" }));
     assert_eq!(sent.status, 202, "{}", sent.text);
-    assert!(tap.heard(&held[0]) && tap.heard(&held[1]), "the victim's calls were forwarded to A");
+    assert!(tap.times(&held[0]) > 0 && tap.times(&held[1]) > 0, "the victim's calls were forwarded to A");
     assert!(leases_of(&database.url, "node-a").contains(&held[0]), "served by its holder");
 
     // BAE: a client key joins only sessions of its own profile. At B, a join of a session of
@@ -289,6 +295,7 @@ fn a_tenant_naming_another_tenants_sessions_is_answered_404_where_it_lands_and_m
     assert_eq!(own.status, 201, "{}", own.text);
     let own_key = own.json["session_key"].as_str().unwrap().to_string();
     let bae_refusals = || {
+        let forwarded = tap.times(&bae_session);
         let join = format!("/api/v1/sessions/{bae_session}/join");
         let joins = [
             (join.clone(), json!({}), 403, "profile_mismatch"),
@@ -307,10 +314,20 @@ fn a_tenant_naming_another_tenants_sessions_is_answered_404_where_it_lands_and_m
             let shown = (refused.status, refused.json["type"].as_str());
             assert_eq!(shown, (401, Some("unauthorized")), "{path}: {}", refused.text);
         }
-        assert!(holds_none(&database.url, "node-b", &[bae_session.clone()]), "B claimed no other profile's session");
-        assert!(!tap.heard(&bae_session), "nothing naming the BAE session was forwarded to A");
+        assert!(
+            holds_none(&database.url, "node-b", std::slice::from_ref(&bae_session)),
+            "B claimed no other profile's session"
+        );
+        assert_eq!(tap.times(&bae_session), forwarded, "nothing naming the BAE session was forwarded to A");
     };
     bae_refusals();
+    // The profile's own key joins at B: the join, its body read as B admitted it, is
+    // forwarded to A, which holds the session.
+    let join = format!("/api/v1/sessions/{bae_session}/join");
+    let joined = bae_send(&b.base, "POST", &join, Some(&theirs), Some(json!({ "client_version": "9.9.9" })));
+    assert_eq!(joined.status, 201, "{}", joined.text);
+    assert!(tap.times(&bae_session) > 0 && tap.times("9.9.9") > 0, "the join and its body went to A");
+    assert!(holds_none(&database.url, "node-b", std::slice::from_ref(&bae_session)));
 
     // Once A has stopped (giving its leases up), no node holds the victim's sessions: another
     // tenant's and another profile's requests at B still claim none of them.
@@ -320,7 +337,6 @@ fn a_tenant_naming_another_tenants_sessions_is_answered_404_where_it_lands_and_m
     assert!(holds_none(&database.url, "node-b", &held), "B claimed none of A's former sessions");
     bae_refusals();
     // The profile's own key still joins, here.
-    let join = format!("/api/v1/sessions/{bae_session}/join");
     let joined = bae_send(&b.base, "POST", &join, Some(&theirs), Some(json!({})));
     assert_eq!(joined.status, 201, "{}", joined.text);
 }

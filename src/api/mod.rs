@@ -24,16 +24,24 @@ pub enum Rate {
     Counted,
 }
 
-/// A front door of the main port, in two steps: `admit` matches the route and authenticates
-/// the request as the route asks (with the caller's rate limit), `serve` does what it asks.
-/// In a cluster the node looks at a session's lease, claims it or forwards the request only
-/// in between, so a caller the door does not know moves no lease (docs/cluster.md).
+/// A front door of the main port, in two steps: `admit` matches the route, authenticates
+/// the request as the route asks (with the caller's rate limit) and, for a route that names
+/// a session, finds the session the caller's; `serve` does what it asks. In a cluster the
+/// node looks at a session's lease, claims it or forwards the request only in between, so a
+/// caller the door does not know, or a session that is not the caller's, moves no lease and
+/// is sent nowhere (docs/cluster.md).
 pub trait Door {
-    /// The route and who called, as far as the route needs.
+    /// The route, who called, and the session it names, as far as the route needs.
     type Admitted;
     /// Why a request was not admitted, in the door's error shape.
     type Refusal;
+    /// The request admitted, or the door's answer to it. A session the route names that does
+    /// not exist or is not the caller's is refused here as the door answers it anywhere
+    /// (Kestrel's 404; BAE's 401 for a session key, its join's 404, 409 or 403).
     fn admit(&self, request: &mut Request, rate: Rate) -> Result<Self::Admitted, Self::Refusal>;
+    /// The session an admitted request names, which `admit` found the caller's: the one a
+    /// cluster's node routes it by. `None` for a route that names no session.
+    fn session<'a>(&self, admitted: &'a Self::Admitted) -> Option<&'a str>;
     /// The answer to a request that was not admitted.
     fn refuse(&self, refusal: Self::Refusal) -> Reply;
     fn serve(&self, request: &mut Request, admitted: Self::Admitted) -> Reply;
@@ -82,7 +90,8 @@ impl MainDoor {
     /// `request` through `door`: admitted first, then, in a cluster, served here or at the
     /// session's holder. A call from another node must carry the cluster's secret (403
     /// before anything else otherwise); it is still admitted as its client, by the client's
-    /// own credentials, so no node acts for a caller its door does not know.
+    /// own credentials, so no node acts for a caller its door does not know, nor for a
+    /// session that is not the caller's.
     fn through<D: Door>(&self, door: &D, request: &mut Request) -> Reply {
         let Some(node) = &self.cluster else { return door.answer(request) };
         let path = request.path().to_string();
@@ -95,10 +104,13 @@ impl MainDoor {
             Ok(admitted) => admitted,
             Err(refusal) => return door.refuse(refusal),
         };
-        match node.route(request, from_a_node) {
+        let session = door.session(&admitted).map(str::to_string);
+        match node.route(request, session.as_deref(), from_a_node) {
             Ok(Route::Here) if from_a_node => node.to_relay(door.serve(request, admitted)),
             Ok(Route::Here) => door.serve(request, admitted),
-            Ok(Route::There(url)) => node.forward(request, &url).unwrap_or_else(|error| self.refuse(&path, &error)),
+            Ok(Route::There(url)) => {
+                node.forward(request, session.as_deref(), &url).unwrap_or_else(|error| self.refuse(&path, &error))
+            }
             Err(error) => self.refuse(&path, &error),
         }
     }

@@ -12,9 +12,11 @@
 //! - a read of a session another node holds goes to that node; of one no node holds, served
 //!   here from the database.
 //!
-//! Nothing of this is done for a request its door has not admitted (authenticated, and
-//! taken from its caller's rate limit: `api::Door`), so a caller the door does not know
-//! claims no lease and is sent nowhere.
+//! Nothing of this is done for a request its door has not admitted (authenticated, taken
+//! from its caller's rate limit, and, for a route that names a session, the session found
+//! the caller's: `api::Door`), so a caller the door does not know, or a session that is not
+//! the caller's, claims no lease and is sent nowhere. The session a request names is the
+//! one its door admitted, never read again from the path here.
 //!
 //! A call that carries the secret came from a node that found this one the holder: it is
 //! served here, never sent on again. If the lease moved meanwhile, the answer is a retryable
@@ -104,12 +106,6 @@ impl std::fmt::Display for ForwardError {
     }
 }
 
-/// The session a request path names, on either door.
-pub fn session_of(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/api/v1/sessions/").or_else(|| path.strip_prefix("/api/sessions/"))?;
-    rest.split('/').next().filter(|id| !id.is_empty())
-}
-
 /// Whether the request may make its session live, so it is served by the lease's holder.
 fn claims(method: &str, path: &str) -> bool {
     !matches!(method, "GET" | "HEAD") || path.trim_end_matches('/').ends_with("/events")
@@ -126,11 +122,11 @@ impl Node {
         }
     }
 
-    /// Where `request`, which its door has admitted, is served. A call from another node
-    /// (`from_a_node`) found this node the holder: it is served here, or answered a
+    /// Where `request`, which its door has admitted, is served; `session` is the session
+    /// the door admitted it for (the caller's), if its route names one. A call from another
+    /// node (`from_a_node`) found this node the holder: it is served here, or answered a
     /// retryable 503 if the lease moved meanwhile, never sent on.
-    pub fn route(&self, request: &Request, from_a_node: bool) -> Result<Route, ForwardError> {
-        let session = session_of(request.path());
+    pub fn route(&self, request: &Request, session: Option<&str>, from_a_node: bool) -> Result<Route, ForwardError> {
         if from_a_node {
             return match session.map(|session| self.lease_holder(session, true)).transpose()? {
                 Some(Route::There(_)) => Err(ForwardError::Unavailable("the session's lease moved; retry".into())),
@@ -177,10 +173,15 @@ impl Node {
         }
     }
 
-    /// Sends `request` to the node at `url` and relays its answer. A session's event stream
-    /// outlives its holder: when the holder's stream ends, the relay opens it again at the
-    /// session's holder then (`Resume`).
-    pub fn forward(self: &Arc<Self>, request: &mut Request, url: &str) -> Result<Reply, ForwardError> {
+    /// Sends `request`, which names `session` (as its door admitted it), to the node at `url`
+    /// and relays its answer. A session's event stream outlives its holder: when the holder's
+    /// stream ends, the relay opens it again at the session's holder then (`Resume`).
+    pub fn forward(
+        self: &Arc<Self>,
+        request: &mut Request,
+        session: Option<&str>,
+        url: &str,
+    ) -> Result<Reply, ForwardError> {
         let body = match request.method() {
             "GET" | "HEAD" => Vec::new(),
             _ => request.read_body().map_err(ForwardError::Body)?,
@@ -190,7 +191,6 @@ impl Node {
             .filter(|(name, _)| !NOT_SENT_ON.iter().any(|skipped| name.eq_ignore_ascii_case(skipped)))
             .map(|(name, value)| (name.to_string(), value.to_string()))
             .collect();
-        let session = session_of(request.path());
         let resumable = match (request.method(), session) {
             ("GET", Some(session)) if request.path().trim_end_matches('/').ends_with("/events") => Some(session),
             _ => None,
@@ -494,17 +494,6 @@ mod tests {
         // The client left: not tried at all.
         assert!(resume.reopen(Some(41), &|| false).is_none());
         assert_eq!(heard.try_iter().count(), 1, "the refused call only");
-    }
-
-    #[test]
-    fn sessions_are_found_in_either_doors_paths() {
-        assert_eq!(session_of("/api/sessions/ses_1"), Some("ses_1"));
-        assert_eq!(session_of("/api/sessions/ses_1/events"), Some("ses_1"));
-        assert_eq!(session_of("/api/v1/sessions/ses_2/rpc"), Some("ses_2"));
-        assert_eq!(session_of("/api/sessions"), None);
-        assert_eq!(session_of("/api/sessions/"), None);
-        assert_eq!(session_of("/api/v1/sessions"), None);
-        assert_eq!(session_of("/api/cluster"), None);
     }
 
     #[test]

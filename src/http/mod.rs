@@ -207,13 +207,15 @@ pub struct Request {
     route: &'static str,
     /// The connection's other end.
     peer: Arc<peer::PeerUser>,
+    /// The body, when it was read ahead (`buffered_body`) for whoever reads it next.
+    buffered: Option<Vec<u8>>,
 }
 
 impl Request {
     fn new(inner: tiny_http::Request, body_limit: usize, peer: Arc<peer::PeerUser>) -> Request {
         let (path, query) = split_url(inner.url());
         let method = inner.method().as_str().to_ascii_uppercase();
-        Request { method, inner, path, query, body_limit, route: "(unmatched)", peer }
+        Request { method, inner, path, query, body_limit, route: "(unmatched)", peer, buffered: None }
     }
 
     /// Who sent the request: the user owning the client's socket, on the loopback.
@@ -264,7 +266,25 @@ impl Request {
 
     /// Reads the whole body, refusing one past the configured limit without reading it all.
     /// The gate already refused a declared length past the limit; this is the second check.
+    /// A body read ahead (`buffered_body`) is handed out once, as it was read.
     pub fn read_body(&mut self) -> Result<Vec<u8>, BodyError> {
+        match self.buffered.take() {
+            Some(body) => Ok(body),
+            None => self.read_whole_body(),
+        }
+    }
+
+    /// The whole body, read now as `read_body` reads it and kept for the next `read_body`: a
+    /// door that judges a body while it admits the request (BAE's join) leaves it whole for
+    /// the handler, or for the node of a cluster the request is then forwarded to.
+    pub fn buffered_body(&mut self) -> Result<&[u8], BodyError> {
+        if self.buffered.is_none() {
+            self.buffered = Some(self.read_whole_body()?);
+        }
+        Ok(self.buffered.as_deref().unwrap_or_default())
+    }
+
+    fn read_whole_body(&mut self) -> Result<Vec<u8>, BodyError> {
         let limit = self.body_limit;
         if self.inner.body_length().is_some_and(|length| length > limit) {
             return Err(BodyError::TooLarge { limit });

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::api::bae::core::Bae;
-use crate::api::bae::core::{Attached, BaeError, Denied};
+use crate::api::bae::core::{Attach, Attached, BaeError, Denied};
 use crate::api::routes::{self, RouteDef};
 use crate::api::{Door, Rate};
 use crate::auth::keys::KeyRole;
@@ -87,7 +87,10 @@ impl ClientApi {
                 Ok(json_reply(200, &json!({ "version": env!("CARGO_PKG_VERSION"), "api_versions": ["v1"] })))
             }
             Admitted::Open(client) => self.open(request, &client),
-            Admitted::Join { client, id } => self.join(request, &client, &id),
+            Admitted::Join { client, id, attach } => {
+                let attached = self.bae.join(&client, &id, attach)?;
+                Ok(json_reply(201, &attached_json(&attached)))
+            }
             Admitted::Close(session) => {
                 self.bae.close(&session)?;
                 Ok(json_reply(200, &json!({ "session_id": session.id, "state": "closed" })))
@@ -106,25 +109,28 @@ impl ClientApi {
         let attached = self.bae.open(client, attach)?;
         Ok(json_reply(201, &attached_json(&attached)))
     }
-
-    fn join(&self, request: &mut Request, client: &KeyRecord, id: &str) -> Result<Reply, Problem> {
-        let attach = body::attach(request, true)?;
-        let attached = self.bae.join(client, id, attach)?;
-        Ok(json_reply(201, &attached_json(&attached)))
-    }
 }
 
 /// A request `ClientApi::admit` let in: its route, with the key (and the session)
-/// it was authenticated by.
+/// it was authenticated by. Every session it names is one its key reaches: a session key's
+/// own session, or an open session of a client key's profile that it joins.
 pub enum Admitted {
     Health,
     Meta,
     Open(KeyRecord),
-    Join { client: KeyRecord, id: String },
+    /// The join's body was read as it was admitted (BAE judges it before the session).
+    Join {
+        client: KeyRecord,
+        id: String,
+        attach: Attach,
+    },
     Close(BaeSessionRecord),
     Events(BaeSessionRecord),
     Participants(BaeSessionRecord),
-    Rpc { key: KeyRecord, session: BaeSessionRecord },
+    Rpc {
+        key: KeyRecord,
+        session: BaeSessionRecord,
+    },
 }
 
 /// A page of a session's events as `{items, next_cursor}` (the admin door shares it).
@@ -212,7 +218,10 @@ impl Door for ClientApi {
     type Refusal = Problem;
 
     /// The route a request matches, with the key (and session) it is authenticated by: the
-    /// one place this door decides who calls, before anything is done for the request.
+    /// one place this door decides who calls and which session it reaches, before anything
+    /// is done for the request. A session key reaches only its own session (401 otherwise,
+    /// as for a session that does not exist); a client key joins only an open session of its
+    /// profile, checked in BAE's order (its body's 400s, then 404, 409, 403: `joinable`).
     fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, Problem> {
         let path = request.path().to_string();
         let found = routes::find(ROUTES, &path).ok_or_else(|| Problem::not_found(format!("no route for {path}")))?;
@@ -229,7 +238,10 @@ impl Door for ClientApi {
             Kind::Meta => Admitted::Meta,
             Kind::Sessions => Admitted::Open(authenticate(&self.bae, request, KeyRole::Client, rate)?),
             Kind::Join => {
-                Admitted::Join { client: authenticate(&self.bae, request, KeyRole::Client, rate)?, id: id.to_string() }
+                let client = authenticate(&self.bae, request, KeyRole::Client, rate)?;
+                let attach = body::join_ahead(request)?;
+                self.bae.joinable(&client, id)?;
+                Admitted::Join { client, id: id.to_string(), attach }
             }
             Kind::Session => Admitted::Close(authorize_session(&self.bae, request, id, rate)?.1),
             Kind::Events => Admitted::Events(authorize_session(&self.bae, request, id, rate)?.1),
@@ -239,6 +251,15 @@ impl Door for ClientApi {
                 Admitted::Rpc { key, session }
             }
         })
+    }
+
+    fn session<'a>(&self, admitted: &'a Admitted) -> Option<&'a str> {
+        match admitted {
+            Admitted::Health | Admitted::Meta | Admitted::Open(_) => None,
+            Admitted::Join { id, .. } => Some(id),
+            Admitted::Close(session) | Admitted::Events(session) | Admitted::Participants(session) => Some(&session.id),
+            Admitted::Rpc { session, .. } => Some(&session.id),
+        }
     }
 
     fn refuse(&self, refusal: Problem) -> Reply {

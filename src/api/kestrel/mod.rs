@@ -137,6 +137,56 @@ pub enum Kind {
     WebhookRedeliver,
 }
 
+impl Kind {
+    /// Whether the route's first parameter is a session (`/api/sessions/{id}…`), which only
+    /// its own tenant reaches.
+    fn names_session(self) -> bool {
+        match self {
+            Kind::Session
+            | Kind::Messages
+            | Kind::Cancel
+            | Kind::Resume
+            | Kind::Rewind
+            | Kind::Fork
+            | Kind::SessionEvents
+            | Kind::Approval
+            | Kind::Files
+            | Kind::File
+            | Kind::Checkpoints
+            | Kind::CheckpointRestore
+            | Kind::SessionRules
+            | Kind::SessionRule => true,
+            Kind::Console
+            | Kind::Asset
+            | Kind::PluginAsset
+            | Kind::OpenApi
+            | Kind::Metrics
+            | Kind::Health
+            | Kind::Bootstrap
+            | Kind::Config
+            | Kind::Plugins
+            | Kind::PluginEvents
+            | Kind::Sessions
+            | Kind::Events
+            | Kind::Rules
+            | Kind::Rule
+            | Kind::Audit
+            | Kind::Usage
+            | Kind::Cluster
+            | Kind::Schedules
+            | Kind::Schedule
+            | Kind::SchedulePause
+            | Kind::ScheduleResume
+            | Kind::ScheduleRun
+            | Kind::Webhooks
+            | Kind::Webhook
+            | Kind::WebhookEnable
+            | Kind::WebhookDeliveries
+            | Kind::WebhookRedeliver => false,
+        }
+    }
+}
+
 const fn row(template: &'static str, methods: &'static [&'static str], kind: Kind) -> RouteDef<Kind> {
     RouteDef { template, methods, kind }
 }
@@ -317,7 +367,8 @@ impl KestrelApi {
 }
 
 /// A request `KestrelApi::admit` let in: its route, with the route's parameters, and
-/// its caller (none for the routes anyone may ask).
+/// its caller (none for the routes anyone may ask). A session its route names is the
+/// caller's tenant's.
 pub struct Admitted {
     path: String,
     kind: Kind,
@@ -330,8 +381,9 @@ impl Door for KestrelApi {
     type Admitted = Admitted;
     type Refusal = ApiError;
 
-    /// The route a request matches and its caller: authentication comes before anything is
-    /// done for the request, here or, in a cluster, at another node.
+    /// The route a request matches and its caller, and the session it names found the
+    /// caller's: authentication and ownership come before anything is done for the request,
+    /// here or, in a cluster, at another node.
     fn admit(&self, request: &mut Request, rate: Rate) -> Result<Admitted, ApiError> {
         let path = request.path().to_string();
         let found = routes::find(ROUTES, &path).ok_or_else(ApiError::not_found)?;
@@ -346,7 +398,18 @@ impl Door for KestrelApi {
             Kind::Console | Kind::Asset | Kind::PluginAsset | Kind::Health | Kind::OpenApi => None,
             _ => Some(self.authenticate(request, rate)?),
         };
+        // A session is its tenant's alone, whatever the token (an admin token is its tenant's
+        // for sessions): another tenant's, or one that does not exist, is a 404 wherever the
+        // request lands, before a node of a cluster claims the session or forwards anything.
+        // The engine's serving call checks it again, as it does for every caller.
+        if let (true, Some(caller)) = (kind.names_session(), &caller) {
+            self.engine.check_session(&caller.tenant, &id)?;
+        }
         Ok(Admitted { path, kind, id, second, caller })
+    }
+
+    fn session<'a>(&self, admitted: &'a Admitted) -> Option<&'a str> {
+        admitted.kind.names_session().then_some(admitted.id.as_str())
     }
 
     fn refuse(&self, refusal: ApiError) -> Reply {
@@ -426,5 +489,15 @@ mod tests {
         assert_eq!(kind("/api/sessions//messages"), None);
         assert_eq!(kind("/api/nope"), None);
         assert_eq!(kind("/elsewhere"), None);
+    }
+
+    /// Exactly the routes under `/api/sessions/{id}` name a session: each is checked as the
+    /// caller's before anything is done for it, and no other route is.
+    #[test]
+    fn the_routes_under_a_session_name_it() {
+        for route in ROUTES {
+            let under_a_session = route.template.starts_with("/api/sessions/{id}");
+            assert_eq!(route.kind.names_session(), under_a_session, "{}", route.template);
+        }
     }
 }

@@ -187,9 +187,11 @@ impl Bae {
         Ok(())
     }
 
-    /// Joins an open session of the same profile, in BAE's order of checks (after auth and
-    /// the `compaction` refusal, which are the caller's).
-    pub fn join(&self, client: &KeyRecord, session_id: &str, attach: Attach) -> Result<Attached, BaeError> {
+    /// The session `client` may join: one that exists (404), is open (409) and is of the
+    /// client key's profile (403), checked in BAE's order. The one place that decides which
+    /// session a client key reaches: the door asks it as it admits a join, before a node of a
+    /// cluster claims the session or forwards the join, and `join` asks it again.
+    pub fn joinable(&self, client: &KeyRecord, session_id: &str) -> Result<BaeSessionRecord, BaeError> {
         let readers = self.engine.shared.store.readers();
         let session = readers.bae_session(session_id)?.ok_or_else(|| BaeError::SessionNotFound(session_id.into()))?;
         if session.state != BaeState::Open {
@@ -198,6 +200,14 @@ impl Bae {
         if client.profile_id.as_deref() != Some(session.profile_id.as_str()) {
             return Err(BaeError::ProfileMismatch);
         }
+        Ok(session)
+    }
+
+    /// Joins an open session of the same profile, in BAE's order of checks (after auth and
+    /// the `compaction` refusal, which are the caller's).
+    pub fn join(&self, client: &KeyRecord, session_id: &str, attach: Attach) -> Result<Attached, BaeError> {
+        let readers = self.engine.shared.store.readers();
+        let session = self.joinable(client, session_id)?;
         let Some(profile) = readers.bae_profile(&session.profile_id)? else {
             let fault = Fault::ProfileUnavailable { profile_id: session.profile_id.clone() };
             self.audit(client, &session.profile_id, &attach, fault);

@@ -399,10 +399,11 @@ impl Door for KestrelApi {
             _ => Some(self.authenticate(request, rate)?),
         };
         // A session is its tenant's alone, whatever the token (an admin token is its tenant's
-        // for sessions): another tenant's, or one that does not exist, is a 404 wherever the
-        // request lands, before a node of a cluster claims the session or forwards anything.
-        // The engine's serving call checks it again, as it does for every caller.
-        if let (true, Some(caller)) = (kind.names_session(), &caller) {
+        // for sessions): in a cluster, another tenant's, or one that does not exist, is a 404
+        // wherever the request lands, before the node claims the session or forwards anything.
+        // One node needs no read of its own here: the engine's serving call checks it, as it
+        // does for every caller (a cached answer is served with no read at all).
+        if let (true, true, Some(caller)) = (self.cluster.is_some(), kind.names_session(), &caller) {
             self.engine.check_session(&caller.tenant, &id)?;
         }
         Ok(Admitted { path, kind, id, second, caller })

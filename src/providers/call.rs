@@ -192,7 +192,7 @@ impl Candidate {
             wire: self.wire.name(),
             base_url: self.endpoint.as_ref().map(|endpoint| endpoint.shown_base()),
             model: self.model.name.clone(),
-            max_tokens: self.wire.max_tokens(self.model.max_tokens),
+            max_tokens: self.max_output(),
         }
     }
 

@@ -38,7 +38,7 @@ impl std::fmt::Display for NoSummary {
         match self {
             // BAE's words; with retries, N counts every attempt.
             NoSummary::Call(CallFailed::Failed { attempts, .. }) => write!(f, "all {attempts} providers failed"),
-            NoSummary::Call(CallFailed::Cancelled) => write!(f, "cancelled"),
+            NoSummary::Call(CallFailed::Cancelled { .. }) => write!(f, "cancelled"),
             NoSummary::Truncated(why) => write!(f, "summary truncated: {why}"),
             NoSummary::BudgetSpent(why) => write!(f, "budget exceeded: {why}"),
             NoSummary::Empty => write!(f, "empty summary"),
@@ -62,12 +62,15 @@ impl Run {
         let request = CompletionRequest { system_prompt, messages: &messages, tools: &[], response_format: None };
         let reservation = match self.reserve_call(route, &request) {
             Ok(Some(reservation)) => reservation,
-            Ok(None) => return Err(NoSummary::Call(CallFailed::Cancelled)),
+            Ok(None) => return Err(NoSummary::Call(CallFailed::Cancelled { unanswered: None })),
             Err(super::EngineError::BudgetExceeded(why)) => return Err(NoSummary::BudgetSpent(why)),
-            Err(error) => return Err(NoSummary::Call(CallFailed::Failed { message: error.to_string(), attempts: 0 })),
+            Err(error) => {
+                let failed = CallFailed::Failed { message: error.to_string(), attempts: 0, unanswered: None };
+                return Err(NoSummary::Call(failed));
+            }
         };
         let called = route.call(&request, watch, &self.cancel);
-        self.settle_call(reservation, called.as_ref().ok());
+        self.settle_call(reservation, &request, &called);
         let answered = called.map_err(NoSummary::Call)?;
         if answered.completion.finish == Some(Finish::Length) {
             return Err(NoSummary::Truncated(answered.cut_at_limit));

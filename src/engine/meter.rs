@@ -17,6 +17,14 @@
 //! settled counter: what settled after the counter was looked at is added to the read,
 //! counted twice at worst, never missed.
 //!
+//! A call that ends without an answer is counted too when the provider had it (issue 35's
+//! review): cancelled while an attempt was in flight, or failed after its output began
+//! (`providers::Unanswered`). Providers bill what they processed, so it counts its input as
+//! estimated here and its output at four bytes a token of what streamed (a whole answer's
+//! output, never seen, at its limit), at its model's prices: never more than it reserved.
+//! Otherwise a tenant could send and cancel just before each answer ends, again and again,
+//! and spend without limit.
+//!
 //! The buckets, runs and reservations are this process's; on several nodes each keeps its
 //! own, so a scope may pass its limit by one call per node.
 
@@ -323,9 +331,24 @@ impl super::run::Run {
         self.shared.meter.reserve(allowance, call, &|| self.shared.spent(&allowance.scope), &self.cancel)
     }
 
-    /// Counts a model call's usage against the run's scope and lets its reservation go.
-    pub(crate) fn settle_call(&self, reservation: Reservation, answered: Option<&crate::providers::Answered>) {
-        let usage = answered.map(|answered| answered.completion.usage.clone()).unwrap_or_default();
+    /// Counts a model call's usage against the run's scope and lets its reservation go: an
+    /// answer's usage as its provider reported it; a call that ended without one while the
+    /// provider had it (cancelled in flight, or failed after its output began) at an estimate
+    /// (`Unanswered::estimated_usage`: the request's input as `reserve_call` estimates it and
+    /// what streamed, at most what it reserved); any other, nothing.
+    pub(crate) fn settle_call(
+        &self,
+        reservation: Reservation,
+        request: &crate::providers::CompletionRequest<'_>,
+        called: &Result<crate::providers::Answered, crate::providers::CallFailed>,
+    ) {
+        let usage = match called {
+            Ok(answered) => answered.completion.usage.clone(),
+            Err(failed) => failed
+                .unanswered()
+                .map(|unanswered| unanswered.estimated_usage(estimate_input(request), DEFAULT_OUTPUT_RESERVE))
+                .unwrap_or_default(),
+        };
         self.shared.settle_usage(&self.allowance.scope, &usage, reservation);
     }
 }

@@ -261,7 +261,7 @@ impl Run {
             reasoning: String::new(),
         };
         let outcome = route.call(&request, &mut streaming, &self.cancel);
-        self.settle_call(reservation, outcome.as_ref().ok());
+        self.settle_call(reservation, &request, &outcome);
         let step = match outcome {
             Ok(answered) => {
                 let completion = answered.completion;
@@ -281,7 +281,7 @@ impl Run {
                 }
                 Step::Answered(Box::new(message.clone()))
             }
-            Err(CallFailed::Cancelled) => {
+            Err(CallFailed::Cancelled { .. }) => {
                 // What the user already saw is kept, marked as cut short; the calls it may have
                 // named are not. A shutdown's cut also marks it interrupted, so a resume answers
                 // again instead of taking it for a finished answer.

@@ -50,21 +50,31 @@ fn kestrel_messages_at_once(n: usize) {
         let sent = client.post(&format!("/api/sessions/{}/messages", sessions[i]), json!({ "content": "hello there" }));
         (sent.status, sent.json["error"]["code"].clone())
     });
-    for (status, code) in &answers {
-        assert!(*status == 202 || (*status == 429 && code == "budget_exceeded"), "{status} {code}");
-    }
     wait_until("every run ended", || server.get("/api/usage").json["usage"]["runningRuns"] == 0);
+    let stopped_by_budget = sessions_stopped_by_the_budget(&server);
 
-    // Every model call the runs made, from the transcripts: each answer carries its usage.
+    // How each message ended, and every model call the runs made, from the transcripts: each
+    // answer carries its usage.
+    let mut ends = Ends::default();
     let mut calls = Vec::new();
-    for session in &sessions {
+    for (session, (status, code)) in sessions.iter().zip(&answers) {
         let detail = server.get(&format!("/api/sessions/{session}"));
         let messages = detail.json["session"]["messages"].as_array().cloned().unwrap_or_default();
-        for message in messages.iter().filter(|m| m["role"] == "assistant") {
+        let answers: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+        for message in &answers {
             let usage = &message["meta"]["usage"];
             calls.push(usage["inputTokens"].as_u64().unwrap() + usage["outputTokens"].as_u64().unwrap());
         }
+        let end = match (*status, code.as_str(), detail.json["session"]["status"].as_str()) {
+            (429, Some("budget_exceeded"), _) => End::Refused,
+            (202, _, Some("idle")) if answers.len() == 1 && answers[0]["meta"]["partial"].is_null() => End::Answered,
+            (202, _, Some("idle")) if answers.is_empty() && stopped_by_budget.contains(session) => End::Stopped,
+            _ => End::Other,
+        };
+        ends.count(end, &json!({ "status": status, "code": code, "session": detail.json["session"] }));
     }
+    ends.assert_only_budget_ends(n);
+    assert_eq!(calls.len(), ends.answered, "each answered run made one model call, and no other run made one");
     let spent = server.get("/api/usage").json["usage"]["dayTokens"].as_u64().unwrap();
     assert_spent_within_one_call(spent, &calls, n);
 }
@@ -81,20 +91,104 @@ fn bae_messages_at_once(n: usize) {
     bae.fake.script((0..n).map(|_| anthropic::text_answer("hi")));
     let harnesses: Vec<std::sync::Mutex<Harness>> =
         (0..n).map(|_| std::sync::Mutex::new(Harness::open(bae.base(), &key, &[]))).collect();
-    let ends = at_once(n, |i| {
-        let frames = harnesses[i].lock().unwrap().send_message(json!("hello"));
-        frames.last().cloned().unwrap_or(Value::Null)
-    });
-    for end in &ends {
-        let answered = end["result"]["message"]["content"][0]["text"] == "hi";
-        let refused = end["error"]["message"].as_str().is_some_and(|m| m.starts_with("budget_exceeded:"));
-        let stopped = end["error"]["message"] == "session loop failed";
-        assert!(answered || refused || stopped, "{end}");
+    let turns = at_once(n, |i| harnesses[i].lock().unwrap().send_message(json!("hello")));
+    let mut ends = Ends::default();
+    for frames in &turns {
+        ends.count(bae_end(frames), frames.last().unwrap_or(&Value::Null));
     }
+    ends.assert_only_budget_ends(n);
     let calls: Vec<u64> = bae.fake.requests().iter().map(|_| 15).collect();
+    assert_eq!(calls.len(), ends.answered, "each answered turn made one model call, and no other turn made one");
     let usage = bae.admin_send("GET", &format!("/admin/v1/usage?profile_id={profile_id}"), None);
     let spent = usage.json["items"][0]["dayTokens"].as_u64().unwrap_or(0);
     assert_spent_within_one_call(spent, &calls, n);
+}
+
+/// How a message sent at once ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    /// Answered by one model call.
+    Answered,
+    /// Refused at once: the budget was spent when it came (Kestrel `429 budget_exceeded`,
+    /// BAE `budget_exceeded: …`).
+    Refused,
+    /// Accepted while calls were in flight, then stopped before its model call because they
+    /// spent the budget meanwhile (docs/permissions.md: "runs accepted while calls are in flight
+    /// may end with `budget_exceeded` without a model call"): a `budget_exceeded` stop.
+    Stopped,
+    /// Anything else: a crash, a provider failure, a run that never ended. None is allowed.
+    Other,
+}
+
+/// How many messages ended which way, and the first of each unexpected end.
+#[derive(Default)]
+struct Ends {
+    answered: usize,
+    refused: usize,
+    stopped: usize,
+    others: Vec<String>,
+}
+
+impl Ends {
+    fn count(&mut self, end: End, shown: &Value) {
+        match end {
+            End::Answered => self.answered += 1,
+            End::Refused => self.refused += 1,
+            End::Stopped => self.stopped += 1,
+            End::Other => self.others.push(shown.to_string()),
+        }
+    }
+
+    /// Every message was answered or stopped by the budget; none failed otherwise.
+    fn assert_only_budget_ends(&self, n: usize) {
+        let Ends { answered, refused, stopped, others } = self;
+        assert!(
+            others.is_empty(),
+            "{} of {n} messages ended neither answered nor stopped by the budget ({answered} answered, {refused} \
+             refused, {stopped} stopped); the first: {}",
+            others.len(),
+            others[0]
+        );
+        assert_eq!(answered + refused + stopped, n);
+        assert!(*answered > 0, "some messages were answered before the budget was spent");
+        assert!(refused + stopped > 0, "the budget stopped the rest");
+    }
+}
+
+/// How a BAE `sendMessage` ended, from its frames.
+fn bae_end(frames: &[Value]) -> End {
+    let end = frames.last().cloned().unwrap_or(Value::Null);
+    let error = end["error"]["message"].as_str();
+    let budget_fault = crate::bae::support::notified(frames)
+        .iter()
+        .any(|e| e["event_type"] == "session.error" && e["payload"]["reason"] == "budget_exceeded");
+    match error {
+        None if end["result"]["message"]["content"][0]["text"] == "hi" => End::Answered,
+        Some(message) if message.starts_with("budget_exceeded:") => End::Refused,
+        // BAE's terminal error of a turn whose loop ended in a fault: legitimate only when the
+        // fault was the budget's.
+        Some("session loop failed") if budget_fault => End::Stopped,
+        _ => End::Other,
+    }
+}
+
+/// The sessions whose run the budget stopped, from the audit log: one entry each.
+fn sessions_stopped_by_the_budget(server: &TestServer) -> std::collections::HashSet<String> {
+    let mut stopped = std::collections::HashSet::new();
+    let mut after = 0;
+    loop {
+        let page = server.get(&format!("/api/audit?after={after}"));
+        assert_eq!(page.status, 200, "{}", page.text);
+        for entry in page.json["entries"].as_array().unwrap() {
+            if entry["decidedBy"] == "budget" && entry["runId"].is_string() {
+                stopped.insert(entry["sessionId"].as_str().unwrap().to_string());
+            }
+        }
+        match page.json["nextAfter"].as_u64() {
+            Some(next) => after = next,
+            None => return stopped,
+        }
+    }
 }
 
 /// What was counted is what the calls used, and it passes the limit by one call at most.

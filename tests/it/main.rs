@@ -6,6 +6,7 @@ mod audit_content;
 mod auth;
 mod bae;
 mod browser;
+mod budget_cancels;
 mod budget_races;
 mod budgets;
 mod checkpoints;

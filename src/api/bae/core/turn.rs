@@ -194,7 +194,7 @@ impl BaeRun<'_> {
         let Some(reservation) = self.reserve_call(chain, &request)? else { return Ok(Step::Cancelled) };
         let mut recorded = Recorded { run: self.run, stored, fault_first: true };
         let called = chain.call(&request, &mut recorded, &self.cancel);
-        self.settle_call(reservation, called.as_ref().ok());
+        self.settle_call(reservation, &request, &called);
         match called {
             Ok(answered) => {
                 usage.add(&answered.completion.usage);
@@ -207,7 +207,7 @@ impl BaeRun<'_> {
                 meta.insert("usage".into(), json!(completion.usage));
                 Ok(Step::Answered(Box::new(answer)))
             }
-            Err(CallFailed::Cancelled) => Ok(Step::Cancelled),
+            Err(CallFailed::Cancelled { .. }) => Ok(Step::Cancelled),
             Err(CallFailed::Failed { attempts, .. }) => {
                 self.fault(Fault::AllProvidersFailed { attempts });
                 Ok(Step::Failed)
